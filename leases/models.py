@@ -1,0 +1,61 @@
+from django.db import models
+from django.db.models import Q
+
+
+class HolderKind(models.TextChoices):
+    AGENT = "agent"
+    OPERATOR = "operator"
+
+
+class ReleaseReason(models.TextChoices):
+    RELEASED = "released"  # the holder gave it back
+    EXPIRED = "expired"  # closed by the next acquire, after expiry plus grace
+    FORCED = "forced"  # an admin removed the holder (next issue)
+
+
+class LeaseQuerySet(models.QuerySet["Lease"]):
+    def open(self) -> "LeaseQuerySet":
+        """Not released yet: live, inside its grace, or lapsed but not yet closed by a new grant."""
+        return self.filter(released_at__isnull=True)
+
+
+class Lease(models.Model):
+    """One grant of the right to advance a task. Rows are history; at most one per task is open.
+
+    The ``epoch`` is the fencing token: it grows by one with every grant on the task, and every
+    state write compares it (tasks.services.compare_and_set), so a holder that lost its lease can
+    change nothing.
+    """
+
+    # A string reference, not an import: leases sits below tasks in the dependency order.
+    task = models.ForeignKey("tasks.Task", on_delete=models.CASCADE, related_name="leases")
+    holder_kind = models.CharField(max_length=16, choices=HolderKind.choices)
+    holder_id = models.CharField(max_length=200)
+    task_version_at_grant = models.PositiveBigIntegerField()
+    granted_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    renewal_seq = models.PositiveIntegerField(default=0)
+    epoch = models.PositiveBigIntegerField()
+    released_at = models.DateTimeField(null=True, blank=True)
+    release_reason = models.CharField(max_length=16, choices=ReleaseReason.choices, blank=True)
+
+    objects = LeaseQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task", "epoch"], name="lease_epoch_unique_per_task"),
+            # Serves lease_acquire's race: two grants at once → one insert fails here.
+            models.UniqueConstraint(
+                fields=["task"], condition=Q(released_at__isnull=True), name="lease_one_open_per_task"
+            ),
+            models.CheckConstraint(condition=Q(epoch__gte=1), name="lease_epoch_positive"),
+            models.CheckConstraint(condition=Q(expires_at__gt=models.F("granted_at")), name="lease_expires_after_grant"),
+            models.CheckConstraint(condition=Q(holder_kind__in=HolderKind.values), name="lease_holder_kind_valid"),
+            models.CheckConstraint(
+                condition=(Q(released_at__isnull=True, release_reason="") | Q(released_at__isnull=False) & ~Q(release_reason="")),
+                name="lease_release_has_reason",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"lease task={self.task_id} epoch={self.epoch} {self.holder_kind}:{self.holder_id}"

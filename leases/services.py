@@ -1,0 +1,114 @@
+"""Agent leases: acquire, renew, release. Every write is a conditional UPDATE or a constrained INSERT.
+
+Times come from ``leases.clock`` (the database server's clock). Human takeover and forced release
+build on the same rows in the next issue.
+"""
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F, Max
+
+from leases import clock
+from leases.errors import LeaseExpired, LeaseHeld, LeaseLost, RenewalOutOfOrder
+from leases.models import HolderKind, Lease, ReleaseReason
+
+
+def lease_ttl() -> timedelta:
+    ttl: timedelta = settings.RECKON_LEASE_TTL
+    return ttl
+
+
+def lease_grace() -> timedelta:
+    grace: timedelta = settings.RECKON_LEASE_GRACE
+    return grace
+
+
+def _task_version(task_id: int) -> int:
+    task_model = Lease._meta.get_field("task").related_model
+    assert task_model is not None and not isinstance(task_model, str)
+    version = task_model._default_manager.filter(pk=task_id).values_list("version", flat=True).first()
+    if version is None:
+        raise LookupError(f"task {task_id} does not exist")
+    return int(version)
+
+
+def lease_acquire(*, task_id: int, holder_kind: str, holder_id: str, ttl: timedelta | None = None) -> Lease:
+    """Grant a new lease with the next epoch, if the task has no open lease or it lapsed past its grace.
+
+    Raises LeaseHeld otherwise. Two acquirers racing: the partial unique index on open leases and the
+    (task, epoch) unique constraint let exactly one insert through.
+    """
+    if holder_kind not in HolderKind.values:
+        raise ValueError(f"unknown holder kind {holder_kind!r}")
+    if not holder_id:
+        raise ValueError("holder_id must not be empty")
+    ttl = ttl or lease_ttl()
+    try:
+        with transaction.atomic():
+            now = clock.now()
+            Lease.objects.open().filter(task_id=task_id, expires_at__lte=now - lease_grace()).update(
+                released_at=now, release_reason=ReleaseReason.EXPIRED
+            )
+            current = Lease.objects.open().filter(task_id=task_id).first()
+            if current is not None:
+                raise LeaseHeld(task_id, f"{current.holder_kind}:{current.holder_id}", current.expires_at)
+            last_epoch = Lease.objects.filter(task_id=task_id).aggregate(m=Max("epoch"))["m"] or 0
+            return Lease.objects.create(
+                task_id=task_id,
+                holder_kind=holder_kind,
+                holder_id=holder_id,
+                task_version_at_grant=_task_version(task_id),
+                granted_at=now,
+                expires_at=now + ttl,
+                epoch=last_epoch + 1,
+            )
+    except IntegrityError as exc:
+        # Lost the race to another acquirer that committed first.
+        current = Lease.objects.open().filter(task_id=task_id).first()
+        holder = f"{current.holder_kind}:{current.holder_id}" if current else "another holder"
+        raise LeaseHeld(task_id, holder, current.expires_at if current else None) from exc
+
+
+def lease_renew(*, lease: Lease, expected_renewal_seq: int, ttl: timedelta | None = None) -> Lease:
+    """Extend the holder's own lease. Allowed until expiry plus grace; only the same epoch and holder."""
+    ttl = ttl or lease_ttl()
+    with transaction.atomic():
+        now = clock.now()
+        updated = Lease.objects.open().filter(
+            pk=lease.pk,
+            epoch=lease.epoch,
+            holder_kind=lease.holder_kind,
+            holder_id=lease.holder_id,
+            renewal_seq=expected_renewal_seq,
+            expires_at__gt=now - lease_grace(),
+        ).update(renewal_seq=F("renewal_seq") + 1, expires_at=now + ttl)
+        if updated != 1:
+            _raise_renew_refusal(lease, expected_renewal_seq, now)
+        return Lease.objects.get(pk=lease.pk)
+
+
+def _raise_renew_refusal(lease: Lease, expected_renewal_seq: int, now: object) -> None:
+    row = Lease.objects.filter(pk=lease.pk).first()
+    if row is None or row.released_at is not None:
+        raise LeaseLost(lease.task_id, lease.epoch, row.release_reason if row else "no such lease")
+    if row.renewal_seq != expected_renewal_seq:
+        raise RenewalOutOfOrder(expected_renewal_seq, row.renewal_seq)
+    raise LeaseExpired(lease.task_id, lease.epoch, row.expires_at)
+
+
+def lease_release(*, lease: Lease) -> Lease:
+    """The holder gives the lease back. Releasing twice is refused as LeaseLost."""
+    with transaction.atomic():
+        now = clock.now()
+        updated = Lease.objects.open().filter(pk=lease.pk, epoch=lease.epoch).update(
+            released_at=now, release_reason=ReleaseReason.RELEASED
+        )
+        if updated != 1:
+            raise LeaseLost(lease.task_id, lease.epoch, "already released or superseded")
+        return Lease.objects.get(pk=lease.pk)
+
+
+def lease_open(task_id: int) -> Lease | None:
+    return Lease.objects.open().filter(task_id=task_id).first()

@@ -1,0 +1,79 @@
+"""One named error per rule. ``code`` is stable: the API maps it to problem details, the console to a message.
+
+Every service raises before it writes, or inside the transaction it rolls back: a refusal leaves the
+database exactly as it was.
+"""
+
+from typing import Any
+
+
+class TaskError(Exception):
+    code = "task_error"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.details = details
+
+
+class TaskNotFound(TaskError):
+    code = "task_not_found"
+
+
+class VersionConflict(TaskError):
+    """The task moved on since the caller read it. Stop, re-read, never retry blindly."""
+
+    code = "version_conflict"
+
+
+class TaskNotRunnable(TaskError):
+    code = "task_not_runnable"
+
+
+class CancelRequested(TaskError):
+    code = "cancel_requested"
+
+
+class BudgetExhausted(TaskError):
+    code = "budget_exhausted"
+
+
+class BackoffActive(TaskError):
+    code = "backoff_active"
+
+
+class NodeNotReady(TaskError):
+    code = "node_not_ready"
+
+
+class OperationsOpen(TaskError):
+    """An operation is dispatched, accepted or unknown: it must be reconciled before anything new starts."""
+
+    code = "operations_open"
+
+
+class InvalidTransition(TaskError):
+    code = "invalid_transition"
+
+
+class EvidenceInsufficient(TaskError):
+    code = "evidence_insufficient"
+
+
+class PlanInvalid(TaskError):
+    code = "plan_invalid"
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("plan is invalid: " + "; ".join(problems), problems=problems)
+        self.problems = problems
+
+
+class PayloadRejected(TaskError):
+    code = "payload_rejected"
+
+
+class PayloadTooLarge(PayloadRejected):
+    code = "payload_too_large"
+
+
+class SecretInPayload(PayloadRejected):
+    code = "secret_in_payload"

@@ -1,0 +1,145 @@
+"""The event log: hash-chained, contiguous per task, written in the same transaction as the projection.
+
+A payload has the shape ``{"task": {...}, "nodes": {"p<plan>/<key>": {...}}, "operations": {"<op key>": {...}},
+"data": {...}}``: the first three are the projected fields the change set, the last carries references
+(ids, versions, digests). Folding the payloads in ``seq`` order rebuilds the projection.
+"""
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import models
+
+from tasks.hygiene import canonical_json, check_payload
+from tasks.models import Event, Node, Operation, Task
+
+GENESIS_DIGEST = "0" * 64
+
+# The projected fields: what the log must be able to rebuild.
+TASK_FIELDS = ("status", "status_reason", "status_detail", "plan_version", "attempts_used", "cancel_requested_at")
+NODE_FIELDS = (
+    "status",
+    "attempts",
+    "last_error_class",
+    "last_attempt_at",
+    "next_allowed_action",
+    "not_before",
+    "output",
+)
+OPERATION_FIELDS = ("node", "status", "failure_class", "remote_id", "dispatch_count")
+
+
+def jsonable(value: Any) -> Any:
+    """Normalise to what a JSON column gives back, so the digest of a stored payload is stable."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, models.Model):
+        raise TypeError(f"put a reference, not a row, in an event payload: {value!r}")
+    return json.loads(json.dumps(value, default=str)) if not isinstance(value, str | int | float | bool | None) else value
+
+
+def node_ref(node: Node) -> str:
+    return f"p{node.plan_version}/{node.key}"
+
+
+def event_digest(*, task_uid: str, seq: int, type: str, payload: dict[str, Any], created_at: str, prev: str) -> str:
+    body = canonical_json({"task": task_uid, "seq": seq, "type": type, "payload": payload, "at": created_at})
+    return hashlib.sha256((prev + body).encode()).hexdigest()
+
+
+def append_event(*, task: Task, seq: int, type: str, payload: dict[str, Any], at: datetime) -> Event:
+    """Append event ``seq`` after ``seq - 1``. Callers hold the task row (the version CAS) in this transaction."""
+    payload = jsonable(payload)
+    check_payload(payload, what=f"event {type}")
+    if seq == 1:
+        prev = GENESIS_DIGEST
+    else:
+        # A missing predecessor (a tampered log being quarantined) chains to genesis; verification flags it.
+        prev = Event.objects.filter(task=task, seq=seq - 1).values_list("digest", flat=True).first() or GENESIS_DIGEST
+    created_at = at.isoformat()
+    digest = event_digest(task_uid=str(task.uid), seq=seq, type=type, payload=payload, created_at=created_at, prev=prev)
+    return Event.objects.create(task=task, seq=seq, type=type, payload=payload, prev_digest=prev, digest=digest, created_at=at)
+
+
+@dataclass
+class Projection:
+    task: dict[str, Any] = field(default_factory=dict)
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    operations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    version: int = 0
+
+
+def fold(events: list[Event]) -> Projection:
+    projection = Projection()
+    for event in events:
+        projection.version = event.seq
+        projection.task.update(event.payload.get("task", {}))
+        for ref, fields in event.payload.get("nodes", {}).items():
+            projection.nodes.setdefault(ref, {}).update(fields)
+        for op_key, fields in event.payload.get("operations", {}).items():
+            projection.operations.setdefault(op_key, {}).update(fields)
+    return projection
+
+
+def stored_projection(task: Task) -> Projection:
+    nodes = {
+        node_ref(node): {name: jsonable(getattr(node, name)) for name in NODE_FIELDS}
+        for node in Node.objects.filter(task=task)
+    }
+    operations = {
+        op.op_key: {"node": node_ref(op.node), **{name: jsonable(getattr(op, name)) for name in OPERATION_FIELDS[1:]}}
+        for op in Operation.objects.filter(task=task).select_related("node")
+    }
+    return Projection(
+        task={name: jsonable(getattr(task, name)) for name in TASK_FIELDS},
+        nodes=nodes,
+        operations=operations,
+        version=task.version,
+    )
+
+
+def find_log_problem(task: Task) -> str | None:
+    """First problem in the task's log, or None: a gap in seq, a broken chain, or a projection mismatch."""
+    events = list(Event.objects.filter(task=task).order_by("seq"))
+    prev = GENESIS_DIGEST
+    for expected_seq, event in enumerate(events, start=1):
+        if event.seq != expected_seq:
+            return f"gap in the log: expected seq {expected_seq}, found {event.seq}"
+        if event.prev_digest != prev:
+            return f"broken chain at seq {event.seq}: prev digest does not match seq {event.seq - 1}"
+        digest = event_digest(
+            task_uid=str(task.uid),
+            seq=event.seq,
+            type=event.type,
+            payload=event.payload,
+            created_at=event.created_at.isoformat(),
+            prev=prev,
+        )
+        if digest != event.digest:
+            return f"event seq {event.seq} was altered: its digest does not match its content"
+        prev = event.digest
+    rebuilt, stored = fold(events), stored_projection(task)
+    if rebuilt.version != stored.version:
+        return f"log ends at seq {rebuilt.version} but the task is at version {stored.version}"
+    for name in TASK_FIELDS:
+        if rebuilt.task.get(name) != stored.task[name]:
+            return f"task.{name} is {stored.task[name]!r}, the log says {rebuilt.task.get(name)!r}"
+    for label, rebuilt_rows, stored_rows in (
+        ("node", rebuilt.nodes, stored.nodes),
+        ("operation", rebuilt.operations, stored.operations),
+    ):
+        if rebuilt_rows.keys() != stored_rows.keys():
+            missing = sorted(set(rebuilt_rows) ^ set(stored_rows))
+            return f"{label}s differ from the log: {', '.join(missing)}"
+        for ref, fields in stored_rows.items():
+            for name, value in fields.items():
+                if rebuilt_rows[ref].get(name) != value:
+                    return f"{label} {ref}.{name} is {value!r}, the log says {rebuilt_rows[ref].get(name)!r}"
+    return None

@@ -1,0 +1,158 @@
+"""The state machines of tasks, nodes and operations as pure tables. No ORM here.
+
+Every status change in tasks.services is checked against these tables; tests pin them as literal sets.
+"""
+
+from enum import StrEnum
+
+
+class TaskStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    OBSERVING = "observing"  # a remote operation is accepted and still running
+    BACKING_OFF = "backing_off"  # until a node's not_before
+    PAUSED = "paused"  # with a PauseReason
+    HUMAN = "human"  # a person holds the takeover lease (next issue)
+    STOPPING = "stopping"  # cancel requested, in-flight work settling
+    STOPPED_PENDING = "stopped_pending"  # stopped, operations still to reconcile
+    STOPPED = "stopped"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    QUARANTINED = "quarantined"  # the event log and the projection disagree
+
+
+class PauseReason(StrEnum):
+    NEEDS_REPLAN = "needs_replan"
+    PERMISSION_REVOKED = "permission_revoked"
+    INPUT_CHANGED = "input_changed"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    VERSION_CONFLICT = "version_conflict"
+    UNPROVABLE = "unprovable"
+
+
+class NodeStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"  # an operation is registered for it
+    OBSERVING = "observing"
+    SUCCEEDED = "succeeded"  # only with a receipt that satisfies the evidence spec
+    FAILED = "failed"
+
+
+class OperationStatus(StrEnum):
+    INTENT = "intent"
+    DISPATCHED = "dispatched"
+    COMMITTED = "committed"
+    ACCEPTED = "accepted"  # remote accepted, still running
+    REJECTED = "rejected"
+    UNKNOWN = "unknown"  # leaves only by a query by op key
+
+
+class FailureClass(StrEnum):
+    """DESIGN §6. The class decides the branch; see tasks.failures."""
+
+    INVALID_PARAMS = "invalid_params"
+    PERMISSION_REVOKED = "permission_revoked"
+    DEPENDENCY_UNAVAILABLE = "dependency_unavailable"
+    CONNECTION_INTERRUPTED = "connection_interrupted"
+    CONFLICT = "conflict"
+
+
+TERMINAL_TASK_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.STOPPED})
+# An agent may register an intent only in these.
+RUNNABLE_TASK_STATUSES = frozenset({TaskStatus.PENDING, TaskStatus.RUNNING, TaskStatus.BACKING_OFF})
+# Operations that block anything new until a query by op key settles them (safe handover).
+OPEN_OPERATION_STATUSES = frozenset({OperationStatus.DISPATCHED, OperationStatus.ACCEPTED, OperationStatus.UNKNOWN})
+
+_T = TaskStatus
+TASK_TRANSITIONS: frozenset[tuple[TaskStatus, TaskStatus]] = frozenset(
+    {
+        (_T.PENDING, _T.RUNNING),
+        (_T.RUNNING, _T.RUNNING),
+        (_T.RUNNING, _T.OBSERVING),
+        (_T.RUNNING, _T.BACKING_OFF),
+        (_T.RUNNING, _T.PAUSED),
+        (_T.RUNNING, _T.COMPLETED),
+        (_T.RUNNING, _T.FAILED),
+        (_T.OBSERVING, _T.RUNNING),
+        (_T.OBSERVING, _T.OBSERVING),
+        (_T.OBSERVING, _T.PAUSED),
+        (_T.OBSERVING, _T.COMPLETED),
+        (_T.OBSERVING, _T.BACKING_OFF),
+        (_T.BACKING_OFF, _T.RUNNING),
+        (_T.BACKING_OFF, _T.PAUSED),
+        (_T.PAUSED, _T.RUNNING),  # an explicit choice (re-plan accepted, approval)
+        (_T.PAUSED, _T.PENDING),
+        (_T.PAUSED, _T.FAILED),
+        (_T.PAUSED, _T.HUMAN),
+        (_T.HUMAN, _T.RUNNING),
+        (_T.HUMAN, _T.PENDING),
+        (_T.HUMAN, _T.COMPLETED),
+        (_T.HUMAN, _T.FAILED),
+        (_T.HUMAN, _T.PAUSED),
+        (_T.STOPPING, _T.STOPPING),
+        (_T.STOPPING, _T.STOPPED_PENDING),
+        (_T.STOPPING, _T.STOPPED),
+        (_T.STOPPED_PENDING, _T.STOPPED_PENDING),
+        (_T.STOPPED_PENDING, _T.STOPPED),
+        (_T.STOPPED_PENDING, _T.STOPPING),  # an unknown turned out to be still running remotely
+        (_T.STOPPING, _T.STOPPED_PENDING),
+    }
+    # Cancel may be requested from any non-terminal state; quarantine may hit any state.
+    | {
+        (s, stop)
+        for s in _T
+        if s not in TERMINAL_TASK_STATUSES | {_T.STOPPING, _T.STOPPED_PENDING, _T.QUARANTINED}
+        for stop in (_T.STOPPING, _T.STOPPED_PENDING, _T.STOPPED)
+    }
+    | {(s, _T.QUARANTINED) for s in _T if s is not _T.QUARANTINED}
+)
+
+_N = NodeStatus
+NODE_TRANSITIONS: frozenset[tuple[NodeStatus, NodeStatus]] = frozenset(
+    {
+        (_N.PENDING, _N.RUNNING),
+        (_N.RUNNING, _N.RUNNING),
+        (_N.RUNNING, _N.OBSERVING),
+        (_N.RUNNING, _N.SUCCEEDED),
+        (_N.RUNNING, _N.FAILED),
+        (_N.RUNNING, _N.PENDING),  # a definite rejection that may be retried after backoff
+        (_N.OBSERVING, _N.OBSERVING),
+        (_N.OBSERVING, _N.SUCCEEDED),
+        (_N.OBSERVING, _N.FAILED),
+        (_N.OBSERVING, _N.PENDING),
+    }
+)
+
+_O = OperationStatus
+OPERATION_TRANSITIONS: frozenset[tuple[OperationStatus, OperationStatus]] = frozenset(
+    {
+        (_O.INTENT, _O.DISPATCHED),
+        (_O.INTENT, _O.REJECTED),  # never sent: cancelled before dispatch
+        (_O.DISPATCHED, _O.COMMITTED),
+        (_O.DISPATCHED, _O.ACCEPTED),
+        (_O.DISPATCHED, _O.REJECTED),
+        (_O.DISPATCHED, _O.UNKNOWN),
+        (_O.ACCEPTED, _O.ACCEPTED),
+        (_O.ACCEPTED, _O.COMMITTED),
+        (_O.ACCEPTED, _O.REJECTED),
+        (_O.ACCEPTED, _O.UNKNOWN),
+        (_O.UNKNOWN, _O.COMMITTED),
+        (_O.UNKNOWN, _O.ACCEPTED),
+        (_O.UNKNOWN, _O.REJECTED),
+        # The remote, asked by op key, has no trace of it: the same intent may be sent again with the same op key.
+        (_O.UNKNOWN, _O.INTENT),
+        (_O.DISPATCHED, _O.INTENT),
+    }
+)
+
+
+def task_can_move(source: TaskStatus | str, target: TaskStatus | str) -> bool:
+    return (TaskStatus(source), TaskStatus(target)) in TASK_TRANSITIONS
+
+
+def node_can_move(source: NodeStatus | str, target: NodeStatus | str) -> bool:
+    return (NodeStatus(source), NodeStatus(target)) in NODE_TRANSITIONS
+
+
+def operation_can_move(source: OperationStatus | str, target: OperationStatus | str) -> bool:
+    return (OperationStatus(source), OperationStatus(target)) in OPERATION_TRANSITIONS

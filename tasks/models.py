@@ -1,0 +1,257 @@
+import uuid
+
+from django.db import models
+from django.db.models import Q
+
+from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, PauseReason, TaskStatus
+
+
+type _Enum = type[TaskStatus | PauseReason | NodeStatus | OperationStatus | FailureClass]
+
+
+def _choices(enum: _Enum) -> list[tuple[str, str]]:
+    return [(member.value, member.value) for member in enum]
+
+
+def _values(enum: _Enum) -> list[str]:
+    return [member.value for member in enum]
+
+
+class Task(models.Model):
+    """The projection of one long job. ``version`` grows by one with every state change, and the event
+    with ``seq == version`` records that change."""
+
+    uid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    kind = models.CharField(max_length=100)
+    title = models.CharField(max_length=200)
+    project = models.CharField(max_length=100, blank=True)
+    status = models.CharField(max_length=20, choices=_choices(TaskStatus), default=TaskStatus.PENDING.value)
+    status_reason = models.CharField(max_length=30, choices=_choices(PauseReason), blank=True)
+    status_detail = models.CharField(max_length=500, blank=True)
+    version = models.PositiveBigIntegerField(default=1)
+    plan_version = models.PositiveIntegerField(default=0)
+    input_refs = models.JSONField(default=dict, blank=True)
+    attempt_budget = models.PositiveIntegerField()
+    attempts_used = models.PositiveIntegerField(default=0)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_by = models.CharField(max_length=200, blank=True)
+    cancel_reason = models.CharField(max_length=500, blank=True)
+    created_by = models.CharField(max_length=200)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=_values(TaskStatus)), name="task_status_valid"),
+            models.CheckConstraint(condition=Q(version__gte=1), name="task_version_positive"),
+            models.CheckConstraint(
+                condition=Q(status=TaskStatus.PAUSED, status_reason__in=_values(PauseReason))
+                | (~Q(status=TaskStatus.PAUSED) & Q(status_reason="")),
+                name="task_paused_iff_reason",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status=TaskStatus.QUARANTINED) | ~Q(status_detail=""), name="task_quarantine_has_detail"
+            ),
+            models.CheckConstraint(
+                condition=Q(attempts_used__lte=models.F("attempt_budget")), name="task_attempts_within_budget"
+            ),
+            models.CheckConstraint(
+                condition=Q(cancel_requested_at__isnull=True)
+                | ~Q(status__in=["pending", "running", "backing_off"]),
+                name="task_cancel_stops_running",
+            ),
+        ]
+        indexes = [
+            # Serves the recovery scan and the console's task list: tasks by status.
+            models.Index(fields=["status", "updated_at"], name="task_status_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"task {self.pk} {self.kind} v{self.version} {self.status}"
+
+
+class ProposalStatus(models.TextChoices):
+    PROPOSED = "proposed"
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+
+
+class PlanRevision(models.Model):
+    """Every plan ever proposed for a task. A model proposes; only the scheduler accepts."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="plan_revisions")
+    number = models.PositiveIntegerField()
+    document = models.JSONField()
+    digest = models.CharField(max_length=71)
+    proposed_by = models.CharField(max_length=200)
+    proposed_at = models.DateTimeField()
+    status = models.CharField(max_length=10, choices=ProposalStatus.choices, default=ProposalStatus.PROPOSED)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_reason = models.TextField(blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task", "number"], name="plan_revision_number_unique"),
+            models.CheckConstraint(condition=Q(number__gte=1), name="plan_revision_number_positive"),
+            models.CheckConstraint(condition=Q(status__in=ProposalStatus.values), name="plan_revision_status_valid"),
+            models.CheckConstraint(
+                condition=Q(status=ProposalStatus.PROPOSED, decided_at__isnull=True)
+                | (~Q(status=ProposalStatus.PROPOSED) & Q(decided_at__isnull=False)),
+                name="plan_revision_decided_has_time",
+            ),
+        ]
+
+
+class Node(models.Model):
+    """One step of an accepted plan: one bounded side effect, confirmed by a receipt."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="nodes")
+    plan_version = models.PositiveIntegerField()
+    key = models.CharField(max_length=100)
+    position = models.PositiveIntegerField()
+    action = models.CharField(max_length=100)
+    depends_on = models.JSONField(default=list, blank=True)
+    input = models.JSONField(default=dict, blank=True)
+    evidence = models.JSONField(default=dict, blank=True)
+    on_failure = models.JSONField(default=dict, blank=True)
+    irreversible = models.BooleanField(default=False)
+    compensation = models.CharField(max_length=100, blank=True)
+    rerun = models.CharField(max_length=200, blank=True)
+    definition_digest = models.CharField(max_length=71)
+    status = models.CharField(max_length=12, choices=_choices(NodeStatus), default=NodeStatus.PENDING.value)
+    max_attempts = models.PositiveIntegerField()
+    attempts = models.PositiveIntegerField(default=0)
+    last_error_class = models.CharField(max_length=30, blank=True)
+    last_attempt_at = models.DateTimeField(null=True, blank=True)
+    next_allowed_action = models.CharField(max_length=30, blank=True)
+    not_before = models.DateTimeField(null=True, blank=True)
+    output = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task", "plan_version", "key"], name="node_key_unique_per_plan"),
+            models.CheckConstraint(condition=Q(status__in=_values(NodeStatus)), name="node_status_valid"),
+            models.CheckConstraint(condition=Q(attempts__lte=models.F("max_attempts")), name="node_attempts_within_budget"),
+            models.CheckConstraint(condition=~Q(key=""), name="node_key_not_empty"),
+        ]
+        ordering = ["plan_version", "position"]
+
+    def __str__(self) -> str:
+        return f"node {self.key} of task {self.task_id} ({self.status})"
+
+
+class Operation(models.Model):
+    """The execution record of one external write. The op key is stable across retries of the same intent."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="operations")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="operations")
+    op_key = models.CharField(max_length=200, unique=True)
+    action = models.CharField(max_length=100)
+    target = models.CharField(max_length=300, blank=True)
+    request = models.JSONField(default=dict)
+    request_digest = models.CharField(max_length=71)
+    status = models.CharField(max_length=12, choices=_choices(OperationStatus), default=OperationStatus.INTENT.value)
+    failure_class = models.CharField(max_length=30, blank=True)
+    failure_detail = models.CharField(max_length=500, blank=True)
+    remote_id = models.CharField(max_length=200, blank=True)
+    dispatch_count = models.PositiveIntegerField(default=0)
+    registered_at = models.DateTimeField()
+    settled_at = models.DateTimeField(null=True, blank=True)
+    compensates = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="compensations")
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=_values(OperationStatus)), name="operation_status_valid"),
+            models.CheckConstraint(
+                condition=~Q(status=OperationStatus.REJECTED) | ~Q(failure_class=""), name="operation_rejection_has_class"
+            ),
+            models.CheckConstraint(condition=~Q(op_key=""), name="operation_key_not_empty"),
+        ]
+        indexes = [
+            # Serves next_directive / the reconciler: open operations of a task come first.
+            models.Index(
+                fields=["task", "status"],
+                condition=Q(status__in=["dispatched", "accepted", "unknown"]),
+                name="operation_open_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"op {self.op_key} ({self.status})"
+
+
+class Receipt(models.Model):
+    """What the external system says it committed. Immutable once written; the evidence of a side effect."""
+
+    operation = models.OneToOneField(Operation, on_delete=models.PROTECT, related_name="receipt")
+    remote_id = models.CharField(max_length=200)
+    remote_version = models.CharField(max_length=100, blank=True)
+    count = models.BigIntegerField(null=True, blank=True)
+    digest = models.CharField(max_length=200, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    received_at = models.DateTimeField()
+    committed_after_cancel_request = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=~Q(remote_id=""), name="receipt_has_remote_id"),
+            models.CheckConstraint(condition=Q(count__isnull=True) | Q(count__gte=0), name="receipt_count_not_negative"),
+        ]
+
+
+class Event(models.Model):
+    """Append-only, hash-chained record of every state change of a task; ``seq`` is contiguous from 1."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveBigIntegerField()
+    type = models.CharField(max_length=50)
+    payload = models.JSONField(default=dict)
+    prev_digest = models.CharField(max_length=64)
+    digest = models.CharField(max_length=64)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task", "seq"], name="event_seq_unique_per_task"),
+            models.CheckConstraint(condition=Q(seq__gte=1), name="event_seq_positive"),
+        ]
+        ordering = ["task", "seq"]
+
+    def __str__(self) -> str:
+        return f"event {self.task_id}#{self.seq} {self.type}"
+
+
+class TempResourceStatus(models.TextChoices):
+    ACTIVE = "active"
+    CLEANING = "cleaning"
+    DELETED = "deleted"
+
+
+class TempResource(models.Model):
+    """Something a task created that must be cleaned up; cleanup is an operation with its own receipt."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="temp_resources")
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.PROTECT, related_name="temp_resources")
+    locator = models.CharField(max_length=500)
+    status = models.CharField(max_length=10, choices=TempResourceStatus.choices, default=TempResourceStatus.ACTIVE)
+    created_at = models.DateTimeField()
+    retention_until = models.DateTimeField()
+    cleanup_operation = models.OneToOneField(
+        Operation, null=True, blank=True, on_delete=models.PROTECT, related_name="cleaned_resource"
+    )
+    cleanup_receipt = models.OneToOneField(
+        Receipt, null=True, blank=True, on_delete=models.PROTECT, related_name="cleaned_resource"
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task", "locator"], name="temp_resource_unique_per_task"),
+            models.CheckConstraint(condition=Q(status__in=TempResourceStatus.values), name="temp_resource_status_valid"),
+            models.CheckConstraint(
+                condition=~Q(status=TempResourceStatus.DELETED) | Q(cleanup_receipt__isnull=False),
+                name="temp_resource_deleted_has_receipt",
+            ),
+            models.CheckConstraint(
+                condition=Q(retention_until__gte=models.F("created_at")), name="temp_resource_retention_after_creation"
+            ),
+        ]

@@ -1,0 +1,428 @@
+"""Plans: validation, proposal, acceptance. A model may propose; only the scheduler (plan_accept) accepts.
+
+A plan document::
+
+    {"nodes": [{"key": "copy-1", "action": "store.copy_batch", "depends_on": ["prepare"],
+                "input": {"source": {"ref": {"source": "store", "locator": "proj/a", "version": "7", "digest": "…"}},
+                          "target": {"from": "prepare", "field": "remote_id"}, "limit": 100},
+                "evidence": {"count": 100, "digest": {"input": "source", "field": "digest"},
+                             "remote_version": {"input": "source", "field": "version"}},
+                "on_failure": {"invalid_params": "fail_task"}, "irreversible": false, "compensation": "",
+                "rerun": "idempotent by op key", "max_attempts": 3}]}
+
+Input values are literals, versioned references to external snapshots (``ref``: version required), or an
+earlier node's structured output (``from`` an ancestor, ``field`` of its receipt) resolved by the
+scheduler — never re-extracted from text.
+"""
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from leases import clock
+from leases.models import Lease
+from tasks.actions import get_action
+from tasks import guards as guards_
+from tasks.cas import Change, compare_and_set
+from tasks.errors import InvalidTransition, PlanInvalid, TaskNotFound
+from tasks.events import append_event
+from tasks.failures import ALLOWED_DESTINATIONS
+from tasks.hygiene import canonical_json, check_payload
+from tasks.lifecycle import FailureClass, NodeStatus, TaskStatus
+from tasks.models import Node, PlanRevision, ProposalStatus, Task
+
+KEY_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,99}$")
+MAX_NODES = 500
+OUTPUT_FIELDS = ("remote_id", "remote_version", "count", "digest")
+REF_FIELDS = ("source", "locator", "version", "digest")
+EVIDENCE_KEYS = ("remote_id", "count", "digest", "remote_version")
+NODE_KEYS = {
+    "key",
+    "action",
+    "depends_on",
+    "input",
+    "evidence",
+    "on_failure",
+    "irreversible",
+    "compensation",
+    "rerun",
+    "max_attempts",
+}
+# Plans may be replaced while nobody is advancing them.
+REPLANNABLE = frozenset({TaskStatus.PENDING, TaskStatus.PAUSED, TaskStatus.HUMAN})
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    key: str
+    position: int
+    action: str
+    depends_on: list[str]
+    input: dict[str, Any]
+    evidence: dict[str, Any]
+    on_failure: dict[str, str]
+    irreversible: bool
+    compensation: str
+    rerun: str
+    max_attempts: int
+
+    @property
+    def definition_digest(self) -> str:
+        body = canonical_json({k: v for k, v in self.__dict__.items() if k != "position"})
+        return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
+
+
+def digest_of(value: Any) -> str:
+    return "sha256:" + hashlib.sha256(canonical_json(value).encode()).hexdigest()
+
+
+def validate_plan(document: Any) -> list[NodeSpec]:
+    """Return the nodes in a dependency order, or raise PlanInvalid listing every problem found."""
+    problems: list[str] = []
+    if not isinstance(document, dict) or not isinstance(document.get("nodes"), list) or not document["nodes"]:
+        raise PlanInvalid(["a plan is an object with a non-empty list 'nodes'"])
+    raw_nodes: list[Any] = document["nodes"]
+    if len(raw_nodes) > MAX_NODES:
+        raise PlanInvalid([f"a plan has at most {MAX_NODES} nodes, this one has {len(raw_nodes)}"])
+    by_key: dict[str, dict[str, Any]] = {}
+    for index, raw in enumerate(raw_nodes):
+        if not isinstance(raw, dict):
+            problems.append(f"node #{index} is not an object")
+            continue
+        key = raw.get("key")
+        if not isinstance(key, str) or not KEY_PATTERN.match(key):
+            problems.append(f"node #{index}: key {key!r} must match {KEY_PATTERN.pattern}")
+            continue
+        if key in by_key:
+            problems.append(f"node {key}: duplicate key")
+            continue
+        unknown = set(raw) - NODE_KEYS
+        if unknown:
+            problems.append(f"node {key}: unknown fields {sorted(unknown)}")
+        by_key[key] = raw
+    if problems:
+        raise PlanInvalid(problems)
+
+    for key, raw in by_key.items():
+        problems.extend(_node_shape_problems(key, raw, by_key))
+    if problems:
+        raise PlanInvalid(problems)
+
+    order = _topological_order(by_key)
+    if order is None:
+        raise PlanInvalid(["the plan has a cycle in depends_on"])
+    ancestors = _ancestors(by_key, order)
+    for key, raw in by_key.items():
+        problems.extend(_input_problems(key, raw.get("input", {}), ancestors[key]))
+        problems.extend(_evidence_problems(key, raw.get("evidence", {}), raw.get("input", {})))
+        action = get_action(raw["action"])
+        if action is not None and action.kind == "approval" and raw.get("irreversible"):
+            problems.append(f"node {key}: an approval node has no side effect to be irreversible")
+        if raw.get("irreversible") and not raw.get("compensation"):
+            confirmed = any((a := get_action(by_key[k]["action"])) and a.kind == "approval" for k in ancestors[key])
+            if not confirmed:
+                problems.append(
+                    f"node {key}: irreversible without a compensation needs an approval node before it (in depends_on)"
+                )
+    if problems:
+        raise PlanInvalid(problems)
+    try:
+        check_payload(document, what="plan document")
+    except Exception as exc:
+        raise PlanInvalid([str(exc)]) from exc
+    default_attempts: int = settings.RECKON_DEFAULT_NODE_ATTEMPTS
+    return [
+        NodeSpec(
+            key=key,
+            position=position,
+            action=by_key[key]["action"],
+            depends_on=list(by_key[key].get("depends_on", [])),
+            input=dict(by_key[key].get("input", {})),
+            evidence=dict(by_key[key].get("evidence", {})),
+            on_failure=dict(by_key[key].get("on_failure", {})),
+            irreversible=bool(by_key[key].get("irreversible", False)),
+            compensation=by_key[key].get("compensation") or "",
+            rerun=by_key[key].get("rerun") or "",
+            max_attempts=int(by_key[key].get("max_attempts", default_attempts)),
+        )
+        for position, key in enumerate(order)
+    ]
+
+
+def _node_shape_problems(key: str, raw: dict[str, Any], by_key: dict[str, Any]) -> list[str]:
+    problems = []
+    action = raw.get("action")
+    if not isinstance(action, str) or get_action(action) is None:
+        problems.append(f"node {key}: unknown action {action!r}")
+    depends_on = raw.get("depends_on", [])
+    if not isinstance(depends_on, list) or not all(isinstance(d, str) for d in depends_on):
+        problems.append(f"node {key}: depends_on must be a list of node keys")
+    else:
+        for dep in depends_on:
+            if dep == key:
+                problems.append(f"node {key}: depends on itself")
+            elif dep not in by_key:
+                problems.append(f"node {key}: depends on unknown node {dep!r}")
+    if not isinstance(raw.get("input", {}), dict):
+        problems.append(f"node {key}: input must be an object")
+    if not isinstance(raw.get("evidence", {}), dict):
+        problems.append(f"node {key}: evidence must be an object")
+    on_failure = raw.get("on_failure", {})
+    if not isinstance(on_failure, dict):
+        problems.append(f"node {key}: on_failure must be an object")
+    else:
+        for cls, dest in on_failure.items():
+            if cls not in FailureClass.__members__.values():
+                problems.append(f"node {key}: on_failure names unknown failure class {cls!r}")
+            elif dest not in ALLOWED_DESTINATIONS[FailureClass(cls)]:
+                allowed = ALLOWED_DESTINATIONS[FailureClass(cls)]
+                problems.append(f"node {key}: on_failure {cls} → {dest!r} not allowed (allowed: {', '.join(allowed)})")
+    if not isinstance(raw.get("irreversible", False), bool):
+        problems.append(f"node {key}: irreversible must be true or false")
+    compensation = raw.get("compensation") or ""
+    if compensation and (not isinstance(compensation, str) or get_action(compensation) is None):
+        problems.append(f"node {key}: compensation names unknown action {compensation!r}")
+    max_attempts = raw.get("max_attempts", 1)
+    if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or not 1 <= max_attempts <= 100:
+        problems.append(f"node {key}: max_attempts must be an integer from 1 to 100")
+    if not isinstance(raw.get("rerun", ""), str):
+        problems.append(f"node {key}: rerun must be a sentence saying what running it again does")
+    return problems
+
+
+def _topological_order(by_key: dict[str, dict[str, Any]]) -> list[str] | None:
+    """Kahn's algorithm, stable in document order; None when there is a cycle."""
+    remaining = {key: set(raw.get("depends_on", [])) for key, raw in by_key.items()}
+    order: list[str] = []
+    while remaining:
+        ready = [key for key, deps in remaining.items() if not deps]
+        if not ready:
+            return None
+        for key in ready:
+            order.append(key)
+            del remaining[key]
+        for deps in remaining.values():
+            deps.difference_update(ready)
+    return order
+
+
+def _ancestors(by_key: dict[str, dict[str, Any]], order: list[str]) -> dict[str, set[str]]:
+    result: dict[str, set[str]] = {}
+    for key in order:
+        found: set[str] = set()
+        for dep in by_key[key].get("depends_on", []):
+            found |= {dep} | result[dep]
+        result[key] = found
+    return result
+
+
+def _input_problems(key: str, inputs: dict[str, Any], ancestors: set[str]) -> list[str]:
+    problems = []
+    for name, value in inputs.items():
+        if isinstance(value, dict) and "ref" in value:
+            ref = value["ref"]
+            if not isinstance(ref, dict) or set(ref) - set(REF_FIELDS):
+                problems.append(f"node {key}: input {name}: ref has fields {', '.join(REF_FIELDS)} only")
+                continue
+            for required in ("source", "locator", "version"):
+                if not isinstance(ref.get(required), str) or not ref.get(required):
+                    problems.append(f"node {key}: input {name}: ref needs a non-empty {required} (refs carry versions)")
+        elif isinstance(value, dict) and "from" in value:
+            source, field_name = value.get("from"), value.get("field")
+            if source not in ancestors:
+                problems.append(f"node {key}: input {name} reads from {source!r}, which is not a node it depends on")
+            if field_name not in OUTPUT_FIELDS:
+                problems.append(f"node {key}: input {name}: field must be one of {', '.join(OUTPUT_FIELDS)}")
+    return problems
+
+
+def _evidence_problems(key: str, evidence: dict[str, Any], inputs: dict[str, Any]) -> list[str]:
+    problems = []
+    for name, expected in evidence.items():
+        if name not in EVIDENCE_KEYS:
+            problems.append(f"node {key}: evidence {name!r} unknown (known: {', '.join(EVIDENCE_KEYS)})")
+        elif name == "remote_id":
+            if expected is not True:
+                problems.append(f"node {key}: evidence remote_id is always required; write true or leave it out")
+        elif isinstance(expected, dict):
+            source = expected.get("input")
+            if source not in inputs:
+                problems.append(f"node {key}: evidence {name} reads unknown input {source!r}")
+            elif isinstance(inputs[source], dict) and "ref" in inputs[source]:
+                if expected.get("field") not in REF_FIELDS:
+                    problems.append(f"node {key}: evidence {name} from ref {source} needs field in {REF_FIELDS}")
+            elif set(expected) - {"input"}:
+                problems.append(f"node {key}: evidence {name} from a non-ref input takes no field")
+        elif name == "count" and (not isinstance(expected, int) or isinstance(expected, bool) or expected < 0):
+            problems.append(f"node {key}: evidence count must be a non-negative integer")
+        elif name in ("digest", "remote_version") and (not isinstance(expected, str) or not expected):
+            problems.append(f"node {key}: evidence {name} must be a non-empty string or an input reference")
+    return problems
+
+
+def collect_input_refs(specs: list[NodeSpec]) -> dict[str, dict[str, str]]:
+    refs: dict[str, dict[str, str]] = {}
+    for spec in specs:
+        for name, value in spec.input.items():
+            if isinstance(value, dict) and "ref" in value:
+                refs[f"{spec.key}.{name}"] = dict(value["ref"])
+    return refs
+
+
+def _new_nodes(specs: list[NodeSpec], plan_version: int, carried: dict[str, Node]) -> list[tuple[Node, dict[str, Any]]]:
+    """Nodes of a newly accepted plan. A succeeded node of the previous plan with the same definition
+    carries its status and output over: its side effect happened and is not redone."""
+    nodes: list[tuple[Node, dict[str, Any]]] = []
+    for spec in specs:
+        previous = carried.get(spec.key)
+        done = previous is not None and previous.definition_digest == spec.definition_digest
+        node = Node(
+            plan_version=plan_version,
+            key=spec.key,
+            position=spec.position,
+            action=spec.action,
+            depends_on=spec.depends_on,
+            input=spec.input,
+            evidence=spec.evidence,
+            on_failure=spec.on_failure,
+            irreversible=spec.irreversible,
+            compensation=spec.compensation,
+            rerun=spec.rerun,
+            definition_digest=spec.definition_digest,
+            max_attempts=spec.max_attempts,
+        )
+        fields = {
+            "status": NodeStatus.SUCCEEDED.value if done and previous else NodeStatus.PENDING.value,
+            "output": previous.output if done and previous else {},
+            "attempts": previous.attempts if done and previous else 0,
+        }
+        nodes.append((node, fields))
+    return nodes
+
+
+def task_create(
+    *,
+    kind: str,
+    title: str,
+    plan: Any,
+    created_by: str,
+    project: str = "",
+    attempt_budget: int | None = None,
+) -> Task:
+    """Create a task with its first plan, proposed by ``created_by`` and accepted by the scheduler.
+
+    An invalid plan raises PlanInvalid and nothing is written.
+    """
+    specs = validate_plan(plan)
+    budget = attempt_budget if attempt_budget is not None else settings.RECKON_DEFAULT_TASK_ATTEMPTS
+    if budget < 1:
+        raise PlanInvalid(["attempt_budget must be at least 1"])
+    with transaction.atomic():
+        now = clock.now()
+        task = Task.objects.create(
+            kind=kind,
+            title=title,
+            project=project,
+            attempt_budget=budget,
+            created_by=created_by,
+            created_at=now,
+            updated_at=now,
+        )
+        revision = PlanRevision.objects.create(
+            task=task, number=1, document=plan, digest=digest_of(plan), proposed_by=created_by, proposed_at=now
+        )
+        append_event(
+            task=task,
+            seq=1,
+            type="task_created",
+            payload={
+                "task": {
+                    "status": task.status,
+                    "status_reason": "",
+                    "status_detail": "",
+                    "plan_version": 0,
+                    "attempts_used": 0,
+                    "cancel_requested_at": None,
+                },
+                "data": {"kind": kind, "plan_revision": 1, "plan_digest": revision.digest, "by": created_by},
+            },
+            at=now,
+        )
+        _accept(task, revision, specs, lease=None)
+        task.refresh_from_db()
+        return task
+
+
+def plan_propose(*, task_id: int, plan: Any, proposed_by: str, expected_version: int, lease: Lease) -> PlanRevision:
+    """Store a model's proposal. It changes nothing about what runs until plan_accept takes it."""
+    validate_plan(plan)
+    number = (PlanRevision.objects.filter(task_id=task_id).order_by("-number").values_list("number", flat=True).first()) or 0
+    created: list[PlanRevision] = []
+
+    def store(task: Task, now: Any) -> None:
+        created.append(
+            PlanRevision.objects.create(
+                task=task, number=number + 1, document=plan, digest=digest_of(plan), proposed_by=proposed_by, proposed_at=now
+            )
+        )
+
+    compare_and_set(
+        task_id,
+        expected_version,
+        Change(event="plan_proposed", data={"plan_revision": number + 1, "plan_digest": digest_of(plan), "by": proposed_by}),
+        lease=lease,
+        before_event=store,
+    )
+    return created[0]
+
+
+def plan_accept(*, revision_id: int, expected_version: int, lease: Lease | None) -> Task:
+    """The scheduler accepts a proposed plan: validates it again and makes it the task's plan.
+
+    Only while nobody is advancing the old plan (pending, paused, human); no operation may be open.
+    """
+    revision = PlanRevision.objects.select_related("task").filter(pk=revision_id).first()
+    if revision is None:
+        raise TaskNotFound(f"plan revision {revision_id} does not exist")
+    if revision.status != ProposalStatus.PROPOSED:
+        raise InvalidTransition(f"plan revision {revision.number} is already {revision.status}")
+    specs = validate_plan(revision.document)
+    _accept(revision.task, revision, specs, lease=lease, expected_version=expected_version)
+    return Task.objects.get(pk=revision.task_id)
+
+
+def _accept(
+    task: Task, revision: PlanRevision, specs: list[NodeSpec], *, lease: Lease | None, expected_version: int | None = None
+) -> None:
+    carried = {n.key: n for n in Node.objects.filter(task=task, plan_version=task.plan_version, status=NodeStatus.SUCCEEDED)}
+    new_status = TaskStatus.PENDING.value
+    fields: dict[str, Any] = {"plan_version": revision.number, "input_refs": collect_input_refs(specs)}
+    if task.status != new_status:
+        fields.update(status=new_status, status_reason="", status_detail="")
+
+    def mark_accepted(_task: Task, now: Any) -> None:
+        PlanRevision.objects.filter(pk=revision.pk, status=ProposalStatus.PROPOSED).update(
+            status=ProposalStatus.ACCEPTED, decided_at=now, decision_reason="accepted by the scheduler"
+        )
+
+    guards = [
+        guards_.status_in(REPLANNABLE, "a plan is accepted only while the task is pending, paused or with a person"),
+        guards_.no_open_operations(),
+    ]
+    compare_and_set(
+        task.pk,
+        expected_version if expected_version is not None else task.version,
+        Change(
+            event="plan_accepted",
+            task=fields,
+            nodes=_new_nodes(specs, revision.number, carried),
+            data={"plan_revision": revision.number, "plan_digest": revision.digest, "nodes": len(specs)},
+            guards=guards,
+        ),
+        lease=lease,
+        before_event=mark_accepted,
+    )

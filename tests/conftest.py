@@ -1,0 +1,71 @@
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from hypothesis import settings as hypothesis_settings
+
+from leases.clock import ControllableClock, use_clock
+from leases.models import Lease
+from leases.services import lease_acquire
+from tasks.models import Task
+from tasks.plans import task_create
+
+hypothesis_settings.register_profile("ci", deadline=None, print_blob=True)
+hypothesis_settings.load_profile("ci")
+
+
+@pytest.fixture
+def clock() -> Iterator[ControllableClock]:
+    """The database server's clock, under the test's control."""
+    with use_clock(ControllableClock()) as controlled:
+        assert isinstance(controlled, ControllableClock)
+        yield controlled
+
+
+def effect_node(key: str, **extra: Any) -> dict[str, Any]:
+    node = {"key": key, "action": "store.copy_batch", "evidence": {"remote_id": True}}
+    node.update(extra)
+    return node
+
+
+def chain_plan(*keys: str, **extra: Any) -> dict[str, Any]:
+    """A linear plan: each node depends on the one before."""
+    nodes = []
+    for index, key in enumerate(keys):
+        node = effect_node(key, **extra)
+        if index:
+            node["depends_on"] = [keys[index - 1]]
+        nodes.append(node)
+    return {"nodes": nodes}
+
+
+@pytest.fixture
+def make_task(db: None) -> Callable[..., Task]:
+    def make(plan: dict[str, Any] | None = None, **kwargs: Any) -> Task:
+        kwargs.setdefault("kind", "test")
+        kwargs.setdefault("title", "a test task")
+        kwargs.setdefault("created_by", "agent:tester")
+        return task_create(plan=plan or chain_plan("a", "b"), **kwargs)
+
+    return make
+
+
+@pytest.fixture
+def agent_lease() -> Callable[..., Lease]:
+    def acquire(task: Task, holder: str = "agent-1", ttl: timedelta | None = None) -> Lease:
+        return lease_acquire(task_id=task.pk, holder_kind="agent", holder_id=holder, ttl=ttl)
+
+    return acquire
+
+
+def snapshot() -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every Reckon table, to assert that a refusal changed nothing."""
+    tables = [t for t in connection.introspection.table_names() if t.split("_")[0] in ("tasks", "leases")]
+    result = {}
+    with connection.cursor() as cursor:
+        for table in sorted(tables):
+            cursor.execute(f"SELECT * FROM {connection.ops.quote_name(table)} ORDER BY 1")  # noqa: S608
+            result[table] = [tuple(row) for row in cursor.fetchall()]
+    return result
