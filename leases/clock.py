@@ -24,7 +24,7 @@ class DatabaseClock:
             if connection.vendor == "postgresql":
                 # clock_timestamp(), not now(): now() is frozen at transaction start.
                 cursor.execute("SELECT clock_timestamp()")
-                value = cursor.fetchone()[0]
+                value: datetime = cursor.fetchone()[0]
                 return value.astimezone(UTC)
             cursor.execute("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")
             text = cursor.fetchone()[0]

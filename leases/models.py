@@ -49,10 +49,15 @@ class Lease(models.Model):
                 fields=["task"], condition=Q(released_at__isnull=True), name="lease_one_open_per_task"
             ),
             models.CheckConstraint(condition=Q(epoch__gte=1), name="lease_epoch_positive"),
-            models.CheckConstraint(condition=Q(expires_at__gt=models.F("granted_at")), name="lease_expires_after_grant"),
+            models.CheckConstraint(
+                condition=Q(expires_at__gt=models.F("granted_at")), name="lease_expires_after_grant"
+            ),
             models.CheckConstraint(condition=Q(holder_kind__in=HolderKind.values), name="lease_holder_kind_valid"),
             models.CheckConstraint(
-                condition=(Q(released_at__isnull=True, release_reason="") | Q(released_at__isnull=False) & ~Q(release_reason="")),
+                condition=(
+                    Q(released_at__isnull=True, release_reason="")
+                    | Q(released_at__isnull=False) & ~Q(release_reason="")
+                ),
                 name="lease_release_has_reason",
             ),
         ]

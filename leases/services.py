@@ -27,7 +27,8 @@ def lease_grace() -> timedelta:
 
 def _task_version(task_id: int) -> int:
     task_model = Lease._meta.get_field("task").related_model
-    assert task_model is not None and not isinstance(task_model, str)
+    if task_model is None or isinstance(task_model, str):  # pragma: no cover - apps not loaded
+        raise LookupError("the task model is not loaded")
     version = task_model._default_manager.filter(pk=task_id).values_list("version", flat=True).first()
     if version is None:
         raise LookupError(f"task {task_id} does not exist")
@@ -76,14 +77,18 @@ def lease_renew(*, lease: Lease, expected_renewal_seq: int, ttl: timedelta | Non
     ttl = ttl or lease_ttl()
     with transaction.atomic():
         now = clock.now()
-        updated = Lease.objects.open().filter(
-            pk=lease.pk,
-            epoch=lease.epoch,
-            holder_kind=lease.holder_kind,
-            holder_id=lease.holder_id,
-            renewal_seq=expected_renewal_seq,
-            expires_at__gt=now - lease_grace(),
-        ).update(renewal_seq=F("renewal_seq") + 1, expires_at=now + ttl)
+        updated = (
+            Lease.objects.open()
+            .filter(
+                pk=lease.pk,
+                epoch=lease.epoch,
+                holder_kind=lease.holder_kind,
+                holder_id=lease.holder_id,
+                renewal_seq=expected_renewal_seq,
+                expires_at__gt=now - lease_grace(),
+            )
+            .update(renewal_seq=F("renewal_seq") + 1, expires_at=now + ttl)
+        )
         if updated != 1:
             _raise_renew_refusal(lease, expected_renewal_seq, now)
         return Lease.objects.get(pk=lease.pk)
@@ -102,8 +107,10 @@ def lease_release(*, lease: Lease) -> Lease:
     """The holder gives the lease back. Releasing twice is refused as LeaseLost."""
     with transaction.atomic():
         now = clock.now()
-        updated = Lease.objects.open().filter(pk=lease.pk, epoch=lease.epoch).update(
-            released_at=now, release_reason=ReleaseReason.RELEASED
+        updated = (
+            Lease.objects.open()
+            .filter(pk=lease.pk, epoch=lease.epoch)
+            .update(released_at=now, release_reason=ReleaseReason.RELEASED)
         )
         if updated != 1:
             raise LeaseLost(lease.task_id, lease.epoch, "already released or superseded")

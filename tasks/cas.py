@@ -72,8 +72,9 @@ def compare_and_set(
     """Apply ``change`` if the task is still at ``expected_version`` and ``lease`` is still the live lease.
 
     ``change`` may be a builder called with the task row (at ``expected_version``) and the database
-    server's time, for changes that depend on either (backoff, counters). Unsaved nodes and operations in the change are inserted; saved ones are updated only if their status
-    is still the one the caller read. ``lease=None`` is only for changes any principal may make whoever
+    server's time, for changes that depend on either (backoff, counters). Unsaved nodes and operations
+    in the change are inserted; saved ones are updated only if their status is still the one the
+    caller read. ``lease=None`` is only for changes any principal may make whoever
     holds the task (a cancel request, quarantine). ``before_event`` runs inside the transaction once the
     task row is won, for rows outside the projection (a receipt). On refusal it raises a named error
     and writes nothing.
@@ -130,7 +131,7 @@ def _write_node(task_id: int, node: Node, fields: dict[str, Any]) -> dict[str, A
         return {name: jsonable(getattr(node, name)) for name in NODE_FIELDS}
     if Node.objects.filter(pk=node.pk, task_id=task_id, status=node.status).update(**fields) != 1:
         raise VersionConflict(f"node {node.key} changed under the task version", node=node.key)
-    return jsonable(fields)
+    return {name: jsonable(value) for name, value in fields.items()}
 
 
 def _write_operation(task_id: int, op: Operation, fields: dict[str, Any]) -> dict[str, Any]:
@@ -142,7 +143,7 @@ def _write_operation(task_id: int, op: Operation, fields: dict[str, Any]) -> dic
         return {"node": node_ref(op.node), **{name: jsonable(getattr(op, name)) for name in OPERATION_FIELDS[1:]}}
     if Operation.objects.filter(pk=op.pk, task_id=task_id, status=op.status).update(**fields) != 1:
         raise VersionConflict(f"operation {op.op_key} changed under the task version", op_key=op.op_key)
-    return jsonable(fields)
+    return {name: jsonable(value) for name, value in fields.items()}
 
 
 def _check_transitions(task: Task, change: Change) -> None:

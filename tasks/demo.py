@@ -38,7 +38,11 @@ def migration_plan(project: str = "acme", batches: int = 3, batch_size: int = 50
             "action": "store.verify_digests",
             "depends_on": copies,
             "input": {"target": {"from": "prepare-target", "field": "remote_id"}, "source": {"ref": source}},
-            "evidence": {"remote_id": True, "count": batches * batch_size, "digest": {"input": "source", "field": "digest"}},
+            "evidence": {
+                "remote_id": True,
+                "count": batches * batch_size,
+                "digest": {"input": "source", "field": "digest"},
+            },
         },
         {
             "key": "switch-reference",

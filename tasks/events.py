@@ -42,7 +42,9 @@ def jsonable(value: Any) -> Any:
         return [jsonable(v) for v in value]
     if isinstance(value, models.Model):
         raise TypeError(f"put a reference, not a row, in an event payload: {value!r}")
-    return json.loads(json.dumps(value, default=str)) if not isinstance(value, str | int | float | bool | None) else value
+    return (
+        json.loads(json.dumps(value, default=str)) if not isinstance(value, str | int | float | bool | None) else value
+    )
 
 
 def node_ref(node: Node) -> str:
@@ -65,7 +67,9 @@ def append_event(*, task: Task, seq: int, type: str, payload: dict[str, Any], at
         prev = Event.objects.filter(task=task, seq=seq - 1).values_list("digest", flat=True).first() or GENESIS_DIGEST
     created_at = at.isoformat()
     digest = event_digest(task_uid=str(task.uid), seq=seq, type=type, payload=payload, created_at=created_at, prev=prev)
-    return Event.objects.create(task=task, seq=seq, type=type, payload=payload, prev_digest=prev, digest=digest, created_at=at)
+    return Event.objects.create(
+        task=task, seq=seq, type=type, payload=payload, prev_digest=prev, digest=digest, created_at=at
+    )
 
 
 @dataclass

@@ -11,7 +11,9 @@ from tasks.models import Node, Operation
 
 
 def no_cancel() -> Guard:
-    return Guard(Q(cancel_requested_at__isnull=True), lambda: CancelRequested("a cancel is recorded: no new side effect"))
+    return Guard(
+        Q(cancel_requested_at__isnull=True), lambda: CancelRequested("a cancel is recorded: no new side effect")
+    )
 
 
 def status_in(statuses: frozenset[TaskStatus], message: str) -> Guard:

@@ -5,7 +5,6 @@ from django.db.models import Q
 
 from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, PauseReason, TaskStatus
 
-
 type _Enum = type[TaskStatus | PauseReason | NodeStatus | OperationStatus | FailureClass]
 
 
@@ -56,8 +55,7 @@ class Task(models.Model):
                 condition=Q(attempts_used__lte=models.F("attempt_budget")), name="task_attempts_within_budget"
             ),
             models.CheckConstraint(
-                condition=Q(cancel_requested_at__isnull=True)
-                | ~Q(status__in=["pending", "running", "backing_off"]),
+                condition=Q(cancel_requested_at__isnull=True) | ~Q(status__in=["pending", "running", "backing_off"]),
                 name="task_cancel_stops_running",
             ),
         ]
@@ -101,6 +99,9 @@ class PlanRevision(models.Model):
             ),
         ]
 
+    def __str__(self) -> str:
+        return f"plan {self.number} of task {self.task_id} ({self.status})"
+
 
 class Node(models.Model):
     """One step of an accepted plan: one bounded side effect, confirmed by a receipt."""
@@ -131,7 +132,9 @@ class Node(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["task", "plan_version", "key"], name="node_key_unique_per_plan"),
             models.CheckConstraint(condition=Q(status__in=_values(NodeStatus)), name="node_status_valid"),
-            models.CheckConstraint(condition=Q(attempts__lte=models.F("max_attempts")), name="node_attempts_within_budget"),
+            models.CheckConstraint(
+                condition=Q(attempts__lte=models.F("max_attempts")), name="node_attempts_within_budget"
+            ),
             models.CheckConstraint(condition=~Q(key=""), name="node_key_not_empty"),
         ]
         ordering = ["plan_version", "position"]
@@ -157,13 +160,16 @@ class Operation(models.Model):
     dispatch_count = models.PositiveIntegerField(default=0)
     registered_at = models.DateTimeField()
     settled_at = models.DateTimeField(null=True, blank=True)
-    compensates = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="compensations")
+    compensates = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="compensations"
+    )
 
     class Meta:
         constraints = [
             models.CheckConstraint(condition=Q(status__in=_values(OperationStatus)), name="operation_status_valid"),
             models.CheckConstraint(
-                condition=~Q(status=OperationStatus.REJECTED) | ~Q(failure_class=""), name="operation_rejection_has_class"
+                condition=~Q(status=OperationStatus.REJECTED) | ~Q(failure_class=""),
+                name="operation_rejection_has_class",
             ),
             models.CheckConstraint(condition=~Q(op_key=""), name="operation_key_not_empty"),
         ]
@@ -195,8 +201,13 @@ class Receipt(models.Model):
     class Meta:
         constraints = [
             models.CheckConstraint(condition=~Q(remote_id=""), name="receipt_has_remote_id"),
-            models.CheckConstraint(condition=Q(count__isnull=True) | Q(count__gte=0), name="receipt_count_not_negative"),
+            models.CheckConstraint(
+                condition=Q(count__isnull=True) | Q(count__gte=0), name="receipt_count_not_negative"
+            ),
         ]
+
+    def __str__(self) -> str:
+        return f"receipt {self.remote_id} for operation {self.operation_id}"
 
 
 class Event(models.Model):
@@ -246,7 +257,9 @@ class TempResource(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["task", "locator"], name="temp_resource_unique_per_task"),
-            models.CheckConstraint(condition=Q(status__in=TempResourceStatus.values), name="temp_resource_status_valid"),
+            models.CheckConstraint(
+                condition=Q(status__in=TempResourceStatus.values), name="temp_resource_status_valid"
+            ),
             models.CheckConstraint(
                 condition=~Q(status=TempResourceStatus.DELETED) | Q(cleanup_receipt__isnull=False),
                 name="temp_resource_deleted_has_receipt",
@@ -255,3 +268,6 @@ class TempResource(models.Model):
                 condition=Q(retention_until__gte=models.F("created_at")), name="temp_resource_retention_after_creation"
             ),
         ]
+
+    def __str__(self) -> str:
+        return f"temp {self.locator} of task {self.task_id} ({self.status})"

@@ -25,8 +25,8 @@ from django.db import transaction
 
 from leases import clock
 from leases.models import Lease
-from tasks.actions import get_action
 from tasks import guards as guards_
+from tasks.actions import get_action
 from tasks.cas import Change, compare_and_set
 from tasks.errors import InvalidTransition, PlanInvalid, TaskNotFound
 from tasks.events import append_event
@@ -360,20 +360,29 @@ def task_create(
 def plan_propose(*, task_id: int, plan: Any, proposed_by: str, expected_version: int, lease: Lease) -> PlanRevision:
     """Store a model's proposal. It changes nothing about what runs until plan_accept takes it."""
     validate_plan(plan)
-    number = (PlanRevision.objects.filter(task_id=task_id).order_by("-number").values_list("number", flat=True).first()) or 0
+    number = (
+        PlanRevision.objects.filter(task_id=task_id).order_by("-number").values_list("number", flat=True).first()
+    ) or 0
     created: list[PlanRevision] = []
 
     def store(task: Task, now: Any) -> None:
         created.append(
             PlanRevision.objects.create(
-                task=task, number=number + 1, document=plan, digest=digest_of(plan), proposed_by=proposed_by, proposed_at=now
+                task=task,
+                number=number + 1,
+                document=plan,
+                digest=digest_of(plan),
+                proposed_by=proposed_by,
+                proposed_at=now,
             )
         )
 
     compare_and_set(
         task_id,
         expected_version,
-        Change(event="plan_proposed", data={"plan_revision": number + 1, "plan_digest": digest_of(plan), "by": proposed_by}),
+        Change(
+            event="plan_proposed", data={"plan_revision": number + 1, "plan_digest": digest_of(plan), "by": proposed_by}
+        ),
         lease=lease,
         before_event=store,
     )
@@ -396,9 +405,16 @@ def plan_accept(*, revision_id: int, expected_version: int, lease: Lease | None)
 
 
 def _accept(
-    task: Task, revision: PlanRevision, specs: list[NodeSpec], *, lease: Lease | None, expected_version: int | None = None
+    task: Task,
+    revision: PlanRevision,
+    specs: list[NodeSpec],
+    *,
+    lease: Lease | None,
+    expected_version: int | None = None,
 ) -> None:
-    carried = {n.key: n for n in Node.objects.filter(task=task, plan_version=task.plan_version, status=NodeStatus.SUCCEEDED)}
+    carried = {
+        n.key: n for n in Node.objects.filter(task=task, plan_version=task.plan_version, status=NodeStatus.SUCCEEDED)
+    }
     new_status = TaskStatus.PENDING.value
     fields: dict[str, Any] = {"plan_version": revision.number, "input_refs": collect_input_refs(specs)}
     if task.status != new_status:

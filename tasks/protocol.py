@@ -92,7 +92,9 @@ def next_directive(*, task_id: int, lease: Lease) -> Directive:
         return Directive("stop", v, reason="lease_expired")
     if task.status == TaskStatus.HUMAN:
         return Directive("stop", v, reason="human_takeover")
-    open_op = Operation.objects.filter(task=task, status__in=_OPEN).select_related("node").order_by("registered_at").first()
+    open_op = (
+        Operation.objects.filter(task=task, status__in=_OPEN).select_related("node").order_by("registered_at").first()
+    )
     if open_op is not None:
         return Directive("reconcile", v, node_key=open_op.node.key, op_key=open_op.op_key, reason=open_op.status)
     if task.cancel_requested_at is not None:
@@ -164,7 +166,8 @@ def register_intent(*, task_id: int, node_key: str, expected_version: int, lease
     )
     if blocking.exists():
         raise NodeNotReady(f"node {node_key} waits for {', '.join(blocking.values_list('key', flat=True))}")
-    request = {"action": node.action, "input": resolve_input(task, node)}
+    resolved = resolve_input(task, node)
+    request = {"action": node.action, "input": resolved}
     check_payload(request, what=f"request of node {node_key}")
     retry = Operation.objects.filter(node=node, status=OperationStatus.REJECTED).count()
 
@@ -173,7 +176,7 @@ def register_intent(*, task_id: int, node_key: str, expected_version: int, lease
             node=node,
             op_key=op_key_for(current, node, retry),
             action=node.action,
-            target=str(request["input"].get("target", ""))[:300],
+            target=str(resolved.get("target", ""))[:300],
             request=request,
             request_digest=digest_of(request),
             registered_at=now,
@@ -230,11 +233,10 @@ def _operation(op_key: str) -> Operation:
 def _cancel_status(current: Task, op: Operation | None, op_status: OperationStatus | None) -> dict[str, Any]:
     """After a cancel: stopping while work is in flight, stopped_pending while only unknowns remain to
     reconcile, stopped once every operation is settled."""
-    remaining = set(
-        Operation.objects.filter(task=current, status__in=_OPEN)
-        .exclude(pk=op.pk if op is not None else None)
-        .values_list("status", flat=True)
-    )
+    others = Operation.objects.filter(task=current, status__in=_OPEN)
+    if op is not None:
+        others = others.exclude(pk=op.pk)
+    remaining = set(others.values_list("status", flat=True))
     if op_status is not None and op_status in OPEN_OPERATION_STATUSES:
         remaining.add(op_status.value)
     if not remaining:
@@ -275,9 +277,9 @@ def record_outcome(*, op_key: str, outcome: Outcome, expected_version: int, leas
     if isinstance(outcome, Committed):
         check_payload(outcome.data, what="receipt data")
         return _record_committed(op, outcome, expected_version, lease)
-    if isinstance(outcome, Failed) and outcome.failure_class == FailureClass.CONNECTION_INTERRUPTED:
-        if op.status == OperationStatus.UNKNOWN:
-            return op  # a query that itself timed out: still unknown, nothing new to record
+    interrupted = isinstance(outcome, Failed) and outcome.failure_class == FailureClass.CONNECTION_INTERRUPTED
+    if interrupted and op.status == OperationStatus.UNKNOWN:
+        return op  # a query that itself timed out: still unknown, nothing new to record
     if isinstance(outcome, Unprovable) and op.status == OperationStatus.UNKNOWN and op.failure_class == "unprovable":
         return op
     node = op.node
@@ -314,7 +316,9 @@ def record_outcome(*, op_key: str, outcome: Outcome, expected_version: int, leas
                 event="operation_unprovable",
                 task=_after_settling(current, op, OperationStatus.UNKNOWN)
                 if current.cancel_requested_at is not None
-                else _pause(current, PauseReason.UNPROVABLE, outcome.detail or "the remote can neither dedupe nor be queried"),
+                else _pause(
+                    current, PauseReason.UNPROVABLE, outcome.detail or "the remote can neither dedupe nor be queried"
+                ),
                 operations=[(op, {"status": OperationStatus.UNKNOWN.value, "failure_class": "unprovable"})]
                 if op.status != OperationStatus.UNKNOWN
                 else [],
@@ -326,17 +330,30 @@ def record_outcome(*, op_key: str, outcome: Outcome, expected_version: int, leas
     return Operation.objects.get(pk=op.pk)
 
 
-def _failure_change(current: Task, op: Operation, node: Node, outcome: Failed, now: datetime, data: dict[str, Any]) -> Change:
+def _failure_change(
+    current: Task, op: Operation, node: Node, outcome: Failed, now: datetime, data: dict[str, Any]
+) -> Change:
     cls = FailureClass(outcome.failure_class)
     data = data | {"failure_class": cls.value, "detail": outcome.detail[:200]}
     if cls == FailureClass.CONNECTION_INTERRUPTED:
         return Change(
             event="operation_unknown",
-            task=_after_settling(current, op, OperationStatus.UNKNOWN) if current.cancel_requested_at is not None else {},
+            task=_after_settling(current, op, OperationStatus.UNKNOWN)
+            if current.cancel_requested_at is not None
+            else {},
             operations=[(op, {"status": OperationStatus.UNKNOWN.value, "failure_class": cls.value})],
             data=data,
         )
-    rejected = [(op, {"status": OperationStatus.REJECTED.value, "failure_class": cls.value, "failure_detail": outcome.detail[:500]})]
+    rejected = [
+        (
+            op,
+            {
+                "status": OperationStatus.REJECTED.value,
+                "failure_class": cls.value,
+                "failure_detail": outcome.detail[:500],
+            },
+        )
+    ]
     node_fields: dict[str, Any] = {"last_error_class": cls.value}
     task_fields: dict[str, Any]
     chosen = destination(cls, node.on_failure)
@@ -347,13 +364,20 @@ def _failure_change(current: Task, op: Operation, node: Node, outcome: Failed, n
             task_fields = _pause(current, PauseReason.BUDGET_EXHAUSTED, f"node {node.key}: {outcome.detail}"[:500])
         else:
             wait = backoff(now=now, attempt=node.attempts, seed=f"{current.uid}:{node.key}")
-            node_fields |= {"status": NodeStatus.PENDING.value, "not_before": wait.not_before, "next_allowed_action": "retry"}
+            node_fields |= {
+                "status": NodeStatus.PENDING.value,
+                "not_before": wait.not_before,
+                "next_allowed_action": "retry",
+            }
             task_fields = {} if current.cancel_requested_at is not None else {"status": TaskStatus.BACKING_OFF.value}
             data |= {"not_before": wait.not_before}
     elif cls == FailureClass.INVALID_PARAMS:
         node_fields |= {"status": NodeStatus.FAILED.value, "next_allowed_action": "replan"}
         if chosen == "fail_task" and current.cancel_requested_at is None:
-            task_fields = {"status": TaskStatus.FAILED.value, "status_detail": f"node {node.key}: {outcome.detail}"[:500]}
+            task_fields = {
+                "status": TaskStatus.FAILED.value,
+                "status_detail": f"node {node.key}: {outcome.detail}"[:500],
+            }
         else:
             task_fields = _pause(current, PAUSE_REASON[cls], f"node {node.key}: {outcome.detail}")
     else:
@@ -363,7 +387,9 @@ def _failure_change(current: Task, op: Operation, node: Node, outcome: Failed, n
         task_fields = _pause(current, reason, f"node {node.key}: {outcome.detail}")
     if current.cancel_requested_at is not None:
         task_fields = _after_settling(current, op, OperationStatus.REJECTED)
-    return Change(event="operation_rejected", task=task_fields, nodes=[(node, node_fields)], operations=rejected, data=data)
+    return Change(
+        event="operation_rejected", task=task_fields, nodes=[(node, node_fields)], operations=rejected, data=data
+    )
 
 
 def _record_committed(op: Operation, outcome: Committed, expected_version: int, lease: Lease) -> Operation:
@@ -383,7 +409,12 @@ def _record_committed(op: Operation, outcome: Committed, expected_version: int, 
         receipt.committed_after_cancel_request = current.cancel_requested_at is not None
         data = {
             "op_key": op.op_key,
-            "receipt": {"remote_id": receipt.remote_id, "remote_version": receipt.remote_version, "count": receipt.count, "digest": receipt.digest},
+            "receipt": {
+                "remote_id": receipt.remote_id,
+                "remote_version": receipt.remote_version,
+                "count": receipt.count,
+                "digest": receipt.digest,
+            },
         }
         op_fields = {"status": OperationStatus.COMMITTED.value, "remote_id": receipt.remote_id, "settled_at": now}
         if problems:
@@ -395,13 +426,25 @@ def _record_committed(op: Operation, outcome: Committed, expected_version: int, 
             return Change(
                 event="evidence_insufficient",
                 task=task_fields,
-                nodes=[(node, {"status": NodeStatus.FAILED.value, "last_error_class": "evidence_insufficient", "next_allowed_action": "takeover"})],
+                nodes=[
+                    (
+                        node,
+                        {
+                            "status": NodeStatus.FAILED.value,
+                            "last_error_class": "evidence_insufficient",
+                            "next_allowed_action": "takeover",
+                        },
+                    )
+                ],
                 operations=[(op, op_fields)],
                 data=data | {"problems": problems},
             )
-        others_done = not Node.objects.filter(task=current, plan_version=node.plan_version).exclude(pk=node.pk).exclude(
-            status=NodeStatus.SUCCEEDED
-        ).exists()
+        others_done = (
+            not Node.objects.filter(task=current, plan_version=node.plan_version)
+            .exclude(pk=node.pk)
+            .exclude(status=NodeStatus.SUCCEEDED)
+            .exists()
+        )
         return Change(
             event="node_succeeded",
             task=_after_settling(current, op, OperationStatus.COMMITTED, all_done=others_done),
@@ -418,8 +461,19 @@ def _record_committed(op: Operation, outcome: Committed, expected_version: int, 
 
 
 def _advance_fields(receipt: Receipt) -> dict[str, Any]:
-    output = {"remote_id": receipt.remote_id, "remote_version": receipt.remote_version, "count": receipt.count, "digest": receipt.digest}
-    return {"status": NodeStatus.SUCCEEDED.value, "output": output, "last_error_class": "", "next_allowed_action": "", "not_before": None}
+    output = {
+        "remote_id": receipt.remote_id,
+        "remote_version": receipt.remote_version,
+        "count": receipt.count,
+        "digest": receipt.digest,
+    }
+    return {
+        "status": NodeStatus.SUCCEEDED.value,
+        "output": output,
+        "last_error_class": "",
+        "next_allowed_action": "",
+        "not_before": None,
+    }
 
 
 def advance_node(*, op_key: str, expected_version: int, lease: Lease) -> Node:
@@ -434,7 +488,9 @@ def advance_node(*, op_key: str, expected_version: int, lease: Lease) -> Node:
         raise EvidenceInsufficient(f"operation {op_key} has no persisted receipt: nothing proves the side effect")
     problems = evidence_problems(op.node, op, receipt)
     if problems:
-        raise EvidenceInsufficient(f"receipt of {op_key} does not satisfy node {op.node.key}: " + "; ".join(problems), problems=problems)
+        raise EvidenceInsufficient(
+            f"receipt of {op_key} does not satisfy node {op.node.key}: " + "; ".join(problems), problems=problems
+        )
     node = op.node
     if node.status == NodeStatus.SUCCEEDED:
         return node
@@ -442,9 +498,12 @@ def advance_node(*, op_key: str, expected_version: int, lease: Lease) -> Node:
         raise InvalidTransition(f"node {node.key} is {node.status}")
 
     def build(current: Task, _now: datetime) -> Change:
-        others_done = not Node.objects.filter(task=current, plan_version=node.plan_version).exclude(pk=node.pk).exclude(
-            status=NodeStatus.SUCCEEDED
-        ).exists()
+        others_done = (
+            not Node.objects.filter(task=current, plan_version=node.plan_version)
+            .exclude(pk=node.pk)
+            .exclude(status=NodeStatus.SUCCEEDED)
+            .exists()
+        )
         return Change(
             event="node_succeeded",
             task=_after_settling(current, op, OperationStatus.COMMITTED, all_done=others_done),
@@ -486,8 +545,14 @@ def task_request_cancel(*, task_id: int, requested_by: str, reason: str) -> Task
                     "status_reason": "",
                     "status_detail": "",
                 },
-                nodes=[(op.node, {"status": NodeStatus.PENDING.value}) for op in intents if op.node.status == NodeStatus.RUNNING],
-                operations=[(op, {"status": OperationStatus.REJECTED.value, "failure_class": "cancelled"}) for op in intents],
+                nodes=[
+                    (op.node, {"status": NodeStatus.PENDING.value})
+                    for op in intents
+                    if op.node.status == NodeStatus.RUNNING
+                ],
+                operations=[
+                    (op, {"status": OperationStatus.REJECTED.value, "failure_class": "cancelled"}) for op in intents
+                ],
                 data={"by": requested_by, "reason": reason[:200], "withdrawn_intents": [op.op_key for op in intents]},
                 guards=[guards.no_cancel()],
             )
@@ -503,4 +568,3 @@ def task_request_cancel(*, task_id: int, requested_by: str, reason: str) -> Task
 
 def open_operations(task_id: int) -> list[Operation]:
     return list(Operation.objects.filter(task_id=task_id, status__in=_OPEN).order_by("registered_at"))
-

@@ -15,6 +15,12 @@ class Command(BaseCommand):
             self.stdout.write("demo task already loaded")
             return
         task = task_create(
-            kind="migrate_project", title="Migrate project acme", plan=migration_plan(), created_by="demo", project="acme"
+            kind="migrate_project",
+            title="Migrate project acme",
+            plan=migration_plan(),
+            created_by="demo",
+            project="acme",
         )
-        self.stdout.write(f"loaded demo task {task.pk}: {task.title} (plan version {task.plan_version}, {task.nodes.count()} nodes)")
+        self.stdout.write(
+            f"loaded demo task {task.pk}: {task.title} (plan version {task.plan_version}, {task.nodes.count()} nodes)"
+        )
