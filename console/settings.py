@@ -76,7 +76,10 @@ DATABASES = {
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = SQLITE_OPTIONS
-    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test-reckon.sqlite3")}
+    # A file, not memory: tests run real threads with their own connections. The suffix lets
+    # several test runs share a checkout without sharing a database.
+    _suffix = os.environ.get("RECKON_TEST_DB_SUFFIX", "")
+    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / f"test-reckon{_suffix}.sqlite3")}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
