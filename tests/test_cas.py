@@ -1,0 +1,341 @@
+"""compare_and_set (DESIGN §3.3, §3.7): every state write checks the task version and the caller's lease epoch,
+judges expiry on the database server's clock, and appends exactly one chained event — or writes nothing.
+"""
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db.models import Q
+
+from leases.clock import ControllableClock
+from leases.errors import LeaseExpired, LeaseLost
+from leases.models import Lease
+from leases.services import lease_acquire, lease_release, lease_renew
+from tasks.cas import Applied, Change, Guard, compare_and_set
+from tasks.errors import InvalidTransition, TaskNotRunnable, VersionConflict
+from tasks.events import find_log_problem
+from tasks.lifecycle import OPERATION_TRANSITIONS, TASK_TRANSITIONS, NodeStatus, TaskStatus
+from tasks.models import Event, Node, Task
+from tests.conftest import snapshot
+
+TTL = timedelta(seconds=30)
+TICK = timedelta(microseconds=1)
+
+
+def grace() -> timedelta:
+    value: timedelta = settings.RECKON_LEASE_GRACE
+    return value
+
+
+def start() -> Change:
+    """A legal change for a freshly created (pending) task."""
+    return Change(event="task_started", task={"status": TaskStatus.RUNNING.value}, data={"by": "agent:agent-1"})
+
+
+def acquire(task: Task, holder: str = "agent-1") -> Lease:
+    return lease_acquire(task_id=task.pk, holder_kind="agent", holder_id=holder, ttl=TTL)
+
+
+def rows_of(task: Task) -> dict[str, Any]:
+    """Everything stored for one task, by table."""
+    return {
+        "task": Task.objects.filter(pk=task.pk).values().get(),
+        "events": list(Event.objects.filter(task=task).order_by("seq").values()),
+        "nodes": list(Node.objects.filter(task=task).order_by("pk").values()),
+        "leases": list(Lease.objects.filter(task=task).order_by("pk").values()),
+    }
+
+
+def test_it_applies_a_change_and_appends_one_chained_event(
+    make_task: Callable[..., Task], agent_lease: Callable[..., Lease], clock: ControllableClock
+) -> None:
+    task = make_task()
+    lease = agent_lease(task, ttl=TTL)
+    clock.advance(timedelta(seconds=3))
+    v = task.version
+    previous = Event.objects.get(task=task, seq=v)
+    events_before = Event.objects.filter(task=task).count()
+
+    applied = compare_and_set(task.pk, v, start(), lease=lease)
+
+    assert applied == Applied(version=v + 1, at=clock.now())
+    task.refresh_from_db()
+    assert (task.version, task.status, task.updated_at) == (v + 1, TaskStatus.RUNNING, clock.now())
+    assert Event.objects.filter(task=task).count() == events_before + 1
+    event = Event.objects.get(task=task, seq=v + 1)
+    assert (event.type, event.prev_digest, event.created_at) == ("task_started", previous.digest, clock.now())
+    assert event.payload == {"task": {"status": "running"}, "data": {"by": "agent:agent-1"}}
+    assert find_log_problem(task) is None
+
+
+def test_a_builder_change_sees_the_task_at_the_expected_version_and_the_database_time(
+    make_task: Callable[..., Task], agent_lease: Callable[..., Lease], clock: ControllableClock
+) -> None:
+    task = make_task()
+    lease = agent_lease(task, ttl=TTL)
+    seen: list[tuple[int, datetime]] = []
+
+    def build(current: Task, now: datetime) -> Change:
+        seen.append((current.version, now))
+        return start()
+
+    compare_and_set(task.pk, task.version, build, lease=lease)
+
+    assert seen == [(task.version, clock.now())]
+
+
+def test_it_refuses_a_stale_expected_version(
+    make_task: Callable[..., Task], agent_lease: Callable[..., Lease], clock: ControllableClock
+) -> None:
+    task = make_task()
+    lease = agent_lease(task, ttl=TTL)
+    compare_and_set(task.pk, task.version, start(), lease=lease)
+    before = snapshot()
+
+    with pytest.raises(VersionConflict) as refused:
+        compare_and_set(task.pk, task.version, Change(event="touched"), lease=lease)
+
+    assert refused.value.details == {"expected": task.version, "actual": task.version + 1}
+    assert snapshot() == before
+
+
+def test_it_refuses_a_stale_lease_epoch_even_with_the_right_version(
+    make_task: Callable[..., Task], agent_lease: Callable[..., Lease], clock: ControllableClock
+) -> None:
+    task = make_task()
+    old = agent_lease(task, ttl=TTL)
+    clock.set(old.expires_at + grace())
+    new = agent_lease(task, holder="agent-2", ttl=TTL)
+    assert new.epoch == old.epoch + 1
+    task.refresh_from_db()
+    before = snapshot()
+
+    with pytest.raises(LeaseLost) as refused:
+        compare_and_set(task.pk, task.version, start(), lease=old)
+
+    assert refused.value.epoch == old.epoch
+    assert snapshot() == before
+
+
+def test_it_refuses_a_lease_row_replayed_with_an_old_epoch(
+    make_task: Callable[..., Task], agent_lease: Callable[..., Lease], clock: ControllableClock
+) -> None:
+    """The fencing token is the epoch, not the row id: a caller holding the live row with a forged epoch loses."""
+    task = make_task()
+    old = agent_lease(task, ttl=TTL)
+    lease_release(lease=old)
+    new = agent_lease(task, holder="agent-2", ttl=TTL)
+    forged = Lease.objects.get(pk=new.pk)
+    forged.epoch = old.epoch
+    before = snapshot()
+
+    with pytest.raises(LeaseLost):
+        compare_and_set(task.pk, task.version, start(), lease=forged)
+
+    assert snapshot() == before
+
+
+@pytest.mark.parametrize(
+    "after_expiry",
+    [timedelta(0), TICK, grace() - TICK],
+    ids=["exactly-at-expiry", "one-tick-after-expiry", "last-tick-of-the-grace"],
+)
+def test_it_refuses_an_expired_lease_even_inside_the_grace(
+    make_task: Callable[..., Task],
+    agent_lease: Callable[..., Lease],
+    clock: ControllableClock,
+    after_expiry: timedelta,
+) -> None:
+    task = make_task()
+    lease = agent_lease(task, ttl=TTL)
+    clock.set(lease.expires_at + after_expiry)
+    before = snapshot()
+
+    with pytest.raises(LeaseExpired):
+        compare_and_set(task.pk, task.version, start(), lease=lease)
+
+    assert snapshot() == before
+
+
+def test_it_accepts_a_lease_one_tick_before_expiry(
+    make_task: Callable[..., Task], agent_lease: Callable[..., Lease], clock: ControllableClock
+) -> None:
+    task = make_task()
+    lease = agent_lease(task, ttl=TTL)
+    clock.set(lease.expires_at - TICK)
+
+    assert compare_and_set(task.pk, task.version, start(), lease=lease).version == task.version + 1
+
+
+def test_a_lease_renewed_inside_the_grace_writes_again(
+    make_task: Callable[..., Task], agent_lease: Callable[..., Lease], clock: ControllableClock
+) -> None:
+    task = make_task()
+    lease = agent_lease(task, ttl=TTL)
+    clock.set(lease.expires_at + grace() / 2)
+    lease_renew(lease=lease, expected_renewal_seq=0, ttl=TTL)
+
+    # The caller's copy still carries the old expiry: the database row decides.
+    assert compare_and_set(task.pk, task.version, start(), lease=lease).version == task.version + 1
+
+
+def test_it_refuses_a_released_lease(
+    make_task: Callable[..., Task], agent_lease: Callable[..., Lease], clock: ControllableClock
+) -> None:
+    task = make_task()
+    lease = agent_lease(task, ttl=TTL)
+    lease_release(lease=lease)
+    before = snapshot()
+
+    with pytest.raises(LeaseLost):
+        compare_and_set(task.pk, task.version, start(), lease=lease)
+
+    assert snapshot() == before
+
+
+def test_it_refuses_a_live_lease_of_another_task(
+    make_task: Callable[..., Task], agent_lease: Callable[..., Lease], clock: ControllableClock
+) -> None:
+    task, other = make_task(), make_task()
+    agent_lease(task, ttl=TTL)
+    others_lease = agent_lease(other, holder="agent-2", ttl=TTL)
+    before = snapshot()
+
+    with pytest.raises(LeaseLost):
+        compare_and_set(task.pk, task.version, start(), lease=others_lease)
+
+    assert snapshot() == before
+
+
+def test_a_failing_guard_raises_its_own_error(
+    make_task: Callable[..., Task], agent_lease: Callable[..., Lease], clock: ControllableClock
+) -> None:
+    task = make_task()
+    lease = agent_lease(task, ttl=TTL)
+    refusal = TaskNotRunnable("the task is not running")
+    change = Change(
+        event="touched",
+        guards=[
+            Guard(Q(status=TaskStatus.PENDING.value), lambda: VersionConflict("this guard holds")),
+            Guard(Q(status=TaskStatus.RUNNING.value), lambda: refusal),
+        ],
+    )
+    before = snapshot()
+
+    with pytest.raises(TaskNotRunnable) as refused:
+        compare_and_set(task.pk, task.version, change, lease=lease)
+
+    assert refused.value is refusal
+    assert snapshot() == before
+
+
+@pytest.mark.parametrize(
+    ("source", "target"),
+    [(TaskStatus.PENDING, TaskStatus.COMPLETED), (TaskStatus.COMPLETED, TaskStatus.RUNNING)],
+    ids=["pending-to-completed", "completed-to-running"],
+)
+def test_it_refuses_an_invalid_status_transition(
+    make_task: Callable[..., Task],
+    agent_lease: Callable[..., Lease],
+    clock: ControllableClock,
+    source: TaskStatus,
+    target: TaskStatus,
+) -> None:
+    assert (source, target) not in TASK_TRANSITIONS
+    task = make_task()
+    lease = agent_lease(task, ttl=TTL)
+    if source != task.status:
+        for step in (TaskStatus.RUNNING, source):
+            task.version = compare_and_set(
+                task.pk, task.version, Change(event="moved", task={"status": step.value}), lease=lease
+            ).version
+    before = snapshot()
+
+    with pytest.raises(InvalidTransition):
+        compare_and_set(task.pk, task.version, Change(event="moved", task={"status": target.value}), lease=lease)
+
+    assert snapshot() == before
+
+
+def test_a_failure_in_before_event_rolls_back_the_whole_change(
+    make_task: Callable[..., Task], agent_lease: Callable[..., Lease], clock: ControllableClock
+) -> None:
+    task = make_task()
+    lease = agent_lease(task, ttl=TTL)
+    node = Node.objects.filter(task=task).order_by("position").first()
+    assert node is not None and node.status == NodeStatus.PENDING
+    change = Change(event="task_started", task={"status": "running"}, nodes=[(node, {"status": "running"})])
+    seen: list[int] = []
+
+    def fail(current: Task, now: datetime) -> None:
+        seen.append(current.version)  # the task row was already won when this runs
+        raise RuntimeError("receipt store unavailable")
+
+    before = snapshot()
+
+    with pytest.raises(RuntimeError, match="receipt store unavailable"):
+        compare_and_set(task.pk, task.version, change, lease=lease, before_event=fail)
+
+    assert seen == [task.version + 1]
+    assert snapshot() == before
+
+
+def test_it_never_touches_another_task(
+    make_task: Callable[..., Task], agent_lease: Callable[..., Lease], clock: ControllableClock
+) -> None:
+    task, other = make_task(), make_task()
+    lease = agent_lease(task, ttl=TTL)
+    agent_lease(other, holder="agent-2", ttl=TTL)
+    others_node = Node.objects.filter(task=other).order_by("position").first()
+    assert others_node is not None
+    untouched = rows_of(other)
+
+    compare_and_set(task.pk, task.version, start(), lease=lease)
+    task.refresh_from_db()
+    # A change that smuggles in another task's node is refused as a whole.
+    with pytest.raises(VersionConflict):
+        compare_and_set(
+            task.pk,
+            task.version,
+            Change(event="node_started", nodes=[(others_node, {"status": NodeStatus.RUNNING.value})]),
+            lease=lease,
+        )
+
+    assert rows_of(other) == untouched
+    task.refresh_from_db()
+    assert find_log_problem(task) is None and find_log_problem(other) is None
+
+
+def test_terminal_task_statuses_only_move_to_quarantined() -> None:
+    ends = {"completed", "failed", "stopped", "quarantined"}
+
+    from_the_end = {(source, target) for source, target in TASK_TRANSITIONS if source in ends}
+
+    assert from_the_end == {
+        ("completed", "quarantined"),
+        ("failed", "quarantined"),
+        ("stopped", "quarantined"),
+    }
+
+
+def test_operation_transitions_are_exactly_the_documented_set() -> None:
+    assert set(OPERATION_TRANSITIONS) == {
+        ("intent", "dispatched"),
+        ("intent", "rejected"),
+        ("dispatched", "committed"),
+        ("dispatched", "accepted"),
+        ("dispatched", "rejected"),
+        ("dispatched", "unknown"),
+        ("dispatched", "intent"),
+        ("accepted", "accepted"),
+        ("accepted", "committed"),
+        ("accepted", "rejected"),
+        ("accepted", "unknown"),
+        ("unknown", "committed"),
+        ("unknown", "accepted"),
+        ("unknown", "rejected"),
+        ("unknown", "intent"),
+    }

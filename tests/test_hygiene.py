@@ -1,0 +1,516 @@
+"""Invariant 8: checkpoints hold references, never secrets or large context — refused when written, found by
+the scanner (``manage.py verify_log``) when something slipped in anyway."""
+
+import json
+import uuid
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+
+from leases.models import Lease
+from tasks.errors import PayloadTooLarge, PlanInvalid, SecretInPayload
+from tasks.events import append_event, event_digest, find_log_problem
+from tasks.hygiene import PAYLOAD_CAP_BYTES, canonical_json, check_payload, scan_payload
+from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, PauseReason, TaskStatus
+from tasks.models import Event, Operation, Receipt, Task
+from tasks.outcomes import Committed, Failed, Outcome
+from tasks.plans import plan_propose, task_create
+from tasks.protocol import next_directive, operation_dispatch, record_outcome, register_intent
+from tasks.verification import find_secrets, task_verify_log
+from tests.conftest import chain_plan, effect_node, snapshot
+
+# Credential-shaped test values, assembled so that no literal credential sits in the source.
+BEARER = "Bearer " + "c2VjcmV0LXRva2Vu" * 2
+BASIC = "Basic " + "ZGVwbG95Omh1bnRlcjI="
+PEM = "-----BEGIN RSA " + "PRIVATE KEY-----\nMIIEowIBAAKCAQEA\n-----END RSA PRIVATE KEY-----"
+AWS_KEY = "AKIA" + "IOSFODNN7EXAMPLE"
+GITHUB_TOKEN = "ghp_" + "a1B2c3D4e5F6g7H8i9J0" * 2
+JWT = "eyJ" + "hbGciOiJIUzI1NiJ9" + ".eyJ" + "zdWIiOiJhZ2VudC0xIn0" + ".dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"
+URL_WITH_PASSWORD = "https://deploy:" + "hunter2" + "@store.example.com/projects/acme"
+SECRET_VALUES = [BEARER, BASIC, PEM, AWS_KEY, GITHUB_TOKEN, JWT, URL_WITH_PASSWORD]
+
+SOURCE = {"source": "store", "locator": "projects/acme", "version": "7", "digest": "sha256:" + "ab" * 32}
+
+
+def current(task: Task) -> Task:
+    return Task.objects.get(pk=task.pk)
+
+
+def step_to_dispatched(task: Task, lease: Lease) -> Operation:
+    directive = next_directive(task_id=task.pk, lease=lease)
+    assert directive.kind == "execute", directive
+    op = register_intent(
+        task_id=task.pk, node_key=directive.node_key, expected_version=directive.task_version, lease=lease
+    )
+    return operation_dispatch(op_key=op.op_key, expected_version=directive.task_version + 1, lease=lease)
+
+
+def run_node(task: Task, lease: Lease, outcome: Outcome) -> Operation:
+    op = step_to_dispatched(task, lease)
+    version = current(task).version
+    op = record_outcome(op_key=op.op_key, outcome=outcome, expected_version=version, lease=lease)
+    assert current(task).version == version + 1
+    return op
+
+
+# --- check_payload: size ---------------------------------------------------------------------------------------
+
+
+def padded_to(size: int) -> dict[str, str]:
+    """A payload whose canonical JSON is exactly ``size`` bytes."""
+    overhead = len(canonical_json({"blob": ""}).encode())
+    return {"blob": "x" * (size - overhead)}
+
+
+def test_it_accepts_a_payload_exactly_at_the_cap() -> None:
+    payload = padded_to(PAYLOAD_CAP_BYTES)
+    assert len(canonical_json(payload).encode()) == PAYLOAD_CAP_BYTES
+    check_payload(payload, what="test payload")
+
+
+def test_it_refuses_a_payload_one_byte_over_the_cap() -> None:
+    with pytest.raises(PayloadTooLarge, match="over the 16384-byte cap") as caught:
+        check_payload(padded_to(PAYLOAD_CAP_BYTES + 1), what="test payload")
+    assert caught.value.details == {"size": PAYLOAD_CAP_BYTES + 1, "cap": PAYLOAD_CAP_BYTES}
+
+
+def test_it_measures_the_cap_in_bytes_not_characters() -> None:
+    with pytest.raises(PayloadTooLarge):
+        check_payload({"blob": "é" * (PAYLOAD_CAP_BYTES // 2 + 1)}, what="test payload")
+
+
+def test_it_refuses_a_transcript_however_it_is_nested() -> None:
+    transcript = [{"role": "assistant", "content": "I will copy the next batch now. " * 20} for _ in range(40)]
+    with pytest.raises(PayloadTooLarge):
+        check_payload({"data": {"context": {"messages": transcript}}}, what="event")
+
+
+# --- check_payload: credential-like keys and values --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "password",
+        "DB_PASSWORD",
+        "passwd",
+        "passphrase",
+        "client_secret",
+        "token",
+        "access_token",
+        "refreshToken",
+        "api_key",
+        "api-key",
+        "ApiKey",
+        "private_key",
+        "aws_access_key_id",
+        "Authorization",
+        "authorization",
+        "proxy-authorization",
+        "credentials",
+        "cookie",
+        "Set-Cookie",
+        "session_id",
+        "sessionid",
+        "bearer",
+    ],
+)
+def test_it_refuses_a_credential_key_at_any_depth(key: str) -> None:
+    for payload, path in [
+        ({key: "x"}, f"$.{key}"),
+        ({"data": {key: 1}}, f"$.data.{key}"),
+        ({"data": {"headers": [{"accept": "json"}, {key: None}]}}, f"$.data.headers[1].{key}"),
+    ]:
+        with pytest.raises(SecretInPayload) as caught:
+            check_payload(payload, what="event")
+        assert caught.value.details["paths"] == [path]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        BEARER,
+        "Authorization: " + BEARER,
+        BASIC,
+        PEM,
+        PEM.replace("RSA ", ""),
+        PEM.replace("RSA", "OPENSSH"),
+        AWS_KEY,
+        "aws " + AWS_KEY + " us-east-1",
+        GITHUB_TOKEN,
+        GITHUB_TOKEN.replace("ghp_", "ghs_"),
+        JWT,
+        URL_WITH_PASSWORD,
+        "postgres://app:" + "s3cret" + "@db.internal:5432/reckon",
+        "xoxb-" + "1234567890-abcdefghij",
+        "sk-" + "proj" + "A1b2C3d4E5f6G7h8I9j0",
+    ],
+)
+def test_it_refuses_a_credential_value_at_any_depth(value: str) -> None:
+    for payload, path in [
+        ({"note": value}, "$.note"),
+        ({"data": {"receipt": {"detail": value}}}, "$.data.receipt.detail"),
+        ({"data": {"lines": ["ok", value]}}, "$.data.lines[1]"),
+        ([value], "$[0]"),
+    ]:
+        with pytest.raises(SecretInPayload) as caught:
+            check_payload(payload, what="event")
+        assert caught.value.details["paths"] == [path]
+
+
+@pytest.mark.parametrize("value", SECRET_VALUES)
+def test_the_refusal_names_the_place_never_the_secret(value: str) -> None:
+    with pytest.raises(SecretInPayload) as caught:
+        check_payload({"data": {"headers": {"x-auth": value}}}, what="receipt data")
+    message = str(caught.value)
+    assert "receipt data" in message
+    assert "$.data.headers.x-auth" in message
+    assert value not in message
+    assert value.split()[-1] not in message
+
+
+def test_it_reports_every_place_a_credential_sits() -> None:
+    payload = {"token": "x", "data": {"url": URL_WITH_PASSWORD, "items": [{"password": "y"}]}}
+    assert sorted(scan_payload(payload)) == ["$.data.items[0].password", "$.data.url", "$.token"]
+
+
+def test_it_does_not_flag_ordinary_references() -> None:
+    payload = {
+        "op_key": f"rk-{uuid.uuid4().hex}-p1-copy-batch-1-0",
+        "request_digest": "sha256:" + "0f" * 32,
+        "plan_digest": "sha256:" + "9e" * 32,
+        "prev_digest": "0" * 64,
+        "remote_id": "obj-7f3a9c",
+        "remote_ids": [str(uuid.uuid4()), "arn:aws:s3:::acme-bucket/projects/acme", "s3://acme-bucket/projects/acme"],
+        "remote_version": "v2.3.1",
+        "versions": ["7", "2030-01-01T00:00:00+00:00", '"9b2cf535f27731c974343645a3985328"', 'W/"etag-3"'],
+        "input_refs": {"a.source": SOURCE},
+        "locator": "https://store.example.com:9000/projects/acme?versionId=3",
+        "node": "p1/copy-batch-1",
+        "count": 150,
+        "keys": ["projects/acme/a.bin", "projects/acme/b.bin"],
+        "next_allowed_action": "retry",
+        "by": "agent:worker-1",
+        "after_cancel_request": False,
+    }
+    assert list(scan_payload(payload)) == []
+    check_payload(payload, what="event")
+
+
+def test_it_does_not_flag_receipt_counts_named_passed() -> None:
+    """A digest check reports how many objects passed: a count, not a pass-word."""
+    check_payload({"objects_passed": 150, "checks_passed": 3, "objects_failed": 0}, what="receipt data")
+
+
+# --- through the services: refused when written, nothing written --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        effect_node("a", input={"api_key": "k-123"}),
+        effect_node("a", input={"target": URL_WITH_PASSWORD}),
+        effect_node("a", input={"headers": {"x-auth": BEARER}}),
+        effect_node("a", input={"source": {"ref": SOURCE}, "extra": [{"note": GITHUB_TOKEN}]}),
+        effect_node("a", rerun="re-run with " + AWS_KEY),
+    ],
+)
+def test_task_create_refuses_a_plan_carrying_a_secret(make_task, clock, node: dict[str, Any]) -> None:
+    make_task(title="a bystander task")
+    before = snapshot()
+    with pytest.raises(PlanInvalid, match="credential-like data at") as caught:
+        task_create(kind="test", title="t", plan={"nodes": [node]}, created_by="agent:tester")
+    assert snapshot() == before
+    for secret in [*SECRET_VALUES, "k-123"]:
+        assert secret not in str(caught.value)
+
+
+def test_plan_propose_refuses_a_plan_carrying_a_secret(make_task, agent_lease, clock) -> None:
+    task = make_task()
+    lease = agent_lease(task)
+    before = snapshot()
+    with pytest.raises(PlanInvalid, match="credential-like data at"):
+        plan_propose(
+            task_id=task.pk,
+            plan={"nodes": [effect_node("a", input={"password": "hunter2"})]},
+            proposed_by="agent:model",
+            expected_version=task.version,
+            lease=lease,
+        )
+    assert snapshot() == before
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"token": "t-1"},
+        {"headers": {"Authorization": "x"}},
+        {"response": {"echo": BEARER}},
+        {"note": GITHUB_TOKEN},
+        {"callback": URL_WITH_PASSWORD},
+    ],
+)
+def test_record_outcome_refuses_receipt_data_carrying_a_token(make_task, agent_lease, clock, data) -> None:
+    task = make_task(chain_plan("a"))
+    lease = agent_lease(task)
+    op = step_to_dispatched(task, lease)
+    version = current(task).version
+    before = snapshot()
+    with pytest.raises(SecretInPayload):
+        record_outcome(
+            op_key=op.op_key, outcome=Committed(remote_id="r-a", data=data), expected_version=version, lease=lease
+        )
+    assert snapshot() == before
+    assert Operation.objects.get(pk=op.pk).status == OperationStatus.DISPATCHED
+    assert not Receipt.objects.filter(operation=op).exists()
+
+    record_outcome(op_key=op.op_key, outcome=Committed(remote_id="r-a"), expected_version=version, lease=lease)
+    assert current(task).status == TaskStatus.COMPLETED
+
+
+@pytest.mark.parametrize(
+    "receipt",
+    [
+        Committed(remote_id=GITHUB_TOKEN),
+        Committed(remote_id="r-a", remote_version=AWS_KEY),
+        Committed(remote_id="r-a", digest=BEARER),
+    ],
+)
+def test_record_outcome_refuses_receipt_fields_carrying_a_token(make_task, agent_lease, clock, receipt) -> None:
+    task = make_task(chain_plan("a"))
+    lease = agent_lease(task)
+    op = step_to_dispatched(task, lease)
+    before = snapshot()
+    with pytest.raises(SecretInPayload):
+        record_outcome(op_key=op.op_key, outcome=receipt, expected_version=current(task).version, lease=lease)
+    assert snapshot() == before
+    assert Operation.objects.get(pk=op.pk).status == OperationStatus.DISPATCHED
+
+
+def test_record_outcome_refuses_an_oversized_receipt(make_task, agent_lease, clock) -> None:
+    task = make_task(chain_plan("a"))
+    lease = agent_lease(task)
+    op = step_to_dispatched(task, lease)
+    before = snapshot()
+    with pytest.raises(PayloadTooLarge):
+        record_outcome(
+            op_key=op.op_key,
+            outcome=Committed(remote_id="r-a", data=padded_to(PAYLOAD_CAP_BYTES + 1)),
+            expected_version=current(task).version,
+            lease=lease,
+        )
+    assert snapshot() == before
+    assert Operation.objects.get(pk=op.pk).status == OperationStatus.DISPATCHED
+
+
+def test_a_failure_detail_in_plain_words_is_not_taken_for_a_credential(make_task, agent_lease, clock) -> None:
+    """A 401 that says so in words must still be recorded: otherwise the operation stays dispatched for good."""
+    task = make_task(chain_plan("a"))
+    lease = agent_lease(task)
+    op = step_to_dispatched(task, lease)
+    record_outcome(
+        op_key=op.op_key,
+        outcome=Failed(FailureClass.PERMISSION_REVOKED, "Basic authentication required for this bucket"),
+        expected_version=current(task).version,
+        lease=lease,
+    )
+    paused = current(task)
+    assert (paused.status, paused.status_reason) == (TaskStatus.PAUSED, PauseReason.PERMISSION_REVOKED)
+    assert Operation.objects.get(pk=op.pk).status == OperationStatus.REJECTED
+
+
+def test_task_create_refuses_a_plan_whose_acceptance_event_would_be_too_large(make_task, clock) -> None:
+    plan = {"nodes": [effect_node(f"n{i:03}") for i in range(150)]}
+    assert len(canonical_json(plan).encode()) < PAYLOAD_CAP_BYTES, "the plan itself is under the cap"
+    make_task(title="a bystander task")
+    before = snapshot()
+    with pytest.raises(PayloadTooLarge, match="event plan_accepted"):
+        task_create(kind="test", title="t", plan=plan, created_by="agent:tester")
+    assert snapshot() == before
+
+
+def test_append_event_refuses_an_oversized_or_secret_payload(make_task, clock) -> None:
+    task = make_task()
+    before = snapshot()
+    with pytest.raises(PayloadTooLarge, match="event note"):
+        append_event(
+            task=task,
+            seq=task.version + 1,
+            type="note",
+            payload={"data": padded_to(PAYLOAD_CAP_BYTES + 1)},
+            at=clock.now(),
+        )
+    with pytest.raises(SecretInPayload, match=r"event note carries credential-like data at \$\.data\.session_id"):
+        append_event(
+            task=task, seq=task.version + 1, type="note", payload={"data": {"session_id": "s"}}, at=clock.now()
+        )
+    assert snapshot() == before
+
+
+# --- the scanner: verify_log ------------------------------------------------------------------------------------
+
+
+def full_run(make_task, agent_lease) -> Task:
+    """A migration through every kind of input and evidence, to completion, with realistic receipt data."""
+    target = {"from": "prepare", "field": "remote_id"}
+    plan = {
+        "nodes": [
+            effect_node(
+                "prepare",
+                action="store.prepare_target",
+                input={"project": "acme", "source": {"ref": SOURCE}},
+                evidence={"remote_id": True, "remote_version": {"input": "source", "field": "version"}},
+            ),
+            effect_node(
+                "copy",
+                depends_on=["prepare"],
+                input={"target": target, "source": {"ref": SOURCE}, "limit": 50},
+                evidence={"remote_id": True, "count": {"input": "limit"}},
+                on_failure={"dependency_unavailable": "retry"},
+            ),
+            effect_node(
+                "verify",
+                action="store.verify_digests",
+                depends_on=["copy"],
+                input={"target": target, "source": {"ref": SOURCE}},
+                evidence={"remote_id": True, "digest": {"input": "source", "field": "digest"}},
+            ),
+            effect_node(
+                "switch",
+                action="store.switch_reference",
+                depends_on=["verify"],
+                input={"target": target},
+                irreversible=True,
+                compensation="store.restore_reference",
+            ),
+        ]
+    }
+    task: Task = make_task(plan, kind="migrate_project")
+    lease = agent_lease(task)
+    run_node(
+        task,
+        lease,
+        Committed(remote_id="bucket-acme-2", remote_version="7", data={"region": "eu-1", "request_id": "req-81f2"}),
+    )
+    run_node(task, lease, Committed(remote_id="copy-job-17", count=50, data={"etag": '"9b2cf535f277"', "parts": 3}))
+    run_node(task, lease, Committed(remote_id="verify-4", digest=SOURCE["digest"], data={"checked": 50}))
+    run_node(task, lease, Committed(remote_id="ref-acme", remote_version="2", data={"previous": "bucket-acme-1"}))
+    done = current(task)
+    assert done.status == TaskStatus.COMPLETED
+    return done
+
+
+def verify_log(*args: str) -> str:
+    out = StringIO()
+    call_command("verify_log", *args, stdout=out)
+    return out.getvalue()
+
+
+def failing_verify_log(*args: str) -> str:
+    out = StringIO()
+    with pytest.raises(CommandError, match="failed verification"):
+        call_command("verify_log", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_a_full_run_stores_no_secret_and_verifies_clean(make_task, agent_lease, clock) -> None:
+    task = full_run(make_task, agent_lease)
+    assert find_secrets(task) == []
+    assert Receipt.objects.filter(operation__task=task).count() == 4
+    output = verify_log("--task", str(task.pk))
+    assert "1 ok, 0 with problems, 0 quarantined now" in output
+    assert current(task).status == TaskStatus.COMPLETED
+
+
+def rechain_from(task: Task, seq: int) -> None:
+    """Recompute the digest chain from ``seq`` on, as a writer that bypassed append_event would have."""
+    prev = Event.objects.get(task=task, seq=seq - 1).digest
+    for event in Event.objects.filter(task=task, seq__gte=seq).order_by("seq"):
+        digest = event_digest(
+            task_uid=str(task.uid),
+            seq=event.seq,
+            type=event.type,
+            payload=event.payload,
+            created_at=event.created_at.isoformat(),
+            prev=prev,
+        )
+        Event.objects.filter(pk=event.pk).update(prev_digest=prev, digest=digest)
+        prev = digest
+
+
+def test_verify_log_finds_and_quarantines_a_secret_in_a_well_chained_event(make_task, agent_lease, clock) -> None:
+    task = full_run(make_task, agent_lease)
+    event = Event.objects.get(task=task, seq=5)
+    Event.objects.filter(pk=event.pk).update(
+        payload=event.payload | {"data": event.payload["data"] | {"echo": {"api_key": GITHUB_TOKEN}}}
+    )
+    rechain_from(task, 5)
+    assert find_log_problem(task) is None, "the chain and projection are intact: only the scanner can see it"
+    assert find_secrets(task) == ["event 5 $.data.echo.api_key"] * 2, "the key and its value"
+
+    output = failing_verify_log("--task", str(task.pk))
+    assert "credential-like data stored at event 5 $.data.echo.api_key" in output
+    assert "→ quarantined" in output
+    assert GITHUB_TOKEN not in output
+    quarantined = current(task)
+    assert quarantined.status == TaskStatus.QUARANTINED
+    assert GITHUB_TOKEN not in quarantined.status_detail
+    assert Event.objects.get(task=task, seq=quarantined.version).type == "quarantined"
+
+
+def inject_with_raw_sql(event: Event, payload: dict[str, Any]) -> None:
+    table = connection.ops.quote_name(Event._meta.db_table)
+    value = "CAST(%s AS jsonb)" if connection.vendor == "postgresql" else "%s"
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET payload = {value} WHERE id = %s", [json.dumps(payload), event.pk])  # noqa: S608
+
+
+def test_verify_log_quarantines_an_event_a_secret_was_written_into_with_raw_sql(make_task, agent_lease, clock) -> None:
+    task = full_run(make_task, agent_lease)
+    event = Event.objects.get(task=task, seq=5)
+    inject_with_raw_sql(event, event.payload | {"data": {"headers": {"Authorization": BEARER}}})
+    output = failing_verify_log("--task", str(task.pk))
+    assert f"task {task.pk}: " in output
+    assert "→ quarantined" in output
+    assert BEARER.split()[-1] not in output
+    assert current(task).status == TaskStatus.QUARANTINED
+
+
+def test_verify_log_names_the_secret_even_when_the_injection_broke_the_chain(make_task, agent_lease, clock) -> None:
+    """Whoever reads the report must learn that a credential is stored (to purge and rotate it), not only that
+    an event was altered."""
+    task = full_run(make_task, agent_lease)
+    event = Event.objects.get(task=task, seq=5)
+    Event.objects.filter(pk=event.pk).update(payload=event.payload | {"data": {"password": "hunter2"}})
+    output = failing_verify_log("--task", str(task.pk))
+    assert "credential-like data" in output
+    assert "event 5 $.data.password" in output
+    assert current(task).status == TaskStatus.QUARANTINED
+
+
+def test_verify_log_finds_a_secret_written_into_a_receipt(make_task, agent_lease, clock) -> None:
+    task = full_run(make_task, agent_lease)
+    receipt = Receipt.objects.get(operation__task=task, remote_id="copy-job-17")
+    Receipt.objects.filter(pk=receipt.pk).update(data={"etag": "e", "upload_url": URL_WITH_PASSWORD})
+    output = failing_verify_log("--task", str(task.pk))
+    assert f"receipt {receipt.pk} $.upload_url" in output
+    assert "hunter2" not in output
+    assert current(task).status == TaskStatus.QUARANTINED
+
+
+def test_verify_log_dry_run_reports_but_quarantines_nothing(make_task, agent_lease, clock) -> None:
+    task = full_run(make_task, agent_lease)
+    clean = make_task(chain_plan("x"))
+    Receipt.objects.filter(operation__task=task).update(data={"token": "t"})
+    before = snapshot()
+    output = failing_verify_log("--dry-run")
+    assert snapshot() == before
+    assert "2 tasks" in output
+    assert "1 ok, 1 with problems, 0 quarantined now" in output
+    assert f"task {clean.pk}:" not in output
+    assert task_verify_log(task_id=clean.pk).problem is None
+    assert Operation.objects.filter(task=task, status=OperationStatus.COMMITTED).count() == 4
+    assert all(n.status == NodeStatus.SUCCEEDED for n in task.nodes.all())

@@ -1,0 +1,400 @@
+"""A hypothesis state machine driving random sequences of protocol calls by two agents against one task.
+
+Stale versions, duplicate calls, lease expiry on a controllable database clock, remote calls that
+commit and then drop the connection, and crashes (an agent forgetting everything it had in memory)
+are all in the mix. After every step it checks invariants 1, 2, 3, 6, 7 and 10 of DESIGN §3; at the
+end a fresh agent must be able to settle every operation (invariant 4's "eventually").
+
+The remote here does NOT deduplicate by op key: every submit that commits counts as a side effect,
+so a duplicate anywhere in the protocol shows up as a count of two.
+"""
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.conf import settings
+from hypothesis import HealthCheck
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+from leases.clock import ControllableClock
+from leases.errors import LeaseError
+from leases.models import Lease
+from leases.services import lease_acquire, lease_release, lease_renew
+from tasks.errors import CancelRequested, TaskError
+from tasks.events import find_log_problem
+from tasks.evidence import evidence_problems
+from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, TaskStatus
+from tasks.models import Node, Operation, Receipt, Task
+from tasks.outcomes import Accepted, Committed, Failed, NotFound, Outcome
+from tasks.plans import task_create
+from tasks.protocol import (
+    next_directive,
+    operation_dispatch,
+    record_outcome,
+    register_intent,
+    task_request_cancel,
+)
+
+COUNT = 5
+PLAN = {
+    "nodes": [
+        {"key": "prepare", "action": "store.prepare_target", "evidence": {"remote_id": True, "count": COUNT}},
+        {
+            "key": "copy-1",
+            "action": "store.copy_batch",
+            "depends_on": ["prepare"],
+            "input": {"target": {"from": "prepare", "field": "remote_id"}},
+            "evidence": {"remote_id": True, "count": COUNT},
+        },
+        {
+            "key": "copy-2",
+            "action": "store.copy_batch",
+            "depends_on": ["prepare"],
+            "input": {"target": {"from": "prepare", "field": "remote_id"}},
+            "evidence": {"remote_id": True, "count": COUNT},
+        },
+        {
+            "key": "switch",
+            "action": "store.switch_reference",
+            "depends_on": ["copy-1", "copy-2"],
+            "evidence": {"remote_id": True, "count": COUNT},
+            "irreversible": True,
+            "compensation": "store.restore_reference",
+        },
+    ]
+}
+
+MODES = st.sampled_from(
+    [
+        "commit",
+        "commit",
+        "commit",
+        "accept",  # accepted, still running remotely; a later lookup finds it committed
+        "unavailable",  # 503: nothing happened
+        "commit_then_drop",  # the write commits, the client sees a timeout
+        "drop_before_send",  # the connection fails before the request leaves
+        "short_count",  # commits, but the receipt does not satisfy the evidence
+    ]
+)
+
+
+# What the examples reached, printed at the end (pytest -s): a machine that never gets anywhere proves nothing.
+STATS: Counter[str] = Counter()
+
+
+class Remote:
+    """An external system that commits every submit it receives (no dedupe) and can be queried by op key."""
+
+    def __init__(self) -> None:
+        self.effects: Counter[str] = Counter()
+        self.committed: dict[str, Committed] = {}
+
+    def submit(self, op_key: str, mode: str) -> Outcome:
+        if mode in ("unavailable",):
+            return Failed(FailureClass.DEPENDENCY_UNAVAILABLE, "503")
+        if mode == "drop_before_send":
+            return Failed(FailureClass.CONNECTION_INTERRUPTED, "connection reset before sending")
+        self.effects[op_key] += 1
+        receipt = Committed(remote_id=f"r-{op_key}", count=COUNT - 1 if mode == "short_count" else COUNT)
+        self.committed[op_key] = receipt
+        if mode == "accept":
+            return Accepted(remote_id=receipt.remote_id)
+        if mode == "commit_then_drop":
+            return Failed(FailureClass.CONNECTION_INTERRUPTED, "timeout after sending")
+        return receipt
+
+    def lookup(self, op_key: str) -> Outcome:
+        return self.committed.get(op_key, NotFound())
+
+
+@dataclass
+class Agent:
+    name: str
+    lease: Lease | None = None
+    version: int = 0
+    op_key: str = ""
+    outcome: Outcome | None = None
+    writes: list[int] = field(default_factory=list)
+
+    def crash(self) -> None:
+        """A process dies: everything in memory is gone; its lease stays in the database until it lapses."""
+        self.version, self.op_key, self.outcome = 0, "", None
+
+
+class ProtocolMachine(RuleBasedStateMachine):
+    clock: ControllableClock
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.remote = Remote()
+        self.task = task_create(kind="stateful", title="machine", plan=PLAN, created_by="machine", attempt_budget=12)
+        self.agents = {name: Agent(name) for name in ("a", "b")}
+
+    # --- helpers -------------------------------------------------------------------------------------
+
+    def _lease_is_live(self, agent: Agent) -> bool:
+        if agent.lease is None:
+            return False
+        return Lease.objects.filter(
+            pk=agent.lease.pk, released_at__isnull=True, expires_at__gt=self.clock.now()
+        ).exists()
+
+    def _write(self, agent: Agent, call: Any) -> Any:
+        """Run a protocol write. If it lands, the writer must have held the live lease (invariant 3)."""
+        live = self._lease_is_live(agent)
+        before = Task.objects.get(pk=self.task.pk).version
+        try:
+            result = call()
+        except (TaskError, LeaseError):
+            assert Task.objects.get(pk=self.task.pk).version == before, "a refused write changed the task"
+            return None
+        after = Task.objects.get(pk=self.task.pk).version
+        if after != before:
+            assert live, f"agent {agent.name} wrote without a live lease"
+            assert after == before + 1, "one write, one version"
+            agent.writes.append(after)
+        agent.version = after
+        return result if result is not None else True
+
+    # --- rules ---------------------------------------------------------------------------------------
+
+    @rule(name=st.sampled_from(["a", "b"]))
+    def acquire(self, name: str) -> None:
+        agent = self.agents[name]
+        try:
+            agent.lease = lease_acquire(task_id=self.task.pk, holder_kind="agent", holder_id=name)
+        except LeaseError:
+            return
+
+    @rule(name=st.sampled_from(["a", "b"]), wrong_seq=st.booleans())
+    def renew(self, name: str, wrong_seq: bool) -> None:
+        agent = self.agents[name]
+        if agent.lease is None:
+            return
+        seq = agent.lease.renewal_seq + (1 if wrong_seq else 0)
+        try:
+            agent.lease = lease_renew(lease=agent.lease, expected_renewal_seq=seq)
+        except LeaseError:
+            return
+        assert not wrong_seq, "a renewal with the wrong renewal_seq was accepted"
+
+    @rule(name=st.sampled_from(["a", "b"]))
+    def release(self, name: str) -> None:
+        agent = self.agents[name]
+        if agent.lease is not None:
+            try:
+                lease_release(lease=agent.lease)
+            except LeaseError:
+                pass
+
+    @rule(seconds=st.integers(min_value=1, max_value=20))
+    def tick(self, seconds: int) -> None:
+        self.clock.advance(timedelta(seconds=seconds))
+
+    @rule(name=st.sampled_from(["a", "b"]))
+    def crash(self, name: str) -> None:
+        self.agents[name].crash()
+
+    @rule(
+        name=st.sampled_from(["a", "b"]),
+        mode=MODES,
+        crash_at=st.sampled_from(["", "", "", "after_intent", "after_dispatch", "after_call", "stall"]),
+        stale=st.sampled_from([False, False, False, True]),
+    )
+    def step(self, name: str, mode: str, crash_at: str, stale: bool) -> None:
+        """One turn of the step protocol, possibly cut short by a crash or a stall, possibly with a stale version."""
+        agent = self.agents[name]
+        if agent.lease is None:
+            return
+        directive = next_directive(task_id=self.task.pk, lease=agent.lease)
+        agent.version = directive.task_version - (1 if stale else 0)
+        if directive.kind == "reconcile":
+            outcome = self.remote.lookup(directive.op_key)
+            self._record(agent, directive.op_key, outcome)
+            return
+        if directive.kind != "execute":
+            return
+        op = self._write(
+            agent,
+            lambda: register_intent(
+                task_id=self.task.pk, node_key=directive.node_key, expected_version=agent.version, lease=agent.lease
+            ),
+        )
+        if not isinstance(op, Operation) or crash_at == "after_intent":
+            return agent.crash()
+        cancelled_before = Task.objects.get(pk=self.task.pk).cancel_requested_at is not None
+        op = self._write(
+            agent, lambda: operation_dispatch(op_key=op.op_key, expected_version=agent.version, lease=agent.lease)
+        )
+        if not isinstance(op, Operation):
+            return agent.crash()
+        assert not cancelled_before, "an operation was dispatched after the cancel was recorded"
+        if crash_at == "after_dispatch":
+            return agent.crash()
+        # The call happens outside any transaction; its answer may be lost with a crash before record.
+        outcome = self.remote.submit(op.op_key, mode)
+        if crash_at == "after_call":
+            return agent.crash()
+        if crash_at == "stall":
+            # The process stalls with the answer in hand and records it later (late_record), maybe too late.
+            agent.op_key, agent.outcome = op.op_key, outcome
+            return
+        self._record(agent, op.op_key, outcome)
+
+    def _record(self, agent: Agent, op_key: str, outcome: Outcome) -> None:
+        self._write(
+            agent,
+            lambda: record_outcome(op_key=op_key, outcome=outcome, expected_version=agent.version, lease=agent.lease),
+        )
+
+    @rule(name=st.sampled_from(["a", "b"]))
+    def late_record(self, name: str) -> None:
+        """A stalled process wakes up and records what it got, with the version it had."""
+        agent = self.agents[name]
+        if agent.lease is None or agent.outcome is None:
+            return
+        self._record(agent, agent.op_key, agent.outcome)
+        agent.outcome, agent.op_key = None, ""
+
+    @rule(draw=st.integers(min_value=0, max_value=7))
+    def cancel(self, draw: int) -> None:
+        if draw:  # rare: a cancel ends the interesting part of the run
+            return
+        try:
+            task_request_cancel(task_id=self.task.pk, requested_by="operator:machine", reason="stateful test")
+        except CancelRequested:
+            pass
+
+    # --- invariants ----------------------------------------------------------------------------------
+
+    @invariant()
+    def no_duplicate_side_effects(self) -> None:
+        """Invariant 1: at most one external write per op key, and per node."""
+        assert all(count == 1 for count in self.remote.effects.values()), self.remote.effects
+        per_node = Counter(
+            Operation.objects.filter(op_key__in=list(self.remote.effects)).values_list("node_id", flat=True)
+        )
+        assert all(count == 1 for count in per_node.values()), per_node
+
+    @invariant()
+    def no_skipped_steps(self) -> None:
+        """Invariant 2: succeeded only with a persisted receipt that satisfies the evidence, in dependency order."""
+        nodes = {n.key: n for n in Node.objects.filter(task_id=self.task.pk)}
+        for node in nodes.values():
+            if node.status != NodeStatus.SUCCEEDED:
+                continue
+            op = Operation.objects.get(node=node, status=OperationStatus.COMMITTED)
+            receipt = Receipt.objects.get(operation=op)
+            assert evidence_problems(node, op, receipt) == []
+            assert op.op_key in self.remote.committed, "succeeded without a real external commit"
+            assert all(nodes[dep].status == NodeStatus.SUCCEEDED for dep in node.depends_on)
+
+    @invariant()
+    def one_authority(self) -> None:
+        """Invariant 3: the two agents never both wrote the same version, and writes only grow."""
+        a, b = self.agents["a"].writes, self.agents["b"].writes
+        assert not set(a) & set(b)
+        assert a == sorted(a) and b == sorted(b)
+
+    @invariant()
+    def cancel_stops_new_side_effects(self) -> None:
+        """Invariant 6: no intent registered after the cancel; commits after it are flagged, never undone."""
+        task = Task.objects.get(pk=self.task.pk)
+        if task.cancel_requested_at is None:
+            return
+        assert not Operation.objects.filter(task=task, registered_at__gt=task.cancel_requested_at).exists()
+        assert not Operation.objects.filter(task=task, status=OperationStatus.INTENT).exists()
+        assert task.status in (TaskStatus.STOPPING, TaskStatus.STOPPED_PENDING, TaskStatus.STOPPED)
+        for receipt in Receipt.objects.filter(operation__task=task, received_at__gt=task.cancel_requested_at):
+            assert receipt.committed_after_cancel_request
+
+    @invariant()
+    def log_is_the_truth(self) -> None:
+        """Invariant 7: contiguous, hash-chained events that rebuild the stored projection."""
+        task = Task.objects.get(pk=self.task.pk)
+        assert find_log_problem(task) is None
+
+    @invariant()
+    def budgets_are_persisted(self) -> None:
+        """Invariant 10: attempts counted in the database match the dispatches, within the budgets."""
+        task = Task.objects.get(pk=self.task.pk)
+        total = 0
+        for node in Node.objects.filter(task=task):
+            dispatched = sum(Operation.objects.filter(node=node).values_list("dispatch_count", flat=True))
+            assert node.attempts == dispatched
+            assert node.attempts <= node.max_attempts
+            assert (node.last_attempt_at is not None) == (node.attempts > 0)
+            total += dispatched
+        assert task.attempts_used == total <= task.attempt_budget
+
+    def teardown(self) -> None:
+        """Unknowns are eventually settled: a fresh agent, after every old lease lapsed, settles them all."""
+        before = Task.objects.get(pk=self.task.pk)
+        STATS.update([f"before recovery: {before.status} {before.status_reason}".strip()])
+        STATS.update(
+            [f"agent writes before recovery: {min(len(self.agents['a'].writes) + len(self.agents['b'].writes), 10)}+"]
+        )
+        unknown = Operation.objects.filter(task=before, status=OperationStatus.UNKNOWN).count()
+        STATS.update([f"unknown operations left for recovery: {unknown}"])
+        self.clock.advance(settings.RECKON_LEASE_TTL + settings.RECKON_LEASE_GRACE + timedelta(seconds=1))
+        lease = lease_acquire(task_id=self.task.pk, holder_kind="agent", holder_id="recovery")
+        for _ in range(60):
+            directive = next_directive(task_id=self.task.pk, lease=lease)
+            if directive.kind == "reconcile":
+                outcome = self.remote.lookup(directive.op_key)
+                record_outcome(
+                    op_key=directive.op_key, outcome=outcome, expected_version=directive.task_version, lease=lease
+                )
+            elif directive.kind == "execute":
+                v = directive.task_version
+                op = register_intent(task_id=self.task.pk, node_key=directive.node_key, expected_version=v, lease=lease)
+                v = Task.objects.get(pk=self.task.pk).version
+                operation_dispatch(op_key=op.op_key, expected_version=v, lease=lease)
+                record_outcome(
+                    op_key=op.op_key,
+                    outcome=self.remote.submit(op.op_key, "commit"),
+                    expected_version=v + 1,
+                    lease=lease,
+                )
+            elif directive.kind == "wait":
+                assert directive.until is not None
+                self.clock.set(directive.until)
+            else:
+                break
+            lease = lease_renew(lease=lease, expected_renewal_seq=lease.renewal_seq)
+        task = Task.objects.get(pk=self.task.pk)
+        assert not Operation.objects.filter(
+            task=task, status__in=[OperationStatus.DISPATCHED, OperationStatus.ACCEPTED, OperationStatus.UNKNOWN]
+        ).exists(), "an operation was left unsettled"
+        assert task.status in (
+            TaskStatus.COMPLETED,
+            TaskStatus.STOPPED,
+            TaskStatus.PAUSED,
+            TaskStatus.FAILED,
+        ), task.status
+        STATS.update([f"after recovery: {task.status} {task.status_reason}".strip()])
+        self.no_duplicate_side_effects()
+        self.no_skipped_steps()
+        self.log_is_the_truth()
+
+
+@pytest.mark.django_db
+def test_random_protocol_sequences_keep_the_invariants(clock: ControllableClock) -> None:
+    ProtocolMachine.clock = clock
+    run_state_machine_as_test(
+        ProtocolMachine,
+        settings=hsettings(
+            max_examples=60,
+            stateful_step_count=40,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
+    for line, count in sorted(STATS.items()):
+        print(f"{count:4d}  {line}")
+    assert STATS["after recovery: completed"] > 0, "no example reached completion"
