@@ -15,6 +15,14 @@ from leases.errors import LeaseExpired, LeaseHeld, LeaseLost, RenewalOutOfOrder
 from leases.models import HolderKind, Lease, ReleaseReason
 
 
+def _checked_ttl(ttl: timedelta | None) -> timedelta:
+    if ttl is None:
+        return lease_ttl()
+    if ttl <= timedelta(0):
+        raise ValueError(f"a lease ttl must be positive, not {ttl}")
+    return ttl
+
+
 def lease_ttl() -> timedelta:
     ttl: timedelta = settings.RECKON_LEASE_TTL
     return ttl
@@ -45,7 +53,7 @@ def lease_acquire(*, task_id: int, holder_kind: str, holder_id: str, ttl: timede
         raise ValueError(f"unknown holder kind {holder_kind!r}")
     if not holder_id:
         raise ValueError("holder_id must not be empty")
-    ttl = ttl or lease_ttl()
+    ttl = _checked_ttl(ttl)
     try:
         with transaction.atomic():
             now = clock.now()
@@ -74,7 +82,7 @@ def lease_acquire(*, task_id: int, holder_kind: str, holder_id: str, ttl: timede
 
 def lease_renew(*, lease: Lease, expected_renewal_seq: int, ttl: timedelta | None = None) -> Lease:
     """Extend the holder's own lease. Allowed until expiry plus grace; only the same epoch and holder."""
-    ttl = ttl or lease_ttl()
+    ttl = _checked_ttl(ttl)
     with transaction.atomic():
         now = clock.now()
         updated = (

@@ -17,7 +17,7 @@ from leases import clock
 from leases.errors import LeaseExpired, LeaseLost
 from leases.models import Lease
 from tasks.errors import InvalidTransition, TaskError, TaskNotFound, VersionConflict
-from tasks.events import NODE_FIELDS, OPERATION_FIELDS, append_event, jsonable, node_ref
+from tasks.events import NODE_DEFAULTS, NODE_FIELDS, OPERATION_FIELDS, append_event, jsonable, node_ref
 from tasks.lifecycle import node_can_move, operation_can_move, task_can_move
 from tasks.models import Node, Operation, Task
 
@@ -96,7 +96,12 @@ def compare_and_set(
             )
         if not isinstance(change, Change):
             change = change(task, now)
-        _check_transitions(task, change)
+        try:
+            _check_transitions(task, change)
+        except InvalidTransition:
+            # A failing guard names the reason better ("a cancel is recorded" beats "stopped → running").
+            _raise_failing_guard(task_id, change)
+            raise
         condition = Q(pk=task_id, version=expected_version)
         if lease is not None:
             condition &= lease_guard(lease, now)
@@ -128,7 +133,8 @@ def _write_node(task_id: int, node: Node, fields: dict[str, Any]) -> dict[str, A
             setattr(node, name, value)
         node.task_id = task_id
         node.save(force_insert=True)
-        return {name: jsonable(getattr(node, name)) for name in NODE_FIELDS}
+        logged = {name: jsonable(getattr(node, name)) for name in NODE_FIELDS}
+        return {name: value for name, value in logged.items() if value != NODE_DEFAULTS[name]}
     if Node.objects.filter(pk=node.pk, task_id=task_id, status=node.status).update(**fields) != 1:
         raise VersionConflict(f"node {node.key} changed under the task version", node=node.key)
     return {name: jsonable(value) for name, value in fields.items()}
@@ -173,7 +179,11 @@ def _raise_refusal(task_id: int, expected_version: int, change: Change, lease: L
             raise LeaseLost(task_id, lease.epoch, row.release_reason if row and row.released_at else "")
         if row.expires_at <= now:
             raise LeaseExpired(task_id, lease.epoch, row.expires_at)
+    _raise_failing_guard(task_id, change)
+    raise VersionConflict(f"task {task_id} changed concurrently", expected=expected_version)
+
+
+def _raise_failing_guard(task_id: int, change: Change) -> None:
     for guard in change.guards:
         if not Task.objects.filter(Q(pk=task_id) & guard.condition).exists():
             raise guard.error()
-    raise VersionConflict(f"task {task_id} changed concurrently", expected=expected_version)

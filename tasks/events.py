@@ -19,7 +19,15 @@ from tasks.models import Event, Node, Operation, Task
 GENESIS_DIGEST = "0" * 64
 
 # The projected fields: what the log must be able to rebuild.
-TASK_FIELDS = ("status", "status_reason", "status_detail", "plan_version", "attempts_used", "cancel_requested_at")
+TASK_FIELDS = (
+    "status",
+    "status_reason",
+    "status_detail",
+    "plan_version",
+    "attempt_budget",
+    "attempts_used",
+    "cancel_requested_at",
+)
 NODE_FIELDS = (
     "status",
     "attempts",
@@ -29,6 +37,17 @@ NODE_FIELDS = (
     "not_before",
     "output",
 )
+# A node enters the log with these values unless its insert says otherwise; its definition is in the
+# plan revision, whose digest the plan_accepted event carries.
+NODE_DEFAULTS: dict[str, Any] = {
+    "status": "pending",
+    "attempts": 0,
+    "last_error_class": "",
+    "last_attempt_at": None,
+    "next_allowed_action": "",
+    "not_before": None,
+    "output": {},
+}
 OPERATION_FIELDS = ("node", "status", "failure_class", "remote_id", "dispatch_count")
 
 
@@ -86,7 +105,7 @@ def fold(events: list[Event]) -> Projection:
         projection.version = event.seq
         projection.task.update(event.payload.get("task", {}))
         for ref, fields in event.payload.get("nodes", {}).items():
-            projection.nodes.setdefault(ref, {}).update(fields)
+            projection.nodes.setdefault(ref, dict(NODE_DEFAULTS)).update(fields)
         for op_key, fields in event.payload.get("operations", {}).items():
             projection.operations.setdefault(op_key, {}).update(fields)
     return projection

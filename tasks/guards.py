@@ -6,7 +6,7 @@ from django.db.models import Exists, F, OuterRef, Q
 
 from tasks.cas import Guard
 from tasks.errors import BackoffActive, BudgetExhausted, CancelRequested, OperationsOpen, TaskNotRunnable
-from tasks.lifecycle import OPEN_OPERATION_STATUSES, TaskStatus
+from tasks.lifecycle import OPEN_OPERATION_STATUSES, OperationStatus, TaskStatus
 from tasks.models import Node, Operation
 
 
@@ -32,6 +32,17 @@ def no_open_operations() -> Guard:
     return Guard(
         ~Q(Exists(open_ops)),
         lambda: OperationsOpen("an operation is dispatched, accepted or unknown: reconcile it by op key first"),
+    )
+
+
+def no_unsettled_operations() -> Guard:
+    """Nothing registered and not yet settled: one side effect of a task in flight at a time."""
+    unsettled = Operation.objects.filter(
+        task_id=OuterRef("pk"), status__in=[OperationStatus.INTENT.value, *(s.value for s in OPEN_OPERATION_STATUSES)]
+    )
+    return Guard(
+        ~Q(Exists(unsettled)),
+        lambda: OperationsOpen("another operation is registered or in flight: settle it first"),
     )
 
 

@@ -80,7 +80,9 @@ TASK_TRANSITIONS: frozenset[tuple[TaskStatus, TaskStatus]] = frozenset(
         (_T.OBSERVING, _T.BACKING_OFF),
         (_T.BACKING_OFF, _T.RUNNING),
         (_T.BACKING_OFF, _T.PAUSED),
-        (_T.PAUSED, _T.RUNNING),  # an explicit choice (re-plan accepted, approval)
+        (_T.PAUSED, _T.RUNNING),  # an explicit choice (re-plan accepted, approval), or an unprovable op proven
+        (_T.PAUSED, _T.OBSERVING),  # an unprovable op turned out to be running remotely
+        (_T.PAUSED, _T.COMPLETED),  # the last node's operation was settled by a fact
         (_T.PAUSED, _T.PENDING),
         (_T.PAUSED, _T.FAILED),
         (_T.PAUSED, _T.HUMAN),

@@ -31,12 +31,13 @@ from tasks.cas import Change, compare_and_set
 from tasks.errors import InvalidTransition, PlanInvalid, TaskNotFound
 from tasks.events import append_event
 from tasks.failures import ALLOWED_DESTINATIONS
-from tasks.hygiene import canonical_json, check_payload
+from tasks.hygiene import PLAN_CAP_BYTES, canonical_json, check_payload
 from tasks.lifecycle import FailureClass, NodeStatus, TaskStatus
 from tasks.models import Node, PlanRevision, ProposalStatus, Task
 
 KEY_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,99}$")
-MAX_NODES = 500
+# Bounded so that the plan_accepted event (one entry per node) stays under the event payload cap.
+MAX_NODES = 100
 OUTPUT_FIELDS = ("remote_id", "remote_version", "count", "digest")
 REF_FIELDS = ("source", "locator", "version", "digest")
 EVIDENCE_KEYS = ("remote_id", "count", "digest", "remote_version")
@@ -131,7 +132,7 @@ def validate_plan(document: Any) -> list[NodeSpec]:
     if problems:
         raise PlanInvalid(problems)
     try:
-        check_payload(document, what="plan document")
+        check_payload(document, what="plan document", cap=PLAN_CAP_BYTES)
     except Exception as exc:
         raise PlanInvalid([str(exc)]) from exc
     default_attempts: int = settings.RECKON_DEFAULT_NODE_ATTEMPTS
@@ -184,8 +185,12 @@ def _node_shape_problems(key: str, raw: dict[str, Any], by_key: dict[str, Any]) 
     if not isinstance(raw.get("irreversible", False), bool):
         problems.append(f"node {key}: irreversible must be true or false")
     compensation = raw.get("compensation") or ""
-    if compensation and (not isinstance(compensation, str) or get_action(compensation) is None):
-        problems.append(f"node {key}: compensation names unknown action {compensation!r}")
+    if compensation:
+        compensating = get_action(compensation) if isinstance(compensation, str) else None
+        if compensating is None:
+            problems.append(f"node {key}: compensation names unknown action {compensation!r}")
+        elif compensating.kind != "effect":
+            problems.append(f"node {key}: compensation {compensation!r} has no side effect: it cannot undo anything")
     max_attempts = raw.get("max_attempts", 1)
     if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or not 1 <= max_attempts <= 100:
         problems.append(f"node {key}: max_attempts must be an integer from 1 to 100")
@@ -233,9 +238,9 @@ def _input_problems(key: str, inputs: dict[str, Any], ancestors: set[str]) -> li
                     problems.append(f"node {key}: input {name}: ref needs a non-empty {required} (refs carry versions)")
         elif isinstance(value, dict) and "from" in value:
             source, field_name = value.get("from"), value.get("field")
-            if source not in ancestors:
+            if not isinstance(source, str) or source not in ancestors:
                 problems.append(f"node {key}: input {name} reads from {source!r}, which is not a node it depends on")
-            if field_name not in OUTPUT_FIELDS:
+            if not isinstance(field_name, str) or field_name not in OUTPUT_FIELDS:
                 problems.append(f"node {key}: input {name}: field must be one of {', '.join(OUTPUT_FIELDS)}")
     return problems
 
@@ -250,10 +255,10 @@ def _evidence_problems(key: str, evidence: dict[str, Any], inputs: dict[str, Any
                 problems.append(f"node {key}: evidence remote_id is always required; write true or leave it out")
         elif isinstance(expected, dict):
             source = expected.get("input")
-            if source not in inputs:
+            if not isinstance(source, str) or source not in inputs:
                 problems.append(f"node {key}: evidence {name} reads unknown input {source!r}")
             elif isinstance(inputs[source], dict) and "ref" in inputs[source]:
-                if expected.get("field") not in REF_FIELDS:
+                if not isinstance(expected.get("field"), str) or expected.get("field") not in REF_FIELDS:
                     problems.append(f"node {key}: evidence {name} from ref {source} needs field in {REF_FIELDS}")
             elif set(expected) - {"input"}:
                 problems.append(f"node {key}: evidence {name} from a non-ref input takes no field")
@@ -274,12 +279,20 @@ def collect_input_refs(specs: list[NodeSpec]) -> dict[str, dict[str, str]]:
 
 
 def _new_nodes(specs: list[NodeSpec], plan_version: int, carried: dict[str, Node]) -> list[tuple[Node, dict[str, Any]]]:
-    """Nodes of a newly accepted plan. A succeeded node of the previous plan with the same definition
-    carries its status and output over: its side effect happened and is not redone."""
+    """Nodes of a newly accepted plan. A succeeded node of the previous plan with the same definition,
+    whose dependencies are all kept too, carries its status and output over: its side effect happened
+    and is not redone. A node downstream of a redone one is redone: its receipt proved the old inputs."""
     nodes: list[tuple[Node, dict[str, Any]]] = []
-    for spec in specs:
+    kept: set[str] = set()
+    for spec in specs:  # dependency order: a node is kept only if everything it depends on is kept
         previous = carried.get(spec.key)
-        done = previous is not None and previous.definition_digest == spec.definition_digest
+        done = (
+            previous is not None
+            and previous.definition_digest == spec.definition_digest
+            and all(dep in kept for dep in spec.depends_on)
+        )
+        if done:
+            kept.add(spec.key)
         node = Node(
             plan_version=plan_version,
             key=spec.key,
@@ -345,6 +358,7 @@ def task_create(
                     "status_reason": "",
                     "status_detail": "",
                     "plan_version": 0,
+                    "attempt_budget": budget,
                     "attempts_used": 0,
                     "cancel_requested_at": None,
                 },
@@ -399,6 +413,10 @@ def plan_accept(*, revision_id: int, expected_version: int, lease: Lease | None)
         raise TaskNotFound(f"plan revision {revision_id} does not exist")
     if revision.status != ProposalStatus.PROPOSED:
         raise InvalidTransition(f"plan revision {revision.number} is already {revision.status}")
+    if revision.number <= revision.task.plan_version:
+        raise InvalidTransition(
+            f"plan revision {revision.number} is older than the task's plan {revision.task.plan_version}: propose again"
+        )
     specs = validate_plan(revision.document)
     _accept(revision.task, revision, specs, lease=lease, expected_version=expected_version)
     return Task.objects.get(pk=revision.task_id)

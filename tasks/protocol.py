@@ -105,6 +105,8 @@ def next_directive(*, task_id: int, lease: Lease) -> Directive:
     succeeded = {n.key for n in nodes if n.status == NodeStatus.SUCCEEDED}
     intent = Operation.objects.filter(task=task, status=OperationStatus.INTENT).select_related("node").first()
     if intent is not None:
+        if intent.node.attempts >= intent.node.max_attempts or task.attempts_used >= task.attempt_budget:
+            return Directive("stop", v, node_key=intent.node.key, op_key=intent.op_key, reason="budget_exhausted")
         return Directive("execute", v, node_key=intent.node.key, op_key=intent.op_key, reason="intent_registered")
     for node in nodes:
         if node.status != NodeStatus.PENDING or not set(node.depends_on) <= succeeded:
@@ -112,6 +114,8 @@ def next_directive(*, task_id: int, lease: Lease) -> Directive:
         action = get_action(node.action)
         if action is not None and action.kind == "approval":
             return Directive("stop", v, node_key=node.key, reason="awaiting_approval")
+        if node.attempts >= node.max_attempts or task.attempts_used >= task.attempt_budget:
+            return Directive("stop", v, node_key=node.key, reason="budget_exhausted")
         if node.not_before is not None and node.not_before > now:
             return Directive("wait", v, node_key=node.key, until=node.not_before, reason=node.last_error_class)
         return Directive("execute", v, node_key=node.key)
@@ -187,13 +191,14 @@ def register_intent(*, task_id: int, node_key: str, expected_version: int, lease
             nodes=[(node, {"status": NodeStatus.RUNNING.value})],
             operations=[(op, {"status": OperationStatus.INTENT.value})],
             data={"op_key": op.op_key, "request_digest": op.request_digest, "node": node_ref(node)},
+            # Checked in this order when refused: the most specific reason is named.
             guards=[
                 guards.no_cancel(),
-                guards.status_in(RUNNABLE_TASK_STATUSES, f"task {task_id} is {current.status}: no new intent"),
                 guards.task_budget_left(),
                 guards.node_budget_left(node),
                 guards.node_backoff_passed(node, now),
-                guards.no_open_operations(),
+                guards.no_unsettled_operations(),
+                guards.status_in(RUNNABLE_TASK_STATUSES, f"task {task_id} is {current.status}: no new intent"),
             ],
         )
 
@@ -216,7 +221,12 @@ def operation_dispatch(*, op_key: str, expected_version: int, lease: Lease) -> O
             nodes=[(node, {"attempts": node.attempts + 1, "last_attempt_at": now, "next_allowed_action": ""})],
             operations=[(op, {"status": OperationStatus.DISPATCHED.value, "dispatch_count": op.dispatch_count + 1})],
             data={"op_key": op_key},
-            guards=[guards.no_cancel(), guards.task_budget_left(), guards.node_budget_left(node)],
+            guards=[
+                guards.no_cancel(),
+                guards.task_budget_left(),
+                guards.node_budget_left(node),
+                guards.no_open_operations(),
+            ],
         )
 
     compare_and_set(op.task_id, expected_version, build, lease=lease)
@@ -253,9 +263,29 @@ def _after_settling(current: Task, op: Operation, op_status: OperationStatus, al
     if current.cancel_requested_at is not None:
         return _cancel_status(current, op, op_status)
     if all_done:
-        return {"status": TaskStatus.COMPLETED.value}
+        return {"status": TaskStatus.COMPLETED.value, "status_reason": "", "status_detail": ""}
+    if op_status == OperationStatus.COMMITTED and current.attempts_used >= current.attempt_budget:
+        return _pause(current, PauseReason.BUDGET_EXHAUSTED, "the task's attempt budget is used up; work remains")
+    if _unprovable_settled(current, op):
+        return {"status": TaskStatus.RUNNING.value, "status_reason": "", "status_detail": ""}
     if current.status in (TaskStatus.OBSERVING, TaskStatus.BACKING_OFF):
         return {"status": TaskStatus.RUNNING.value}
+    return {}
+
+
+def _unprovable_settled(current: Task, op: Operation) -> bool:
+    """The task paused because this operation could not be proven, and now a fact settled it."""
+    if current.status != TaskStatus.PAUSED or current.status_reason != PauseReason.UNPROVABLE:
+        return False
+    others = Operation.objects.filter(task=current, status=OperationStatus.UNKNOWN, failure_class="unprovable")
+    return not others.exclude(pk=op.pk).exists()
+
+
+def _after_accepted(current: Task, op: Operation) -> dict[str, Any]:
+    if current.cancel_requested_at is not None:
+        return _cancel_status(current, op, OperationStatus.ACCEPTED)
+    if _unprovable_settled(current, op) or current.status in (TaskStatus.RUNNING, TaskStatus.BACKING_OFF):
+        return {"status": TaskStatus.OBSERVING.value, "status_reason": "", "status_detail": ""}
     return {}
 
 
@@ -275,6 +305,8 @@ def record_outcome(*, op_key: str, outcome: Outcome, expected_version: int, leas
     if op.status not in (*OPEN_OPERATION_STATUSES, OperationStatus.DISPATCHED):
         raise InvalidTransition(f"operation {op_key} is {op.status}: nothing outstanding to record")
     if isinstance(outcome, Committed):
+        if not outcome.remote_id:
+            raise EvidenceInsufficient(f"a receipt for {op_key} needs the remote id the external system gave it")
         check_payload(outcome.data, what="receipt data")
         return _record_committed(op, outcome, expected_version, lease)
     interrupted = isinstance(outcome, Failed) and outcome.failure_class == FailureClass.CONNECTION_INTERRUPTED
@@ -289,9 +321,7 @@ def record_outcome(*, op_key: str, outcome: Outcome, expected_version: int, leas
         if isinstance(outcome, Accepted):
             return Change(
                 event="operation_accepted",
-                task={"status": TaskStatus.OBSERVING.value}
-                if current.cancel_requested_at is None and current.status != TaskStatus.OBSERVING
-                else {},
+                task=_after_accepted(current, op),
                 nodes=[(node, {"status": NodeStatus.OBSERVING.value})] if node.status != NodeStatus.OBSERVING else [],
                 operations=[(op, {"status": OperationStatus.ACCEPTED.value, "remote_id": outcome.remote_id})],
                 data=data | {"remote_id": outcome.remote_id},
@@ -306,8 +336,14 @@ def record_outcome(*, op_key: str, outcome: Outcome, expected_version: int, leas
                     operations=[(op, {"status": OperationStatus.REJECTED.value, "failure_class": "cancelled"})],
                     data=data,
                 )
+            task_fields = _after_settling(current, op, OperationStatus.INTENT)
+            if node.attempts >= node.max_attempts or current.attempts_used >= current.attempt_budget:
+                task_fields = _pause(
+                    current, PauseReason.BUDGET_EXHAUSTED, f"node {node.key}: no attempt left to resend"
+                )
             return Change(
                 event="operation_not_found",
+                task=task_fields,
                 operations=[(op, {"status": OperationStatus.INTENT.value})],
                 data=data | {"next": "send again with the same op key"},
             )

@@ -1,14 +1,20 @@
-"""Verify a task's log against its projection; a gap or mismatch quarantines the task (invariant 7).
-Also scans stored payloads for secrets (invariant 8)."""
+"""Verify what a task's record claims (invariants 7 and 8); a problem quarantines the task.
+
+Checked: the event log (contiguous seq, hash chain) rebuilds the stored projection; every node's
+definition is the one of the accepted plan revision whose digest the log carries; every receipt is
+the one the log recorded; no stored payload carries credential-like data.
+"""
 
 from dataclasses import dataclass
+from typing import Any
 
 from tasks.cas import Change, compare_and_set
-from tasks.errors import VersionConflict
+from tasks.errors import PlanInvalid, VersionConflict
 from tasks.events import find_log_problem
 from tasks.hygiene import scan_payload
 from tasks.lifecycle import TaskStatus
-from tasks.models import Event, Node, Receipt, Task
+from tasks.models import Event, Node, PlanRevision, ProposalStatus, Receipt, Task
+from tasks.plans import NodeSpec, digest_of, validate_plan
 
 
 @dataclass(frozen=True)
@@ -26,18 +32,86 @@ def find_secrets(task: Task) -> list[str]:
         found += [f"receipt {receipt.pk} {path}" for path in scan_payload(receipt.data)]
     for node in Node.objects.filter(task=task).only("key", "output", "input"):
         found += [f"node {node.key} {path}" for path in scan_payload({"input": node.input, "output": node.output})]
+    for revision in PlanRevision.objects.filter(task=task).only("number", "document"):
+        found += [f"plan revision {revision.number} {path}" for path in scan_payload(revision.document)]
     return found
 
 
+def _definition_problems(task: Task) -> list[str]:
+    logged = {
+        e.payload.get("data", {}).get("plan_revision"): e.payload.get("data", {}).get("plan_digest")
+        for e in Event.objects.filter(task=task, type="plan_accepted").only("payload")
+    }
+    problems = []
+    for revision in PlanRevision.objects.filter(task=task, status=ProposalStatus.ACCEPTED):
+        if digest_of(revision.document) != revision.digest or logged.get(revision.number) != revision.digest:
+            problems.append(f"plan revision {revision.number} is not the one the log accepted")
+            continue
+        try:
+            specs = {spec.key: spec for spec in validate_plan(revision.document)}
+        except PlanInvalid as exc:
+            problems.append(f"plan revision {revision.number} no longer validates: {exc}")
+            continue
+        for node in Node.objects.filter(task=task, plan_version=revision.number):
+            spec = specs.get(node.key)
+            if spec is None or _spec_of(node).definition_digest != spec.definition_digest:
+                problems.append(f"node {node.key} of plan {revision.number} differs from its accepted definition")
+    return problems
+
+
+def _spec_of(node: Node) -> NodeSpec:
+    return NodeSpec(
+        key=node.key,
+        position=node.position,
+        action=node.action,
+        depends_on=node.depends_on,
+        input=node.input,
+        evidence=node.evidence,
+        on_failure=node.on_failure,
+        irreversible=node.irreversible,
+        compensation=node.compensation,
+        rerun=node.rerun,
+        max_attempts=node.max_attempts,
+    )
+
+
+def _receipt_problems(task: Task) -> list[str]:
+    logged: dict[str, Any] = {}
+    for event in Event.objects.filter(task=task, type__in=["node_succeeded", "evidence_insufficient"]):
+        data = event.payload.get("data", {})
+        if "receipt" in data:
+            logged[data["op_key"]] = data["receipt"]
+    problems = []
+    for receipt in Receipt.objects.filter(operation__task=task).select_related("operation"):
+        fields = {name: getattr(receipt, name) for name in ("remote_id", "remote_version", "count", "digest")}
+        if logged.get(receipt.operation.op_key) != fields:
+            problems.append(f"receipt of {receipt.operation.op_key} is not the one the log recorded")
+    return problems
+
+
+def find_problems(task: Task) -> list[str]:
+    problems = []
+    log_problem = find_log_problem(task)
+    if log_problem:
+        problems.append(log_problem)
+    problems += _definition_problems(task) + _receipt_problems(task)
+    secrets = find_secrets(task)
+    if secrets:
+        problems.append("credential-like data stored at " + ", ".join(secrets[:5]))
+    return problems
+
+
 def task_verify_log(*, task_id: int, quarantine: bool = True) -> Verdict:
-    """Rebuild the projection from the events and compare. On a problem, quarantine the task with it."""
+    """Check the task's record; on a problem, quarantine the task with it (unless already quarantined)."""
     task = Task.objects.get(pk=task_id)
-    problem = find_log_problem(task)
-    if problem is None:
-        secrets = find_secrets(task)
-        if secrets:
-            problem = "credential-like data stored at " + ", ".join(secrets[:5])
-    if problem is None or not quarantine or task.status == TaskStatus.QUARANTINED:
+    problems = find_problems(task)
+    if task.status == TaskStatus.QUARANTINED:
+        # Quarantine stays until a person resolves it, even if the record now reads consistently.
+        return Verdict(task_id, "; ".join(problems) or f"quarantined: {task.status_detail}")
+    if not problems:
+        return Verdict(task_id, None)
+    problem = "; ".join(problems)
+    if not quarantine:
         return Verdict(task_id, problem)
     try:
         task_quarantine(task_id=task_id, expected_version=task.version, reason=problem)

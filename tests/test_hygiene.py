@@ -13,11 +13,11 @@ from django.db import connection
 from leases.models import Lease
 from tasks.errors import PayloadTooLarge, PlanInvalid, SecretInPayload
 from tasks.events import append_event, event_digest, find_log_problem
-from tasks.hygiene import PAYLOAD_CAP_BYTES, canonical_json, check_payload, scan_payload
+from tasks.hygiene import PAYLOAD_CAP_BYTES, PLAN_CAP_BYTES, canonical_json, check_payload, scan_payload
 from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, PauseReason, TaskStatus
 from tasks.models import Event, Operation, Receipt, Task
 from tasks.outcomes import Committed, Failed, Outcome
-from tasks.plans import plan_propose, task_create
+from tasks.plans import MAX_NODES, plan_propose, task_create
 from tasks.protocol import next_directive, operation_dispatch, record_outcome, register_intent
 from tasks.verification import find_secrets, task_verify_log
 from tests.conftest import chain_plan, effect_node, snapshot
@@ -322,12 +322,21 @@ def test_a_failure_detail_in_plain_words_is_not_taken_for_a_credential(make_task
     assert Operation.objects.get(pk=op.pk).status == OperationStatus.REJECTED
 
 
-def test_task_create_refuses_a_plan_whose_acceptance_event_would_be_too_large(make_task, clock) -> None:
-    plan = {"nodes": [effect_node(f"n{i:03}") for i in range(150)]}
-    assert len(canonical_json(plan).encode()) < PAYLOAD_CAP_BYTES, "the plan itself is under the cap"
+def test_the_largest_plan_validation_allows_fits_every_event_it_produces(make_task, clock) -> None:
+    """MAX_NODES nodes with the longest keys: accepted, and its plan_accepted event stays under the cap
+    (node definitions live in the plan revision, the event carries their digest)."""
+    plan = {"nodes": [effect_node(f"{i:03}" + "n" * 97) for i in range(MAX_NODES)]}
+    task = task_create(kind="test", title="t", plan=plan, created_by="agent:tester")
+    event = Event.objects.get(task=task, type="plan_accepted")
+    assert len(canonical_json(event.payload).encode()) <= PAYLOAD_CAP_BYTES
+    assert task.nodes.count() == MAX_NODES
+
+
+def test_a_plan_document_over_its_cap_is_refused_and_nothing_is_written(make_task, clock) -> None:
+    plan = {"nodes": [effect_node("a", rerun="x" * (PLAN_CAP_BYTES + 1))]}
     make_task(title="a bystander task")
     before = snapshot()
-    with pytest.raises(PayloadTooLarge, match="event plan_accepted"):
+    with pytest.raises(PlanInvalid, match="over the"):
         task_create(kind="test", title="t", plan=plan, created_by="agent:tester")
     assert snapshot() == before
 

@@ -22,7 +22,6 @@ from tasks.errors import (
     NodeNotReady,
     OperationsOpen,
     TaskError,
-    TaskNotRunnable,
     VersionConflict,
 )
 from tasks.events import find_log_problem
@@ -296,6 +295,8 @@ def test_register_intent_refuses_when_the_task_budget_is_spent(make_task, agent_
     task = make_task(parallel_plan("a", "b"), attempt_budget=1)
     lease = agent_lease(task)
     complete(task, lease, "a")
+    paused = Task.objects.get(pk=task.pk)
+    assert (paused.status, paused.status_reason) == (TaskStatus.PAUSED, PauseReason.BUDGET_EXHAUSTED)
     error = assert_refused(BudgetExhausted, lambda: register(task, lease, "b"))
     assert isinstance(error, TaskError) and error.details["scope"] == "task"
 
@@ -332,7 +333,7 @@ def test_register_intent_refuses_while_an_operation_is_open(make_task, agent_lea
     elif open_status == "unknown":
         record(op, interrupted(), lease)
     # Another, otherwise ready node. With an accepted operation the task is observing, which refuses first.
-    assert_refused((OperationsOpen, TaskNotRunnable), lambda: register(task, lease, "b"))
+    assert_refused(OperationsOpen, lambda: register(task, lease, "b"))
     assert_refused(OperationsOpen, lambda: register(task, lease, "a"))  # the same node
 
 
@@ -442,15 +443,33 @@ def test_dispatch_refuses_a_resend_when_the_node_budget_is_spent(make_task, agen
     assert_refused(BudgetExhausted, lambda: dispatch(op, lease))
 
 
-def test_dispatch_refuses_while_another_operation_is_open(make_task, agent_lease, clock) -> None:
-    """DESIGN §4.1: dispatched operations are reconciled before anything new starts — also an intent registered
-    before the other one was sent."""
+def test_a_second_intent_is_refused_while_another_is_registered(make_task, agent_lease, clock) -> None:
+    """DESIGN §4.1: one side effect of a task in flight at a time — an intent registered but not yet sent counts."""
     task = make_task(parallel_plan("a", "b"))
     lease = agent_lease(task)
     first = register(task, lease, "a")
-    second = register(task, lease, "b")
+    assert_refused(OperationsOpen, lambda: register(task, lease, "b"))
     dispatch(first, lease)
-    assert_refused(TaskError, lambda: dispatch(second, lease))
+    assert_refused(OperationsOpen, lambda: register(task, lease, "b"))
+
+
+def test_dispatch_refuses_while_another_operation_is_open(make_task, agent_lease, clock) -> None:
+    """Defence in depth: however a second intent came to exist, it is not sent while another operation is open."""
+    task = make_task(parallel_plan("a", "b"))
+    lease = agent_lease(task)
+    first = register(task, lease, "a")
+    node_b = Node.objects.get(task=task, key="b")
+    second = Operation.objects.create(
+        task=task,
+        node=node_b,
+        op_key=first.op_key + "-forged",
+        action=node_b.action,
+        request={},
+        request_digest="sha256:0",
+        registered_at=clock.now(),
+    )
+    dispatch(first, lease)
+    assert_refused(OperationsOpen, lambda: dispatch(second, lease))
 
 
 # --- 4. record_outcome ---------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ class Command(BaseCommand):
         if options["task"]:
             tasks = tasks.filter(pk__in=options["task"])
         checked = failed = quarantined = 0
+        events = Event.objects.filter(task__in=tasks).count()  # before any quarantine event is added
         for task_id in tasks.values_list("pk", flat=True):
             checked += 1
             verdict = task_verify_log(task_id=task_id, quarantine=not options["dry_run"])
@@ -26,7 +27,6 @@ class Command(BaseCommand):
                 quarantined += verdict.quarantined_now
                 note = " → quarantined" if verdict.quarantined_now else ""
                 self.stdout.write(f"task {task_id}: {verdict.problem}{note}")
-        events = Event.objects.filter(task__in=tasks).count()
         self.stdout.write(
             f"verify_log: {checked} tasks, {events} events checked; {checked - failed} ok, {failed} with problems, "
             f"{quarantined} quarantined now"
