@@ -9,6 +9,7 @@ small for a transcript.
 
 import base64
 import binascii
+import itertools
 import json
 import re
 from collections.abc import Iterator
@@ -62,7 +63,7 @@ _AUTH_SCHEME = re.compile(r"\b(Bearer|Basic)\s+([A-Za-z0-9._~+/=-]{8,})")
 
 def _is_secret_key(key: str) -> bool:
     words = [w.lower() for w in _KEY_WORDS.findall(key)]
-    pairs = [a + b for a, b in zip(words, words[1:], strict=False)]
+    pairs = [a + b for a, b in itertools.pairwise(words)]
     return any(w in _SECRET_WORDS for w in words + pairs)
 
 

@@ -265,9 +265,11 @@ class ProtocolMachine(RuleBasedStateMachine):
         self._record(agent, op.op_key, outcome)
 
     def _record(self, agent: Agent, op_key: str, outcome: Outcome) -> None:
+        lease = agent.lease
+        assert lease is not None
         self._write(
             agent,
-            lambda: record_outcome(op_key=op_key, outcome=outcome, expected_version=agent.version, lease=agent.lease),
+            lambda: record_outcome(op_key=op_key, outcome=outcome, expected_version=agent.version, lease=lease),
         )
 
     # Rare (1 in 50 draws, away from the bounds hypothesis favours): a cancel ends the interesting part of a run.
