@@ -1,0 +1,87 @@
+"""The README's agent quick start, run as written against the demo plan and a connector stand-in."""
+
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+
+from leases.services import lease_acquire, lease_renew
+from tasks.demo import migration_plan
+from tasks.lifecycle import NodeStatus, TaskStatus
+from tasks.models import Node, Task
+from tasks.outcomes import Committed, Outcome
+from tasks.plans import task_create
+from tasks.protocol import next_directive, operation_dispatch, record_outcome, register_intent
+
+
+class StoreStandIn:
+    """Answers like the object store would for the demo plan: a receipt that proves each node's effect."""
+
+    def __init__(self) -> None:
+        self.submitted: list[str] = []
+
+    def submit(self, op_key: str, request: dict[str, Any]) -> Outcome:
+        self.submitted.append(op_key)
+        source = request["input"].get("source", {})
+        action = request["action"]
+        count = {"store.copy_batch": request["input"].get("limit"), "store.verify_digests": 150}.get(action)
+        return Committed(
+            remote_id=f"remote-{len(self.submitted)}",
+            remote_version=source.get("version", "") if action == "store.switch_reference" else "",
+            count=count,
+            digest=source.get("digest", "") if action == "store.verify_digests" else "",
+        )
+
+
+def test_the_readme_agent_loop_runs_the_demo_plan_up_to_its_confirmation_point(db: None) -> None:
+    connector = StoreStandIn()
+    task = task_create(kind="migrate_project", title="Migrate acme", plan=migration_plan(), created_by="agent:migrator")
+    lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="worker-7")
+    while True:
+        lease = lease_renew(lease=lease, expected_renewal_seq=lease.renewal_seq)
+        d = next_directive(task_id=task.pk, lease=lease)
+        if d.kind == "execute" and not d.op_key:
+            register_intent(task_id=task.pk, node_key=d.node_key, expected_version=d.task_version, lease=lease)
+        elif d.kind == "execute":
+            op = operation_dispatch(op_key=d.op_key, expected_version=d.task_version, lease=lease)
+            outcome = connector.submit(op.op_key, op.request)
+            record_outcome(op_key=op.op_key, outcome=outcome, expected_version=d.task_version + 1, lease=lease)
+        else:
+            break
+    assert (d.kind, d.reason, d.node_key) == ("stop", "awaiting_approval", "approve-cleanup")
+    statuses = dict(Node.objects.filter(task=task).values_list("key", "status"))
+    assert statuses.pop("approve-cleanup") == statuses.pop("delete-temp-copies") == NodeStatus.PENDING
+    assert set(statuses.values()) == {NodeStatus.SUCCEEDED}
+    assert len(connector.submitted) == len(set(connector.submitted)) == 6
+    copy = Node.objects.get(task=task, key="copy-batch-1")
+    assert copy.operations.get().request["input"]["target"] == "remote-1", "resolved from prepare-target's receipt"
+    assert Task.objects.get(pk=task.pk).status == TaskStatus.RUNNING
+
+
+def test_load_demo_loads_one_task_once(db: None) -> None:
+    out = StringIO()
+    call_command("load_demo", stdout=out)
+    call_command("load_demo", stdout=out)
+    assert Task.objects.filter(kind="migrate_project").count() == 1
+    assert "already loaded" in out.getvalue()
+
+
+def test_the_task_list_shows_every_task_in_a_fixed_number_of_queries(db: None, client: Client) -> None:
+    for n in range(3):
+        task_create(kind="demo", title=f"task {n}", plan=migration_plan(project=f"p{n}"), created_by="demo")
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get("/")
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert all(f"task {n}" in body for n in range(3))
+    assert "0 / 8" in body
+    assert len(queries) <= 2, [q["sql"] for q in queries]
+
+
+@pytest.mark.parametrize("path", ["/", "/admin/login/"])
+def test_the_app_serves_its_pages(db: None, client: Client, path: str) -> None:
+    assert client.get(path).status_code == 200
