@@ -6,11 +6,8 @@ from django.http import HttpRequest
 from leases.models import Lease
 
 
-@admin.register(Lease)
-class LeaseAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    """Read-only: leases change only through leases.services (forced release comes with its audit trail)."""
-
-    list_display = ("task", "epoch", "holder_kind", "holder_id", "granted_at", "expires_at", "released_at")
+class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Domain rows change only through their services, never through an admin form."""
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -20,3 +17,8 @@ class LeaseAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+@admin.register(Lease)
+class LeaseAdmin(ReadOnlyAdmin):
+    list_display = ("task", "epoch", "holder_kind", "holder_id", "granted_at", "expires_at", "released_at")

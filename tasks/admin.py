@@ -1,22 +1,9 @@
 """Read-only admin views: every write goes through the services, never through a form on a domain row."""
 
-from typing import Any
-
 from django.contrib import admin
-from django.http import HttpRequest
 
+from leases.admin import ReadOnlyAdmin
 from tasks.models import Event, Node, Operation, PlanRevision, Receipt, Task, TempResource
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(Task)

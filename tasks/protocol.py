@@ -475,16 +475,10 @@ def _record_committed(op: Operation, outcome: Committed, expected_version: int, 
                 operations=[(op, op_fields)],
                 data=data | {"problems": problems},
             )
-        others_done = (
-            not Node.objects.filter(task=current, plan_version=node.plan_version)
-            .exclude(pk=node.pk)
-            .exclude(status=NodeStatus.SUCCEEDED)
-            .exists()
-        )
-        return Change(
-            event="node_succeeded",
-            task=_after_settling(current, op, OperationStatus.COMMITTED, all_done=others_done),
-            nodes=[(node, _advance_fields(receipt))],
+        return _node_succeeded(
+            current,
+            op,
+            receipt,
             operations=[(op, op_fields)],
             data=data | {"after_cancel_request": receipt.committed_after_cancel_request},
         )
@@ -494,6 +488,31 @@ def _record_committed(op: Operation, outcome: Committed, expected_version: int, 
 
     compare_and_set(op.task_id, expected_version, build, lease=lease, before_event=save_receipt)
     return Operation.objects.get(pk=op.pk)
+
+
+def _node_succeeded(
+    current: Task,
+    op: Operation,
+    receipt: Receipt,
+    *,
+    operations: list[tuple[Operation, dict[str, Any]]],
+    data: dict[str, Any],
+) -> Change:
+    """The node of ``op`` advances on ``receipt``; the task completes when it was the last one."""
+    node = op.node
+    others_open = (
+        Node.objects.filter(task=current, plan_version=node.plan_version)
+        .exclude(pk=node.pk)
+        .exclude(status=NodeStatus.SUCCEEDED)
+        .exists()
+    )
+    return Change(
+        event="node_succeeded",
+        task=_after_settling(current, op, OperationStatus.COMMITTED, all_done=not others_open),
+        nodes=[(node, _advance_fields(receipt))],
+        operations=operations,
+        data=data,
+    )
 
 
 def _advance_fields(receipt: Receipt) -> dict[str, Any]:
@@ -530,22 +549,11 @@ def advance_node(*, op_key: str, expected_version: int, lease: Lease) -> Node:
     node = op.node
     if node.status == NodeStatus.SUCCEEDED:
         return node
-    if node.status not in (NodeStatus.RUNNING, NodeStatus.OBSERVING, NodeStatus.FAILED):
-        raise InvalidTransition(f"node {node.key} is {node.status}")
+    if node.status not in (NodeStatus.RUNNING, NodeStatus.OBSERVING):
+        raise InvalidTransition(f"node {node.key} is {node.status}: it does not wait for a receipt")
 
     def build(current: Task, _now: datetime) -> Change:
-        others_done = (
-            not Node.objects.filter(task=current, plan_version=node.plan_version)
-            .exclude(pk=node.pk)
-            .exclude(status=NodeStatus.SUCCEEDED)
-            .exists()
-        )
-        return Change(
-            event="node_succeeded",
-            task=_after_settling(current, op, OperationStatus.COMMITTED, all_done=others_done),
-            nodes=[(node, _advance_fields(receipt))],
-            data={"op_key": op_key, "receipt_id": receipt.pk},
-        )
+        return _node_succeeded(current, op, receipt, operations=[], data={"op_key": op_key, "receipt_id": receipt.pk})
 
     compare_and_set(op.task_id, expected_version, build, lease=lease)
     return Node.objects.get(pk=node.pk)
