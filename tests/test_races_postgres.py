@@ -21,12 +21,18 @@ from leases.errors import LeaseExpired, LeaseHeld, LeaseLost
 from leases.models import Lease, ReleaseReason
 from leases.services import lease_acquire, lease_release
 from tasks.cas import Change, compare_and_set
-from tasks.errors import VersionConflict
+from tasks.errors import TaskError, VersionConflict
 from tasks.events import find_log_problem
 from tasks.lifecycle import TaskStatus
-from tasks.models import Event, Operation, Task
+from tasks.models import Event, Operation, Receipt, Task
 from tasks.outcomes import Committed
-from tasks.protocol import next_directive, operation_dispatch, record_outcome, register_intent
+from tasks.protocol import (
+    next_directive,
+    operation_dispatch,
+    record_outcome,
+    register_intent,
+    task_request_cancel,
+)
 from tests.conftest import chain_plan
 
 pytestmark = [
@@ -355,3 +361,65 @@ def test_a_superseded_epoch_writes_nothing_once_the_new_grant_commits(
     assert max(e.seq for e in old_events) < min(e.seq for e in new_events)
     assert seqs == list(range(1, task.version + 1))
     assert find_log_problem(task) is None
+
+
+CANCEL_ROUNDS = 10
+
+
+def _protocol_racer(task: Task, lease: Lease, cancel_delay: float, dispatched: list[str]) -> Work:
+    """Thread 0 records a cancel after ``cancel_delay``; the others drive the step protocol as hard as they can."""
+
+    def work(index: int, barrier: threading.Barrier) -> None:
+        barrier.wait()
+        if index == 0:
+            time.sleep(cancel_delay)
+            task_request_cancel(task_id=task.pk, requested_by="operator:race", reason="race")
+            return
+        for _ in range(INTENT_NODES * 3):
+            d = next_directive(task_id=task.pk, lease=lease)
+            try:
+                if d.kind == "execute" and not d.op_key:
+                    register_intent(task_id=task.pk, node_key=d.node_key, expected_version=d.task_version, lease=lease)
+                elif d.kind == "execute":
+                    op = operation_dispatch(op_key=d.op_key, expected_version=d.task_version, lease=lease)
+                    dispatched.append(op.op_key)
+                    time.sleep(0.001)  # the remote call: the cancel may land while it is in flight
+                    receipt = Committed(remote_id=f"r-{op.op_key}")
+                    record_outcome(op_key=op.op_key, outcome=receipt, expected_version=d.task_version + 1, lease=lease)
+                elif d.kind == "reconcile":
+                    receipt = Committed(remote_id=f"r-{d.op_key}")
+                    record_outcome(op_key=d.op_key, outcome=receipt, expected_version=d.task_version, lease=lease)
+                else:
+                    return
+            except (TaskError, LeaseLost, LeaseExpired):
+                continue
+
+    return work
+
+
+def test_a_cancel_racing_the_step_protocol_stops_every_new_side_effect(make_task: Callable[..., Task]) -> None:
+    """Invariant 6 under real concurrency: seven workers share a lease and race to register and dispatch the
+    next node while an eighth thread records a cancel. Whatever interleaving the database picks, no intent is
+    registered and nothing is dispatched after the cancel's commit, and the task ends stopping or stopped."""
+    after_cancel = before_cancel = 0
+    for round_number in range(CANCEL_ROUNDS):
+        task = make_task(plan=chain_plan(*(f"n{i}" for i in range(INTENT_NODES))))
+        lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id=f"workers-{round_number}")
+        dispatched: list[str] = []
+        run_threads(THREADS, _protocol_racer(task, lease, 0.05 * round_number, dispatched))
+        task.refresh_from_db()
+        assert task.cancel_requested_at is not None
+        late = Operation.objects.filter(task=task, registered_at__gt=task.cancel_requested_at)
+        assert not late.exists(), "an intent was registered after the cancel"
+        cancel_seq = Event.objects.get(task=task, type="cancel_requested").seq
+        late_dispatch = Event.objects.filter(task=task, type="operation_dispatched", seq__gt=cancel_seq)
+        assert not late_dispatch.exists(), "an operation was dispatched after the cancel"
+        assert task.status in (TaskStatus.STOPPING, TaskStatus.STOPPED_PENDING, TaskStatus.STOPPED), task.status
+        assert find_log_problem(task) is None
+        assert len(dispatched) == len(set(dispatched))
+        before_cancel += len(dispatched)
+        after_cancel += Receipt.objects.filter(operation__task=task, committed_after_cancel_request=True).count()
+    print(
+        f"\n[cancel race] threads={THREADS} rounds={CANCEL_ROUNDS} dispatched before the cancel={before_cancel} "
+        f"commits recorded after the cancel request={after_cancel}; intents or dispatches after a cancel: 0"
+    )
