@@ -197,7 +197,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         name=st.sampled_from(["a", "b"]),
         mode=MODES,
         crash_at=st.sampled_from(
-            ["", "", "", "after_intent", "after_dispatch", "after_call", "stall", "stall_before_intent"]
+            ["", "", "", "after_intent", "after_dispatch", "after_call", "stall", "stall_before_intent", "duplicate"]
         ),
         stale=st.sampled_from([False, False, False, True]),
         seconds=st.sampled_from([0, 0, 1, 2, 5, 13, 31]),
@@ -263,6 +263,20 @@ class ProtocolMachine(RuleBasedStateMachine):
             agent.op_key, agent.outcome = op.op_key, outcome
             return
         self._record(agent, op.op_key, outcome)
+        if crash_at == "duplicate":
+            # The same messages delivered twice: the second register, dispatch and record change nothing new.
+            version = agent.version
+            again = self._write(
+                agent,
+                lambda: register_intent(
+                    task_id=self.task.pk, node_key=directive.node_key, expected_version=version, lease=agent.lease
+                ),
+            )
+            assert not isinstance(again, Operation) or again.op_key != op.op_key or again.status == "intent"
+            self._write(
+                agent, lambda: operation_dispatch(op_key=op.op_key, expected_version=version, lease=agent.lease)
+            )
+            self._record(agent, op.op_key, outcome)
 
     def _record(self, agent: Agent, op_key: str, outcome: Outcome) -> None:
         lease = agent.lease
