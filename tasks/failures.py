@@ -13,7 +13,8 @@ from tasks.lifecycle import FailureClass, PauseReason
 ALLOWED_DESTINATIONS: dict[FailureClass, tuple[str, ...]] = {
     FailureClass.INVALID_PARAMS: ("pause", "fail_task"),
     FailureClass.PERMISSION_REVOKED: ("pause",),
-    FailureClass.DEPENDENCY_UNAVAILABLE: ("retry", "pause"),
+    # A long outage leaves the task as it is (backing off, then paused when the budget runs out), never failed.
+    FailureClass.DEPENDENCY_UNAVAILABLE: ("retry",),
     # Unknown is a state, not a guess: only a query by op key settles it.
     FailureClass.CONNECTION_INTERRUPTED: ("reconcile",),
     FailureClass.CONFLICT: ("pause",),
@@ -22,7 +23,6 @@ ALLOWED_DESTINATIONS: dict[FailureClass, tuple[str, ...]] = {
 PAUSE_REASON: dict[FailureClass, PauseReason] = {
     FailureClass.INVALID_PARAMS: PauseReason.NEEDS_REPLAN,
     FailureClass.PERMISSION_REVOKED: PauseReason.PERMISSION_REVOKED,
-    FailureClass.DEPENDENCY_UNAVAILABLE: PauseReason.BUDGET_EXHAUSTED,
     FailureClass.CONFLICT: PauseReason.VERSION_CONFLICT,
 }
 

@@ -302,7 +302,7 @@ def record_outcome(*, op_key: str, outcome: Outcome, expected_version: int, leas
     transaction. Failures branch by class (DESIGN §6).
     """
     op = _operation(op_key)
-    if op.status not in (*OPEN_OPERATION_STATUSES, OperationStatus.DISPATCHED):
+    if op.status not in OPEN_OPERATION_STATUSES:
         raise InvalidTransition(f"operation {op_key} is {op.status}: nothing outstanding to record")
     if isinstance(outcome, Committed):
         if not outcome.remote_id:
@@ -393,7 +393,7 @@ def _failure_change(
     node_fields: dict[str, Any] = {"last_error_class": cls.value}
     task_fields: dict[str, Any]
     chosen = destination(cls, node.on_failure)
-    if cls == FailureClass.DEPENDENCY_UNAVAILABLE and chosen == "retry":
+    if cls == FailureClass.DEPENDENCY_UNAVAILABLE:
         out_of_budget = node.attempts >= node.max_attempts or current.attempts_used >= current.attempt_budget
         if out_of_budget:
             node_fields |= {"status": NodeStatus.PENDING.value, "next_allowed_action": "takeover"}
@@ -417,10 +417,9 @@ def _failure_change(
         else:
             task_fields = _pause(current, PAUSE_REASON[cls], f"node {node.key}: {outcome.detail}")
     else:
-        # permission_revoked, conflict, or a retryable class the plan chose to pause on.
+        # permission_revoked, conflict: nothing happened remotely; a person or a re-plan decides.
         node_fields |= {"status": NodeStatus.PENDING.value, "next_allowed_action": "takeover"}
-        reason = PAUSE_REASON[cls] if cls != FailureClass.DEPENDENCY_UNAVAILABLE else PauseReason.NEEDS_REPLAN
-        task_fields = _pause(current, reason, f"node {node.key}: {outcome.detail}")
+        task_fields = _pause(current, PAUSE_REASON[cls], f"node {node.key}: {outcome.detail}")
     if current.cancel_requested_at is not None:
         task_fields = _after_settling(current, op, OperationStatus.REJECTED)
     return Change(
