@@ -27,8 +27,15 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "console",
+    "guardian",
     "tasks",
     "leases",
+    "audit",
+]
+
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    "guardian.backends.ObjectPermissionBackend",
 ]
 
 MIDDLEWARE = [
@@ -112,6 +119,8 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Leases (DESIGN §7): short agent leases, renewed; within the grace only the same holder may renew.
 RECKON_LEASE_TTL = timedelta(seconds=int(os.environ.get("RECKON_LEASE_TTL_SECONDS", "30")))
 RECKON_LEASE_GRACE = timedelta(seconds=int(os.environ.get("RECKON_LEASE_GRACE_SECONDS", "15")))
+# A person's takeover lease: renewed by the open console page; the grace covers a dropped connection.
+RECKON_OPERATOR_LEASE_TTL = timedelta(seconds=int(os.environ.get("RECKON_OPERATOR_LEASE_TTL_SECONDS", "120")))
 # Budgets and backoff (DESIGN §6): persisted per node and per task.
 RECKON_DEFAULT_NODE_ATTEMPTS = 3
 RECKON_DEFAULT_TASK_ATTEMPTS = 20

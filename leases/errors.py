@@ -12,6 +12,16 @@ class LeaseHeld(LeaseError):
         self.task_id, self.holder, self.expires_at = task_id, holder, expires_at
 
 
+class LeaseReserved(LeaseError):
+    """A person asked to take the task over: the next grant is theirs."""
+
+    code = "lease_reserved"
+
+    def __init__(self, task_id: int, operator_id: str) -> None:
+        super().__init__(f"task {task_id} is reserved for operator {operator_id}, who asked to take it over")
+        self.task_id, self.operator_id = task_id, operator_id
+
+
 class LeaseLost(LeaseError):
     """The caller's epoch is not the task's open lease any more (released, superseded or forced)."""
 

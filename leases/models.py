@@ -64,3 +64,60 @@ class Lease(models.Model):
 
     def __str__(self) -> str:
         return f"lease task={self.task_id} epoch={self.epoch} {self.holder_kind}:{self.holder_id}"
+
+
+class LeaseReservation(models.Model):
+    """A person asked to take the task over while an agent held it: nobody else may be granted the lease
+    until this operator claims it (or withdraws). At most one per task."""
+
+    task = models.OneToOneField("tasks.Task", on_delete=models.CASCADE, related_name="lease_reservation")
+    holder_id = models.CharField(max_length=200)
+    requested_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"reservation of task {self.task_id} for operator:{self.holder_id}"
+
+
+class ReviewStatus(models.TextChoices):
+    PENDING = "pending"
+    ACCEPTED = "accepted"
+    DISPUTED = "disputed"
+
+
+class ForcedRelease(models.Model):
+    """An admin removed a lease holder. Lands in a review queue; another admin accepts or disputes it."""
+
+    lease = models.OneToOneField(Lease, on_delete=models.PROTECT, related_name="forced_release")
+    task = models.ForeignKey("tasks.Task", on_delete=models.CASCADE, related_name="forced_releases")
+    forced_by = models.CharField(max_length=200)
+    forced_at = models.DateTimeField()
+    justification = models.TextField()
+    impact = models.TextField()
+    removed_holder = models.CharField(max_length=220)
+    epoch = models.PositiveBigIntegerField()
+    task_version = models.PositiveBigIntegerField()
+    open_operations = models.JSONField(default=list, blank=True)
+    status = models.CharField(max_length=10, choices=ReviewStatus.choices, default=ReviewStatus.PENDING)
+    reviewed_by = models.CharField(max_length=200, blank=True)
+    reviewed_at = models.DateTimeField(null=True, blank=True)
+    review_note = models.TextField(blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=ReviewStatus.values), name="forced_release_status_valid"),
+            models.CheckConstraint(
+                condition=Q(status=ReviewStatus.PENDING, reviewed_at__isnull=True)
+                | (~Q(status=ReviewStatus.PENDING) & Q(reviewed_at__isnull=False) & ~Q(reviewed_by="")),
+                name="forced_release_review_complete",
+            ),
+            models.CheckConstraint(
+                condition=~Q(reviewed_by=models.F("forced_by")), name="forced_release_reviewed_by_another"
+            ),
+        ]
+        indexes = [
+            # Serves the admins' review queue.
+            models.Index(fields=["status", "forced_at"], name="forced_release_queue_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"forced release of {self.removed_holder} on task {self.task_id} ({self.status})"

@@ -4,15 +4,17 @@ Times come from ``leases.clock`` (the database server's clock). Human takeover a
 build on the same rows in the next issue.
 """
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, Max
 
+from audit.principals import Principal
+from audit.services import audit_append
 from leases import clock
-from leases.errors import LeaseExpired, LeaseHeld, LeaseLost, RenewalOutOfOrder
-from leases.models import HolderKind, Lease, ReleaseReason
+from leases.errors import LeaseExpired, LeaseHeld, LeaseLost, LeaseReserved, RenewalOutOfOrder
+from leases.models import HolderKind, Lease, LeaseReservation, ReleaseReason
 
 
 def _checked_ttl(ttl: timedelta | None) -> timedelta:
@@ -57,12 +59,13 @@ def lease_acquire(*, task_id: int, holder_kind: str, holder_id: str, ttl: timede
     try:
         with transaction.atomic():
             now = clock.now()
-            Lease.objects.open().filter(task_id=task_id, expires_at__lte=now - lease_grace()).update(
-                released_at=now, release_reason=ReleaseReason.EXPIRED
-            )
+            _close_lapsed(task_id, now)
             current = Lease.objects.open().filter(task_id=task_id).first()
             if current is not None:
                 raise LeaseHeld(task_id, f"{current.holder_kind}:{current.holder_id}", current.expires_at)
+            reservation = LeaseReservation.objects.filter(task_id=task_id).first()
+            if reservation is not None and (holder_kind, holder_id) != (HolderKind.OPERATOR, reservation.holder_id):
+                raise LeaseReserved(task_id, reservation.holder_id)
             last_epoch = Lease.objects.filter(task_id=task_id).aggregate(m=Max("epoch"))["m"] or 0
             return Lease.objects.create(
                 task_id=task_id,
@@ -78,6 +81,59 @@ def lease_acquire(*, task_id: int, holder_kind: str, holder_id: str, ttl: timede
         current = Lease.objects.open().filter(task_id=task_id).first()
         holder = f"{current.holder_kind}:{current.holder_id}" if current else "another holder"
         raise LeaseHeld(task_id, holder, current.expires_at if current else None) from exc
+
+
+def _close_lapsed(task_id: int, now: datetime) -> None:
+    """Close a lease that lapsed past its grace; a person's lapsed takeover is an audit event."""
+    lapsed = Lease.objects.open().filter(task_id=task_id, expires_at__lte=now - lease_grace()).first()
+    if lapsed is None:
+        return
+    Lease.objects.filter(pk=lapsed.pk, released_at__isnull=True).update(
+        released_at=now, release_reason=ReleaseReason.EXPIRED
+    )
+    if lapsed.holder_kind == HolderKind.OPERATOR:
+        audit_append(
+            actor=Principal.system("lease-clock"),
+            action="takeover_expired",
+            at=now,
+            task_id=task_id,
+            lease_epoch=lapsed.epoch,
+            details={"holder": lapsed.holder_id, "expired_at": lapsed.expires_at.isoformat()},
+        )
+
+
+def lease_force_close(*, lease: Lease) -> Lease:
+    """Close a holder's lease against its will (the admin's forced release, in tasks.takeover). After this no
+    write with its epoch can land: every compare-and-set checks the epoch's lease is open."""
+    with transaction.atomic():
+        now = clock.now()
+        if Lease.objects.open().filter(pk=lease.pk).update(released_at=now, release_reason=ReleaseReason.FORCED) != 1:
+            raise LeaseLost(lease.task_id, lease.epoch, "already released or superseded")
+        return Lease.objects.get(pk=lease.pk)
+
+
+def lease_reserve(*, task_id: int, operator_id: str) -> LeaseReservation:
+    """Hold the next grant of ``task_id`` for one operator. Raises LeaseReserved if another operator waits."""
+    with transaction.atomic():
+        existing = LeaseReservation.objects.select_for_update().filter(task_id=task_id).first()
+        if existing is not None:
+            if existing.holder_id != operator_id:
+                raise LeaseReserved(task_id, existing.holder_id)
+            return existing
+        try:
+            with transaction.atomic():
+                return LeaseReservation.objects.create(task_id=task_id, holder_id=operator_id, requested_at=clock.now())
+        except IntegrityError as exc:
+            other = LeaseReservation.objects.filter(task_id=task_id).first()
+            raise LeaseReserved(task_id, other.holder_id if other else "another operator") from exc
+
+
+def lease_unreserve(*, task_id: int, operator_id: str) -> None:
+    LeaseReservation.objects.filter(task_id=task_id, holder_id=operator_id).delete()
+
+
+def lease_reservation(task_id: int) -> LeaseReservation | None:
+    return LeaseReservation.objects.filter(task_id=task_id).first()
 
 
 def lease_renew(*, lease: Lease, expected_renewal_seq: int, ttl: timedelta | None = None) -> Lease:

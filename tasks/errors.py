@@ -33,6 +33,20 @@ class CancelRequested(TaskError):
     code = "cancel_requested"
 
 
+class TakeoverRequested(TaskError):
+    code = "takeover_requested"
+
+
+class InputsRecheckRequired(TaskError):
+    code = "inputs_recheck_required"
+
+
+class TakeoverHeld(TaskError):
+    """Another person holds, or waits for, this task's takeover lease."""
+
+    code = "takeover_held"
+
+
 class BudgetExhausted(TaskError):
     code = "budget_exhausted"
 

@@ -26,6 +26,7 @@ TASK_FIELDS = (
     "plan_version",
     "attempt_budget",
     "attempts_used",
+    "inputs_recheck_required",
     "cancel_requested_at",
 )
 NODE_FIELDS = (

@@ -4,8 +4,17 @@ from datetime import datetime
 
 from django.db.models import Exists, F, OuterRef, Q
 
+from leases.models import LeaseReservation
 from tasks.cas import Guard
-from tasks.errors import BackoffActive, BudgetExhausted, CancelRequested, OperationsOpen, TaskNotRunnable
+from tasks.errors import (
+    BackoffActive,
+    BudgetExhausted,
+    CancelRequested,
+    InputsRecheckRequired,
+    OperationsOpen,
+    TakeoverRequested,
+    TaskNotRunnable,
+)
 from tasks.lifecycle import OPEN_OPERATION_STATUSES, OperationStatus, TaskStatus
 from tasks.models import Node, Operation
 
@@ -43,6 +52,21 @@ def no_unsettled_operations() -> Guard:
     return Guard(
         ~Q(Exists(unsettled)),
         lambda: OperationsOpen("another operation is registered or in flight: settle it first"),
+    )
+
+
+def no_takeover_requested() -> Guard:
+    reserved = LeaseReservation.objects.filter(task_id=OuterRef("pk"))
+    return Guard(
+        ~Q(Exists(reserved)),
+        lambda: TakeoverRequested("a person asked to take this task over: no new side effect"),
+    )
+
+
+def inputs_rechecked() -> Guard:
+    return Guard(
+        Q(inputs_recheck_required=False),
+        lambda: InputsRecheckRequired("the task was handed back by a person: confirm the inputs' versions first"),
     )
 
 

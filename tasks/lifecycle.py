@@ -86,6 +86,10 @@ TASK_TRANSITIONS: frozenset[tuple[TaskStatus, TaskStatus]] = frozenset(
         (_T.PAUSED, _T.PENDING),
         (_T.PAUSED, _T.FAILED),
         (_T.PAUSED, _T.HUMAN),
+        (_T.PENDING, _T.HUMAN),
+        (_T.RUNNING, _T.HUMAN),
+        (_T.OBSERVING, _T.HUMAN),
+        (_T.BACKING_OFF, _T.HUMAN),
         (_T.HUMAN, _T.RUNNING),
         (_T.HUMAN, _T.PENDING),
         (_T.HUMAN, _T.COMPLETED),
@@ -122,6 +126,9 @@ NODE_TRANSITIONS: frozenset[tuple[NodeStatus, NodeStatus]] = frozenset(
         (_N.OBSERVING, _N.SUCCEEDED),
         (_N.OBSERVING, _N.FAILED),
         (_N.OBSERVING, _N.PENDING),
+        # A person's receipt, submitted with a takeover result (tasks.takeover).
+        (_N.PENDING, _N.SUCCEEDED),
+        (_N.FAILED, _N.SUCCEEDED),
     }
 )
 

@@ -32,6 +32,8 @@ class Task(models.Model):
     input_refs = models.JSONField(default=dict, blank=True)
     attempt_budget = models.PositiveIntegerField()
     attempts_used = models.PositiveIntegerField(default=0)
+    # Set when a person hands the task back: the agent re-reads its inputs' versions before anything new.
+    inputs_recheck_required = models.BooleanField(default=False)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_by = models.CharField(max_length=200, blank=True)
     cancel_reason = models.CharField(max_length=500, blank=True)
@@ -40,6 +42,7 @@ class Task(models.Model):
     updated_at = models.DateTimeField()
 
     class Meta:
+        permissions = [("operate_task", "Can take over, decide on and cancel this task")]
         constraints = [
             models.CheckConstraint(condition=Q(status__in=_values(TaskStatus)), name="task_status_valid"),
             models.CheckConstraint(condition=Q(version__gte=1), name="task_version_positive"),
@@ -163,6 +166,8 @@ class Operation(models.Model):
     compensates = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="compensations"
     )
+    # Who settled it when a person did (takeover): "user:<name>"; empty when the remote's answer settled it.
+    settled_by = models.CharField(max_length=220, blank=True)
 
     class Meta:
         constraints = [
@@ -271,3 +276,23 @@ class TempResource(models.Model):
 
     def __str__(self) -> str:
         return f"temp {self.locator} of task {self.task_id} ({self.status})"
+
+
+class ScopeGrant(models.Model):
+    """An operator may operate every task of a project, or of a kind (``*`` matches any). Object permissions
+    (django-guardian) grant single tasks; both are granted and revoked by tasks.permissions, audited."""
+
+    user = models.ForeignKey("auth.User", on_delete=models.CASCADE, related_name="reckon_scope_grants")
+    project = models.CharField(max_length=100, default="*")
+    kind = models.CharField(max_length=100, default="*")
+    granted_by = models.CharField(max_length=200)
+    granted_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "project", "kind"], name="scope_grant_unique"),
+            models.CheckConstraint(condition=~(Q(project="*") & Q(kind="*")), name="scope_grant_not_everything"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user_id} operates project={self.project} kind={self.kind}"

@@ -23,6 +23,8 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
+from audit.principals import Principal
+from audit.services import audit_append
 from leases import clock
 from leases.models import Lease
 from tasks import guards as guards_
@@ -360,6 +362,7 @@ def task_create(
                     "plan_version": 0,
                     "attempt_budget": budget,
                     "attempts_used": 0,
+                    "inputs_recheck_required": False,
                     "cancel_requested_at": None,
                 },
                 "data": {"kind": kind, "plan_revision": 1, "plan_digest": revision.digest, "by": created_by},
@@ -418,7 +421,8 @@ def plan_accept(*, revision_id: int, expected_version: int, lease: Lease | None)
             f"plan revision {revision.number} is older than the task's plan {revision.task.plan_version}: propose again"
         )
     specs = validate_plan(revision.document)
-    _accept(revision.task, revision, specs, lease=lease, expected_version=expected_version)
+    with transaction.atomic():
+        _accept(revision.task, revision, specs, lease=lease, expected_version=expected_version)
     return Task.objects.get(pk=revision.task_id)
 
 
@@ -447,9 +451,10 @@ def _accept(
         guards_.status_in(REPLANNABLE, "a plan is accepted only while the task is pending, paused or with a person"),
         guards_.no_open_operations(),
     ]
-    compare_and_set(
+    before = expected_version if expected_version is not None else task.version
+    applied = compare_and_set(
         task.pk,
-        expected_version if expected_version is not None else task.version,
+        before,
         Change(
             event="plan_accepted",
             task=fields,
@@ -460,3 +465,17 @@ def _accept(
         lease=lease,
         before_event=mark_accepted,
     )
+    if revision.number > 1:
+        audit_append(
+            actor=Principal.system("scheduler"),
+            action="plan_accepted_after_replan",
+            at=applied.at,
+            task_id=task.pk,
+            version_before=before,
+            version_after=applied.version,
+            details={
+                "plan_revision": revision.number,
+                "plan_digest": revision.digest,
+                "proposed_by": revision.proposed_by,
+            },
+        )

@@ -16,13 +16,17 @@ from typing import Any, Literal
 
 from django.db import transaction
 
+from audit.principals import Principal
+from audit.services import audit_append
 from leases import clock
 from leases.models import Lease
+from leases.services import lease_reservation
 from tasks import guards
 from tasks.actions import get_action
 from tasks.cas import Change, compare_and_set
 from tasks.errors import (
     EvidenceInsufficient,
+    InputsRecheckRequired,
     InvalidTransition,
     NodeNotReady,
     OperationsOpen,
@@ -44,6 +48,7 @@ from tasks.lifecycle import (
 )
 from tasks.models import Node, Operation, Receipt, Task
 from tasks.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
+from tasks.permissions import require_cancel
 from tasks.plans import digest_of
 
 type DirectiveKind = Literal["execute", "reconcile", "wait", "stop", "done"]
@@ -99,8 +104,12 @@ def next_directive(*, task_id: int, lease: Lease) -> Directive:
         return Directive("reconcile", v, node_key=open_op.node.key, op_key=open_op.op_key, reason=open_op.status)
     if task.cancel_requested_at is not None:
         return Directive("stop", v, reason="cancel_requested")
+    if lease_reservation(task_id) is not None:
+        return Directive("stop", v, reason="takeover_requested")
     if task.status == TaskStatus.PAUSED:
         return Directive("stop", v, reason=task.status_reason)
+    if task.inputs_recheck_required:
+        return Directive("reconcile", v, reason="recheck_inputs")
     nodes = _current_nodes(task)
     succeeded = {n.key for n in nodes if n.status == NodeStatus.SUCCEEDED}
     intent = Operation.objects.filter(task=task, status=OperationStatus.INTENT).select_related("node").first()
@@ -198,6 +207,8 @@ def register_intent(*, task_id: int, node_key: str, expected_version: int, lease
                 guards.node_budget_left(node),
                 guards.node_backoff_passed(node, now),
                 guards.no_unsettled_operations(),
+                guards.no_takeover_requested(),
+                guards.inputs_rechecked(),
                 guards.status_in(RUNNABLE_TASK_STATUSES, f"task {task_id} is {current.status}: no new intent"),
             ],
         )
@@ -226,6 +237,7 @@ def operation_dispatch(*, op_key: str, expected_version: int, lease: Lease) -> O
                 guards.task_budget_left(),
                 guards.node_budget_left(node),
                 guards.no_open_operations(),
+                guards.no_takeover_requested(),
             ],
         )
 
@@ -427,7 +439,9 @@ def _failure_change(
     )
 
 
-def _record_committed(op: Operation, outcome: Committed, expected_version: int, lease: Lease) -> Operation:
+def _record_committed(
+    op: Operation, outcome: Committed, expected_version: int, lease: Lease, settled_by: str = ""
+) -> Operation:
     node = op.node
     receipt = Receipt(
         operation=op,
@@ -451,7 +465,12 @@ def _record_committed(op: Operation, outcome: Committed, expected_version: int, 
                 "digest": receipt.digest,
             },
         }
-        op_fields = {"status": OperationStatus.COMMITTED.value, "remote_id": receipt.remote_id, "settled_at": now}
+        op_fields = {
+            "status": OperationStatus.COMMITTED.value,
+            "remote_id": receipt.remote_id,
+            "settled_at": now,
+            "settled_by": settled_by,
+        }
         if problems:
             version_mismatch = any(p.startswith("receipt remote_version") for p in problems)
             reason = PauseReason.VERSION_CONFLICT if version_mismatch else PauseReason.NEEDS_REPLAN
@@ -558,16 +577,16 @@ def advance_node(*, op_key: str, expected_version: int, lease: Lease) -> Node:
     return Node.objects.get(pk=node.pk)
 
 
-def task_request_cancel(*, task_id: int, requested_by: str, reason: str) -> Task:
+def task_request_cancel(*, actor: Principal, task_id: int, reason: str) -> Task:
     """Record a cancel. From now on no intent can be registered or dispatched; intents never sent are
     withdrawn; what is in flight settles (stopping) and is recorded as it truly ended.
 
-    Any principal may ask, whoever holds the lease; asking twice changes nothing.
+    The agent working on it may ask, or a person allowed to operate the task, whoever holds the lease.
+    Asking twice changes nothing. Audited.
     """
-    if not requested_by:
-        raise ValueError("requested_by must name who cancels")
     for _attempt in range(10):
         task = _task(task_id)
+        require_cancel(actor, task)
         if task.cancel_requested_at is not None or task.status in (
             TaskStatus.COMPLETED,
             TaskStatus.FAILED,
@@ -582,7 +601,7 @@ def task_request_cancel(*, task_id: int, requested_by: str, reason: str) -> Task
                 event="cancel_requested",
                 task={
                     "cancel_requested_at": now,
-                    "cancel_requested_by": requested_by,
+                    "cancel_requested_by": str(actor),
                     "cancel_reason": reason[:500],
                     **_cancel_status(current, None, None),
                     "status_reason": "",
@@ -596,13 +615,22 @@ def task_request_cancel(*, task_id: int, requested_by: str, reason: str) -> Task
                 operations=[
                     (op, {"status": OperationStatus.REJECTED.value, "failure_class": "cancelled"}) for op in intents
                 ],
-                data={"by": requested_by, "reason": reason[:200], "withdrawn_intents": [op.op_key for op in intents]},
+                data={"by": str(actor), "reason": reason[:200], "withdrawn_intents": [op.op_key for op in intents]},
                 guards=[guards.no_cancel()],
             )
 
         try:
             with transaction.atomic():
-                compare_and_set(task_id, task.version, build, lease=None)
+                applied = compare_and_set(task_id, task.version, build, lease=None)
+                audit_append(
+                    actor=actor,
+                    action="cancel_requested",
+                    at=applied.at,
+                    task_id=task_id,
+                    version_before=task.version,
+                    version_after=applied.version,
+                    reason=reason,
+                )
         except VersionConflict:
             continue
         return _task(task_id)
@@ -611,3 +639,32 @@ def task_request_cancel(*, task_id: int, requested_by: str, reason: str) -> Task
 
 def open_operations(task_id: int) -> list[Operation]:
     return list(Operation.objects.filter(task_id=task_id, status__in=_OPEN).order_by("registered_at"))
+
+
+def inputs_confirm(*, task_id: int, current_versions: dict[str, str], expected_version: int, lease: Lease) -> Task:
+    """After a person handed the task back, the agent reports each input ref's current version as read from
+    the real source (by name, as in ``task.input_refs``). All unchanged: the agent may go on. Any changed: the
+    task pauses ``input_changed`` and goes on only by an explicit choice (re-plan, or approval)."""
+    task = _task(task_id)
+    missing = sorted(set(task.input_refs) - set(current_versions))
+    if missing:
+        raise InputsRecheckRequired(f"report the current version of every input: missing {', '.join(missing)}")
+    changed = {
+        name: {"planned": ref["version"], "now": current_versions[name]}
+        for name, ref in task.input_refs.items()
+        if str(current_versions[name]) != str(ref["version"])
+    }
+
+    def build(current: Task, _now: datetime) -> Change:
+        fields: dict[str, Any] = {"inputs_recheck_required": False}
+        if changed:
+            detail = "inputs changed while paused: " + ", ".join(
+                f"{name} {v['planned']}→{v['now']}" for name, v in changed.items()
+            )
+            fields |= _pause(current, PauseReason.INPUT_CHANGED, detail)
+        return Change(
+            event="inputs_confirmed", task=fields, data={"changed": changed, "checked": len(current_versions)}
+        )
+
+    compare_and_set(task_id, expected_version, build, lease=lease)
+    return _task(task_id)

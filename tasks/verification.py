@@ -77,10 +77,12 @@ def _spec_of(node: Node) -> NodeSpec:
 
 def _receipt_problems(task: Task) -> list[str]:
     logged: dict[str, Any] = {}
-    for event in Event.objects.filter(task=task, type__in=["node_succeeded", "evidence_insufficient"]):
+    kinds = ["node_succeeded", "evidence_insufficient", "takeover_result_submitted"]
+    for event in Event.objects.filter(task=task, type__in=kinds):
         data = event.payload.get("data", {})
         if "receipt" in data:
             logged[data["op_key"]] = data["receipt"]
+        logged.update(data.get("receipts", {}))
     problems = []
     for receipt in Receipt.objects.filter(operation__task=task).select_related("operation"):
         fields = {name: getattr(receipt, name) for name in ("remote_id", "remote_version", "count", "digest")}

@@ -9,6 +9,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
+from audit.principals import Principal
 from leases.models import Lease
 from tasks.events import GENESIS_DIGEST, find_log_problem
 from tasks.lifecycle import FailureClass, NodeStatus, TaskStatus
@@ -64,18 +65,18 @@ def fall_short_of_the_evidence(task: Task, lease: Lease, clock: Any) -> None:
 
 def cancel_while_in_flight(task: Task, lease: Lease, clock: Any) -> None:
     op = send(task, lease, "a")
-    task_request_cancel(task_id=task.pk, requested_by="operator:ann", reason="stop")
+    task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="stop")
     record(op, Committed(remote_id="r-a"), lease)
 
 
 def cancel_an_intent_never_sent(task: Task, lease: Lease, clock: Any) -> None:
     register_intent(task_id=task.pk, node_key="a", expected_version=version(task), lease=lease)
-    task_request_cancel(task_id=task.pk, requested_by="operator:ann", reason="stop")
+    task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="stop")
 
 
 def cancel_with_an_unknown(task: Task, lease: Lease, clock: Any) -> None:
     op = record(send(task, lease, "a"), Failed(FailureClass.CONNECTION_INTERRUPTED, "reset"), lease)
-    task_request_cancel(task_id=task.pk, requested_by="operator:ann", reason="stop")
+    task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="stop")
     record(op, Committed(remote_id="r-a"), lease)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
+from audit.principals import Principal
 from leases.errors import LeaseExpired, LeaseLost
 from leases.models import Lease
 from leases.services import lease_release
@@ -144,7 +145,7 @@ def test_open_operations_are_reconciled_before_any_ready_node_even_after_a_cance
     directive = next_directive(task_id=task.pk, lease=lease)
     assert (directive.kind, directive.op_key, directive.node_key) == ("reconcile", op.op_key, "a")
 
-    task_request_cancel(task_id=task.pk, requested_by="operator:ann", reason="customer withdrew")
+    task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="customer withdrew")
     directive = next_directive(task_id=task.pk, lease=lease)
     assert (directive.kind, directive.op_key) == ("reconcile", op.op_key)
 
@@ -229,7 +230,7 @@ def test_next_directive_writes_nothing(make_task, agent_lease, clock) -> None:
     ask()  # dispatched
     record(op, interrupted(), lease)
     ask()  # unknown
-    task_request_cancel(task_id=task.pk, requested_by="operator:ann", reason="stop")
+    task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="stop")
     ask()  # stopped_pending
     clock.advance(timedelta(hours=1))
     ask()  # expired lease
@@ -286,7 +287,7 @@ def test_register_intent_refuses_a_lease_at_its_expiry(make_task, agent_lease, c
 def test_register_intent_refuses_once_a_cancel_is_recorded(make_task, agent_lease, clock) -> None:
     task = make_task(parallel_plan("a", "b"))
     lease = agent_lease(task)
-    task_request_cancel(task_id=task.pk, requested_by="operator:ann", reason="wrong project")
+    task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="wrong project")
     assert_refused(CancelRequested, lambda: register(task, lease, "a"))
     assert not Operation.objects.filter(task=task).exists()
 
@@ -413,7 +414,7 @@ def test_dispatch_rechecks_cancel_right_before_the_side_effect(make_task, agent_
     lease = agent_lease(task)
     op = register(task, lease, "a")
     as_read = Operation.objects.select_related("node").get(pk=op.pk)  # the dispatcher read it before the cancel
-    task_request_cancel(task_id=task.pk, requested_by="operator:ann", reason="stop now")
+    task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="stop now")
     monkeypatch.setattr(protocol, "_operation", lambda op_key: as_read)
     assert_refused(
         CancelRequested, lambda: operation_dispatch(op_key=op.op_key, expected_version=version(task), lease=lease)
@@ -781,7 +782,7 @@ def test_cancel_withdraws_intents_that_were_never_sent(make_task, agent_lease, c
     task = make_task()
     lease = agent_lease(task)
     op = register(task, lease, "a")
-    task_request_cancel(task_id=task.pk, requested_by="operator:ann", reason="wrong target")
+    task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="wrong target")
     withdrawn = fresh_op(op)
     assert (withdrawn.status, withdrawn.failure_class) == (OperationStatus.REJECTED, "cancelled")
     assert fresh_node(task, "a").status == NodeStatus.PENDING
@@ -795,7 +796,7 @@ def test_a_commit_arriving_after_the_cancel_is_recorded_as_a_real_completion(mak
     task = make_task()
     lease = agent_lease(task)
     op = send(task, lease, "a")
-    stopping = task_request_cancel(task_id=task.pk, requested_by="operator:ann", reason="stop")
+    stopping = task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="stop")
     assert stopping.status == TaskStatus.STOPPING
     assert stopping.cancel_requested_at is not None
     record(op, Committed(remote_id="r-a"), lease)
@@ -810,7 +811,7 @@ def test_a_cancel_with_only_an_unknown_left_is_stopped_pending_until_reconciled(
     task = make_task()
     lease = agent_lease(task)
     op = record(send(task, lease, "a"), interrupted(), lease)
-    cancelled = task_request_cancel(task_id=task.pk, requested_by="operator:ann", reason="x")
+    cancelled = task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="x")
     assert cancelled.status == TaskStatus.STOPPED_PENDING
     record(op, interrupted(), lease)  # the query itself timed out: still pending
     assert fresh_task(task).status == TaskStatus.STOPPED_PENDING
@@ -826,7 +827,7 @@ def test_an_unknown_found_still_running_after_a_cancel_shows_stopping(make_task,
     task = make_task()
     lease = agent_lease(task)
     op = record(send(task, lease, "a"), interrupted(), lease)
-    task_request_cancel(task_id=task.pk, requested_by="operator:ann", reason="x")
+    task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="x")
     record(op, Accepted(remote_id="job-1"), lease)
     assert fresh_task(task).status == TaskStatus.STOPPING
     record(op, Committed(remote_id="job-1"), lease)
@@ -838,12 +839,12 @@ def test_asking_to_cancel_twice_changes_nothing(make_task, agent_lease, clock) -
     task = make_task()
     lease = agent_lease(task)
     send(task, lease, "a")
-    task_request_cancel(task_id=task.pk, requested_by="operator:ann", reason="first")
+    task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="first")
     before = snapshot()
     clock.advance(timedelta(minutes=1))
-    again = task_request_cancel(task_id=task.pk, requested_by="operator:bob", reason="second")
+    again = task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:bob"), reason="second")
     assert snapshot() == before
-    assert (again.cancel_requested_by, again.cancel_reason) == ("operator:ann", "first")
+    assert (again.cancel_requested_by, again.cancel_reason) == ("agent:operator:ann", "first")
 
 
 def test_cancel_on_a_completed_task_changes_nothing(make_task, agent_lease, clock) -> None:
@@ -852,7 +853,7 @@ def test_cancel_on_a_completed_task_changes_nothing(make_task, agent_lease, cloc
     complete(task, lease, "a")
     complete(task, lease, "b")
     before = snapshot()
-    done = task_request_cancel(task_id=task.pk, requested_by="operator:ann", reason="too late")
+    done = task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="too late")
     assert snapshot() == before
     assert (done.status, done.cancel_requested_at) == (TaskStatus.COMPLETED, None)
 

@@ -17,6 +17,7 @@ from django.db import connection
 from django.db.models import Count
 from pytest_django.fixtures import Settings
 
+from audit.principals import Principal
 from leases.errors import LeaseExpired, LeaseHeld, LeaseLost
 from leases.models import Lease, ReleaseReason
 from leases.services import lease_acquire, lease_release
@@ -373,7 +374,7 @@ def _protocol_racer(task: Task, lease: Lease, cancel_delay: float, dispatched: l
         barrier.wait()
         if index == 0:
             time.sleep(cancel_delay)
-            task_request_cancel(task_id=task.pk, requested_by="operator:race", reason="race")
+            task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:race"), reason="race")
             return
         for _ in range(INTENT_NODES * 3):
             d = next_directive(task_id=task.pk, lease=lease)

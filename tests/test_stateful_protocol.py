@@ -23,6 +23,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
+from audit.principals import Principal
 from leases.clock import ControllableClock
 from leases.errors import LeaseError
 from leases.models import Lease
@@ -290,7 +291,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     @rule(now=st.integers(min_value=0, max_value=49).map(lambda n: n == 17))
     def cancel(self, now: bool) -> None:
         if now:
-            task_request_cancel(task_id=self.task.pk, requested_by="operator:machine", reason="stateful test")
+            task_request_cancel(task_id=self.task.pk, actor=Principal.agent("operator:machine"), reason="stateful test")
 
     # --- invariants ----------------------------------------------------------------------------------
 

@@ -1,0 +1,16 @@
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from audit.services import verify_audit
+
+
+class Command(BaseCommand):
+    help = "Check the audit chain end to end and report the first broken link."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        verdict = verify_audit()
+        if verdict.problem:
+            self.stdout.write(f"verify_audit: {verdict.checked} events read; FIRST BROKEN LINK: {verdict.problem}")
+            raise CommandError(f"audit chain broken at #{verdict.broken_at}")
+        self.stdout.write(f"verify_audit: {verdict.checked} events, chain intact")

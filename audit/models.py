@@ -1,0 +1,74 @@
+from typing import Any, NoReturn
+
+from django.db import models
+from django.db.models import Q
+
+
+class AuditRefused(Exception):
+    """Audit rows are append-only."""
+
+
+class AuditQuerySet(models.QuerySet["AuditEvent"]):
+    def update(self, **kwargs: Any) -> NoReturn:
+        raise AuditRefused("audit events are append-only: no update")
+
+    def delete(self) -> NoReturn:
+        raise AuditRefused("audit events are append-only: no delete")
+
+
+class AuditEvent(models.Model):
+    """One human, admin, agent or system decision, hash-chained to the one before it (a single chain).
+
+    Written by the service that makes the change, in the same transaction. Updates and deletes are refused
+    here and, in the database, by triggers (migration 0002).
+    """
+
+    seq = models.PositiveBigIntegerField(unique=True)
+    at = models.DateTimeField()
+    actor_kind = models.CharField(max_length=10)
+    actor_id = models.CharField(max_length=200)
+    action = models.CharField(max_length=60)
+    # A plain id, not a foreign key: audit sits below every app and outlives what it records.
+    task_id = models.BigIntegerField(null=True, blank=True)
+    lease_epoch = models.PositiveBigIntegerField(null=True, blank=True)
+    version_before = models.PositiveBigIntegerField(null=True, blank=True)
+    version_after = models.PositiveBigIntegerField(null=True, blank=True)
+    reason = models.TextField(blank=True)
+    impact = models.TextField(blank=True)
+    details = models.JSONField(default=dict, blank=True)
+    prev_digest = models.CharField(max_length=64)
+    digest = models.CharField(max_length=64)
+
+    objects = AuditQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(seq__gte=1), name="audit_seq_positive"),
+            models.CheckConstraint(condition=Q(actor_kind__in=["user", "agent", "system"]), name="audit_actor_kind"),
+        ]
+        indexes = [
+            # Serves the console's audit trail of one task.
+            models.Index(fields=["task_id", "seq"], name="audit_task_idx"),
+        ]
+        ordering = ["seq"]
+
+    def __str__(self) -> str:
+        return f"audit #{self.seq} {self.action} by {self.actor_kind}:{self.actor_id}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None:
+            raise AuditRefused("audit events are append-only: no update")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise AuditRefused("audit events are append-only: no delete")
+
+
+class AuditHead(models.Model):
+    """The chain's head, one row: appends lock it, so the chain has one order even on PostgreSQL."""
+
+    seq = models.PositiveBigIntegerField(default=0)
+    digest = models.CharField(max_length=64)
+
+    def __str__(self) -> str:
+        return f"audit head #{self.seq}"

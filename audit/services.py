@@ -1,0 +1,104 @@
+"""Append to the audit chain, and verify it. Callers pass the database server's time (``at``): the audit
+app imports no other app, the clock included."""
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from audit.models import AuditEvent, AuditHead
+from audit.principals import Principal
+
+GENESIS = "0" * 64
+MAX_TEXT = 4000
+
+
+def _body(event: AuditEvent) -> str:
+    return json.dumps(
+        {
+            "seq": event.seq,
+            "at": event.at.isoformat(),
+            "actor": [event.actor_kind, event.actor_id],
+            "action": event.action,
+            "task": event.task_id,
+            "epoch": event.lease_epoch,
+            "versions": [event.version_before, event.version_after],
+            "reason": event.reason,
+            "impact": event.impact,
+            "details": event.details,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+        default=str,
+    )
+
+
+def _digest(prev: str, event: AuditEvent) -> str:
+    return hashlib.sha256((prev + _body(event)).encode()).hexdigest()
+
+
+def audit_append(
+    *,
+    actor: Principal,
+    action: str,
+    at: datetime,
+    task_id: int | None = None,
+    lease_epoch: int | None = None,
+    version_before: int | None = None,
+    version_after: int | None = None,
+    reason: str = "",
+    impact: str = "",
+    details: dict[str, Any] | None = None,
+) -> AuditEvent:
+    """Append one event. Call it inside the transaction of the change it records: it shares its fate."""
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("audit_append must run inside the transaction of the change it records")
+    head, _ = AuditHead.objects.select_for_update().get_or_create(pk=1, defaults={"seq": 0, "digest": GENESIS})
+    event = AuditEvent(
+        seq=head.seq + 1,
+        at=at,
+        actor_kind=actor.kind,
+        actor_id=actor.id,
+        action=action,
+        task_id=task_id,
+        lease_epoch=lease_epoch,
+        version_before=version_before,
+        version_after=version_after,
+        reason=reason[:MAX_TEXT],
+        impact=impact[:MAX_TEXT],
+        details=json.loads(json.dumps(details or {}, default=str)),
+        prev_digest=head.digest,
+    )
+    event.digest = _digest(head.digest, event)
+    event.save(force_insert=True)
+    AuditHead.objects.filter(pk=1).update(seq=event.seq, digest=event.digest)
+    return event
+
+
+@dataclass(frozen=True)
+class AuditVerdict:
+    checked: int
+    broken_at: int | None
+    problem: str | None
+
+
+def verify_audit() -> AuditVerdict:
+    """Walk the chain in seq order; report the first broken link (gap, altered row, reordered chain)."""
+    prev, expected = GENESIS, 1
+    checked = 0
+    for event in AuditEvent.objects.order_by("seq").iterator():
+        checked += 1
+        if event.seq != expected:
+            return AuditVerdict(checked, expected, f"audit event #{expected} is missing (next is #{event.seq})")
+        if event.prev_digest != prev:
+            return AuditVerdict(checked, event.seq, f"audit event #{event.seq} does not chain to #{event.seq - 1}")
+        if _digest(prev, event) != event.digest:
+            return AuditVerdict(checked, event.seq, f"audit event #{event.seq} was altered after it was written")
+        prev, expected = event.digest, expected + 1
+    head = AuditHead.objects.filter(pk=1).first()
+    if head is not None and (head.seq != expected - 1 or head.digest != prev):
+        return AuditVerdict(checked, head.seq, f"the chain ends at #{expected - 1} but its head says #{head.seq}")
+    return AuditVerdict(checked, None, None)

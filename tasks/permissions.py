@@ -1,0 +1,118 @@
+"""Who may do what. The one place these rules live; every state-changing service calls it.
+
+Roles are Django groups — operator, admin, auditor (read-only). An operator operates (takes over,
+decides, settles by hand, cancels) only tasks granted to them: one task (a django-guardian object
+permission) or every task of a project or kind (a ScopeGrant). Admins operate every task, force-release
+leases, review forced releases and grant permissions. Agents drive their own leases and the step protocol.
+"""
+
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.db.models import Q
+from guardian.shortcuts import assign_perm, remove_perm
+
+from audit.principals import Principal
+from audit.services import audit_append
+from leases import clock
+from tasks.errors import TaskError
+from tasks.models import ScopeGrant, Task
+
+OPERATOR, ADMIN, AUDITOR = "operator", "admin", "auditor"
+OPERATE = "tasks.operate_task"
+
+
+class PermissionDenied(TaskError):
+    code = "permission_denied"
+
+
+def has_role(principal: Principal, role: str) -> bool:
+    user = principal.user
+    if principal.kind != "user" or user is None or not user.is_active:
+        return False
+    if user.is_superuser and role == ADMIN:
+        return True
+    return bool(user.groups.filter(name=role).exists())
+
+
+def can_operate(principal: Principal, task: Task) -> bool:
+    if has_role(principal, ADMIN):
+        return True
+    if not has_role(principal, OPERATOR):
+        return False
+    user = principal.user
+    if user.has_perm(OPERATE, task):
+        return True
+    scope = (Q(project=task.project) | Q(project="*")) & (Q(kind=task.kind) | Q(kind="*"))
+    return ScopeGrant.objects.filter(scope, user=user).exists()
+
+
+def require_operate(principal: Principal, task: Task) -> None:
+    if not can_operate(principal, task):
+        raise PermissionDenied(f"{principal} may not operate task {task.pk}", task_id=task.pk)
+
+
+def require_admin(principal: Principal, what: str) -> None:
+    if not has_role(principal, ADMIN):
+        raise PermissionDenied(f"{principal} is not an admin: only admins may {what}")
+
+
+def require_cancel(principal: Principal, task: Task) -> None:
+    """An agent may cancel its own work; a person needs the right to operate the task."""
+    if principal.kind in ("agent", "system"):
+        return
+    require_operate(principal, task)
+
+
+def permission_grant(
+    *, actor: Principal, user: User, task: Task | None = None, project: str = "*", kind: str = "*"
+) -> None:
+    """Let ``user`` operate one task, or every task of a project and/or kind. Audited."""
+    require_admin(actor, "grant permissions")
+    _check_scope(task, project, kind)
+    with transaction.atomic():
+        now = clock.now()
+        if task is not None:
+            assign_perm(OPERATE, user, task)
+        else:
+            ScopeGrant.objects.get_or_create(
+                user=user, project=project, kind=kind, defaults={"granted_by": str(actor), "granted_at": now}
+            )
+        audit_append(
+            actor=actor,
+            action="permission_granted",
+            at=now,
+            task_id=task.pk if task else None,
+            details=_grant_details(user, task, project, kind),
+        )
+
+
+def permission_revoke(
+    *, actor: Principal, user: User, task: Task | None = None, project: str = "*", kind: str = "*"
+) -> None:
+    require_admin(actor, "revoke permissions")
+    _check_scope(task, project, kind)
+    with transaction.atomic():
+        now = clock.now()
+        if task is not None:
+            remove_perm(OPERATE, user, task)
+        else:
+            ScopeGrant.objects.filter(user=user, project=project, kind=kind).delete()
+        audit_append(
+            actor=actor,
+            action="permission_revoked",
+            at=now,
+            task_id=task.pk if task else None,
+            details=_grant_details(user, task, project, kind),
+        )
+
+
+def _check_scope(task: Task | None, project: str, kind: str) -> None:
+    if task is None and project == "*" and kind == "*":
+        raise ValueError("grant one task, a project or a kind; everything is what the admin role is for")
+
+
+def _grant_details(user: User, task: Task | None, project: str, kind: str) -> dict[str, Any]:
+    scope = {"task": task.pk} if task is not None else {"project": project, "kind": kind}
+    return {"user": user.get_username(), "permission": OPERATE, **scope}

@@ -1,0 +1,641 @@
+"""Human takeover (DESIGN §7): claim, renew, release, decide, settle by hand, forced release and its review.
+
+Lease and takeover states (per task)::
+
+    free ──claim──▶ operator holds ──submit / release──▶ free
+      │                 ▲   │ renew (same holder, until expiry + grace)
+      │                 │   └─ expiry + grace ──▶ free (audited "takeover_expired" at the next grant)
+      │ agent holds     │
+      └─claim──▶ reserved for operator ──agent releases or lapses──▶ claim again ──▶ operator holds
+                 (agents: no new intent, directive "stop takeover_requested"; in-flight work may settle)
+    any holder ──admin force-release (justification, impact)──▶ free; queued for review by another admin
+
+While an operator holds the lease the task shows ``human`` (unless a cancel is recorded) and no agent can
+write: there is one open lease per task, and every write is a compare-and-set on its epoch.
+Every step is audited in the same transaction as the change it records.
+"""
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from django.conf import settings
+from django.db import transaction
+
+from audit.principals import Principal
+from audit.services import audit_append
+from leases import clock
+from leases.errors import LeaseHeld, LeaseReserved
+from leases.models import ForcedRelease, HolderKind, Lease, ReviewStatus
+from leases.services import (
+    lease_acquire,
+    lease_force_close,
+    lease_open,
+    lease_release,
+    lease_renew,
+    lease_reservation,
+    lease_reserve,
+    lease_unreserve,
+)
+from tasks import guards
+from tasks.cas import Change, compare_and_set
+from tasks.errors import (
+    EvidenceInsufficient,
+    InvalidTransition,
+    OperationsOpen,
+    TakeoverHeld,
+    TaskError,
+    TaskNotFound,
+    TaskNotRunnable,
+    VersionConflict,
+)
+from tasks.events import node_ref
+from tasks.evidence import evidence_problems
+from tasks.hygiene import check_payload
+from tasks.lifecycle import OPEN_OPERATION_STATUSES, NodeStatus, OperationStatus, PauseReason, TaskStatus
+from tasks.models import Event, Node, Operation, Receipt, Task
+from tasks.outcomes import Committed
+from tasks.permissions import PermissionDenied, require_admin, require_operate
+from tasks.plans import digest_of
+from tasks.protocol import _record_committed, resolve_input
+
+MIN_FORCE_TEXT = 20  # characters of justification and of impact, at least
+NOT_TAKEN_OVER = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.STOPPED, TaskStatus.QUARANTINED})
+
+
+class TakeoverRefused(TaskError):
+    code = "takeover_refused"
+
+
+@dataclass(frozen=True)
+class Claim:
+    granted: bool
+    lease: Lease | None = None
+    waiting_for: str = ""
+
+
+def _task(task_id: int) -> Task:
+    task = Task.objects.filter(pk=task_id).first()
+    if task is None:
+        raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
+    return task
+
+
+def _own_lease(actor: Principal, lease: Lease) -> None:
+    if lease.holder_kind != HolderKind.OPERATOR or lease.holder_id != actor.id:
+        raise PermissionDenied(f"{actor} does not hold this takeover lease ({lease.holder_kind}:{lease.holder_id})")
+
+
+def operator_ttl() -> Any:
+    return settings.RECKON_OPERATOR_LEASE_TTL
+
+
+def takeover_claim(*, actor: Principal, task_id: int) -> Claim:
+    """Take the task over. Granted at once if nobody holds it; if an agent does, the task is reserved for
+    this operator (agents start nothing new) and the claim is granted, by claiming again, once the agent's
+    lease is released or lapsed — never while an agent may still advance. Claiming twice is harmless."""
+    task = _task(task_id)
+    require_operate(actor, task)
+    if task.status in NOT_TAKEN_OVER:
+        raise TaskNotRunnable(f"task {task_id} is {task.status}: there is nothing to take over")
+    with transaction.atomic():
+        try:
+            lease = lease_acquire(
+                task_id=task_id, holder_kind=HolderKind.OPERATOR, holder_id=actor.id, ttl=operator_ttl()
+            )
+        except LeaseReserved as reserved:
+            raise TakeoverHeld(
+                f"operator {reserved.operator_id} is already waiting to take task {task_id} over"
+            ) from None
+        except LeaseHeld:
+            return _wait_for_holder(actor, task_id)
+        lease_unreserve(task_id=task_id, operator_id=actor.id)
+        current = _task(task_id)
+        to_human = {"status": TaskStatus.HUMAN.value} if current.cancel_requested_at is None else {}
+        if current.status == TaskStatus.HUMAN:
+            to_human = {}
+        if to_human and current.status == TaskStatus.PAUSED:
+            to_human |= {"status_reason": "", "status_detail": ""}
+        applied = compare_and_set(
+            task_id,
+            current.version,
+            Change(event="takeover_granted", task=to_human, data={"operator": actor.id, "epoch": lease.epoch}),
+            lease=lease,
+        )
+        audit_append(
+            actor=actor,
+            action="takeover_granted",
+            at=applied.at,
+            task_id=task_id,
+            lease_epoch=lease.epoch,
+            version_before=current.version,
+            version_after=applied.version,
+            details={"status_before": current.status, "status_reason_before": current.status_reason},
+        )
+        return Claim(granted=True, lease=lease)
+
+
+def _wait_for_holder(actor: Principal, task_id: int) -> Claim:
+    holder = lease_open(task_id)
+    if holder is None:  # released between the two reads: claim again
+        raise VersionConflict(f"task {task_id}'s lease changed while claiming; claim again")
+    if holder.holder_kind == HolderKind.OPERATOR:
+        if holder.holder_id == actor.id:
+            return Claim(granted=True, lease=holder)
+        raise TakeoverHeld(f"operator {holder.holder_id} holds task {task_id}", holder=holder.holder_id)
+    already = lease_reservation(task_id)
+    lease_reserve(task_id=task_id, operator_id=actor.id)  # raises LeaseReserved for a second operator
+    if already is None:
+        current = _task(task_id)
+        applied = compare_and_set(
+            task_id,
+            current.version,
+            Change(event="takeover_requested", data={"operator": actor.id, "agent": holder.holder_id}),
+            lease=None,
+        )
+        audit_append(
+            actor=actor,
+            action="takeover_requested",
+            at=applied.at,
+            task_id=task_id,
+            lease_epoch=holder.epoch,
+            version_before=current.version,
+            version_after=applied.version,
+            details={"agent": holder.holder_id},
+        )
+    return Claim(granted=False, waiting_for=f"{holder.holder_kind}:{holder.holder_id}")
+
+
+def takeover_withdraw(*, actor: Principal, task_id: int) -> None:
+    """The operator no longer waits for the agent's lease: agents may go on."""
+    with transaction.atomic():
+        if lease_reservation(task_id) is None:
+            return
+        lease_unreserve(task_id=task_id, operator_id=actor.id)
+        audit_append(actor=actor, action="takeover_withdrawn", at=clock.now(), task_id=task_id)
+
+
+def takeover_renew(*, actor: Principal, lease: Lease, expected_renewal_seq: int) -> Lease:
+    _own_lease(actor, lease)
+    with transaction.atomic():
+        renewed = lease_renew(lease=lease, expected_renewal_seq=expected_renewal_seq, ttl=operator_ttl())
+        audit_append(
+            actor=actor,
+            action="takeover_renewed",
+            at=clock.now(),
+            task_id=lease.task_id,
+            lease_epoch=lease.epoch,
+            details={"renewal_seq": renewed.renewal_seq, "expires_at": renewed.expires_at.isoformat()},
+        )
+        return renewed
+
+
+def takeover_release(*, actor: Principal, lease: Lease, reason: str = "") -> Lease:
+    """Give the lease back without a decision: the task stays with people (``human``) for another operator."""
+    _own_lease(actor, lease)
+    with transaction.atomic():
+        released = lease_release(lease=lease)
+        audit_append(
+            actor=actor,
+            action="takeover_released",
+            at=released.released_at or clock.now(),
+            task_id=lease.task_id,
+            lease_epoch=lease.epoch,
+            reason=reason,
+        )
+        return released
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    """What a person did for one node, as a receipt would say it, with the evidence they saw."""
+
+    node_key: str
+    remote_id: str
+    remote_version: str = ""
+    count: int | None = None
+    digest: str = ""
+    evidence: list[dict[str, Any]] = field(default_factory=list)  # e.g. {"kind": "console_url", "value": …}
+
+
+Decision = Literal["resume_agent", "end_task", "replan"]
+
+
+def takeover_submit(
+    *,
+    actor: Principal,
+    lease: Lease,
+    based_on_version: int,
+    decision: Decision,
+    results: list[NodeResult] | None = None,
+    note: str = "",
+    end_status: Literal["completed", "failed", ""] = "",
+    replan_reason: str = "",
+) -> Task:
+    """End a takeover with a structured result and one decision, as a compare-and-set on the version the
+    form was based on. A stale form is refused with what changed since. Each node result must satisfy that
+    node's evidence spec; it is recorded as an operation settled by this person, with its receipt.
+
+    ``resume_agent``: the agent's next directive re-reads facts (open operations, input versions) first.
+    ``end_task``: ``completed`` only when every node has a satisfying receipt; ``failed`` as stated.
+    ``replan``: the task pauses ``needs_replan`` with the reason, for a new plan.
+    """
+    _own_lease(actor, lease)
+    task = _task(lease.task_id)
+    require_operate(actor, task)
+    results = results or []
+    _check_decision(decision, end_status, replan_reason)
+    check_payload({"note": note, "results": [r.__dict__ for r in results], "reason": replan_reason}, what="result")
+    if task.version != based_on_version:
+        raise _stale_form(task, based_on_version)
+    nodes = {n.key: n for n in Node.objects.filter(task=task, plan_version=task.plan_version)}
+    planned = _planned_results(task, nodes, results)
+    done_after = {k for k, n in nodes.items() if n.status == NodeStatus.SUCCEEDED} | {r.node_key for r in results}
+    open_ops = Operation.objects.filter(task=task, status__in=[s.value for s in OPEN_OPERATION_STATUSES])
+    if decision == "end_task" and open_ops.exists():
+        raise OperationsOpen("settle every dispatched or unknown operation before ending the task")
+    if decision == "end_task" and end_status == "completed" and done_after != set(nodes):
+        missing = sorted(set(nodes) - done_after)
+        raise EvidenceInsufficient(f"the task cannot be completed: no receipt yet for {', '.join(missing)}")
+
+    def build(current: Task, now: datetime) -> Change:
+        node_changes: list[tuple[Node, dict[str, Any]]] = []
+        op_changes: list[tuple[Operation, dict[str, Any]]] = []
+        for node, op, receipt in planned:
+            # An intent registered for the node but never sent is withdrawn: the person did the work.
+            for intent in Operation.objects.filter(node=node, status=OperationStatus.INTENT):
+                op_changes.append((intent, {"status": OperationStatus.REJECTED.value, "failure_class": "withdrawn"}))
+            op.registered_at, op.settled_at = now, now
+            node_changes.append((node, _succeeded(receipt)))
+            op_changes.append(
+                (
+                    op,
+                    {
+                        "status": OperationStatus.COMMITTED.value,
+                        "remote_id": receipt.remote_id,
+                        "settled_by": str(actor),
+                    },
+                )
+            )
+        return Change(
+            event="takeover_result_submitted",
+            task=_decision_fields(current, decision, end_status, replan_reason, actor),
+            nodes=node_changes,
+            operations=op_changes,
+            data={
+                "operator": actor.id,
+                "decision": decision,
+                "end_status": end_status,
+                "nodes": [r.node_key for r in results],
+                "receipts": {op.op_key: _receipt_ref(receipt) for _n, op, receipt in planned},
+                "note_digest": digest_of(note),
+            },
+        )
+
+    def save_receipts(_task: Task, now: datetime) -> None:
+        for _node, op, receipt in planned:
+            receipt.operation, receipt.received_at = op, now
+            receipt.save(force_insert=True)
+
+    with transaction.atomic():
+        applied = compare_and_set(task.pk, based_on_version, build, lease=lease, before_event=save_receipts)
+        lease_release(lease=lease)
+        audit_append(
+            actor=actor,
+            action="takeover_result_submitted",
+            at=applied.at,
+            task_id=task.pk,
+            lease_epoch=lease.epoch,
+            version_before=based_on_version,
+            version_after=applied.version,
+            reason=replan_reason or note,
+            details={
+                "decision": decision,
+                "end_status": end_status,
+                "results": [{"node": r.node_key, **_receipt_ref(r), "evidence": r.evidence} for r in results],
+            },
+        )
+    return _task(task.pk)
+
+
+def _check_decision(decision: str, end_status: str, replan_reason: str) -> None:
+    if decision not in ("resume_agent", "end_task", "replan"):
+        raise InvalidTransition(f"unknown decision {decision!r}: resume_agent, end_task or replan")
+    if decision == "end_task" and end_status not in ("completed", "failed"):
+        raise InvalidTransition("end_task needs end_status completed or failed")
+    if decision == "replan" and len(replan_reason.strip()) < 10:
+        raise InvalidTransition("replan needs the reason (at least 10 characters)")
+
+
+def _stale_form(task: Task, based_on_version: int) -> VersionConflict:
+    changes = list(Event.objects.filter(task=task, seq__gt=based_on_version).order_by("seq").values_list("seq", "type"))
+    listed = ", ".join(f"#{seq} {kind}" for seq, kind in changes[:20])
+    return VersionConflict(
+        f"the task changed since your form (version {based_on_version} → {task.version}): {listed}",
+        expected=based_on_version,
+        actual=task.version,
+        changes=[{"seq": seq, "type": kind} for seq, kind in changes],
+    )
+
+
+def _planned_results(
+    task: Task, nodes: dict[str, Node], results: list[NodeResult]
+) -> list[tuple[Node, Operation, Receipt]]:
+    """Validate every node result against its node's evidence spec, before anything is written."""
+    planned = []
+    seen: set[str] = set()
+    for result in results:
+        node = nodes.get(result.node_key)
+        if node is None or result.node_key in seen:
+            raise InvalidTransition(f"no node {result.node_key!r} in the current plan, or given twice")
+        seen.add(result.node_key)
+        if node.status == NodeStatus.SUCCEEDED:
+            raise InvalidTransition(f"node {node.key} already succeeded on a receipt")
+        if Operation.objects.filter(node=node, status__in=[s.value for s in OPEN_OPERATION_STATUSES]).exists():
+            raise OperationsOpen(f"node {node.key} has an operation in flight: settle it by op key first")
+        attempt = Operation.objects.filter(node=node).count()
+        op = Operation(
+            node=node,
+            op_key=f"rk-{task.uid.hex}-p{node.plan_version}-{node.key}-person-{attempt}",
+            action=node.action,
+        )
+        receipt = Receipt(
+            remote_id=result.remote_id,
+            remote_version=result.remote_version,
+            count=result.count,
+            digest=result.digest,
+            data={"evidence": result.evidence},
+        )
+        op.request = {"action": node.action, "input": resolve_input(task, node), "performed_by": "person"}
+        op.request_digest = digest_of(op.request)
+        problems = evidence_problems(node, op, receipt) if result.remote_id else ["no remote id"]
+        if problems:
+            raise EvidenceInsufficient(
+                f"the result for {node.key} does not satisfy its evidence: " + "; ".join(problems), problems=problems
+            )
+        planned.append((node, op, receipt))
+    return planned
+
+
+def _receipt_ref(item: Any) -> dict[str, Any]:
+    return {name: getattr(item, name) for name in ("remote_id", "remote_version", "count", "digest")}
+
+
+def _succeeded(receipt: Receipt) -> dict[str, Any]:
+    return {
+        "status": NodeStatus.SUCCEEDED.value,
+        "output": _receipt_ref(receipt),
+        "last_error_class": "",
+        "next_allowed_action": "",
+        "not_before": None,
+    }
+
+
+def _decision_fields(
+    current: Task, decision: str, end_status: str, replan_reason: str, actor: Principal
+) -> dict[str, Any]:
+    if current.cancel_requested_at is not None:
+        return {}  # a recorded cancel keeps its stopping/stopped status; the operator's receipts still count
+    if decision == "resume_agent":
+        return {
+            "status": TaskStatus.PENDING.value,
+            "status_reason": "",
+            "status_detail": "",
+            "inputs_recheck_required": bool(current.input_refs),
+        }
+    if decision == "end_task":
+        return {"status": end_status, "status_reason": "", "status_detail": f"ended by {actor}"[:500]}
+    return {
+        "status": TaskStatus.PAUSED.value,
+        "status_reason": PauseReason.NEEDS_REPLAN.value,
+        "status_detail": replan_reason[:500],
+    }
+
+
+Resolution = Literal["done", "not_done", "compensate"]
+
+
+def operation_resolve_by_person(
+    *,
+    actor: Principal,
+    lease: Lease,
+    op_key: str,
+    expected_version: int,
+    resolution: Resolution,
+    receipt: Committed | None = None,
+    note: str = "",
+) -> Operation:
+    """A person holding the takeover lease settles an operation the remote could not settle.
+
+    ``done``: it happened, and ``receipt`` proves it (checked against the node's evidence spec).
+    ``not_done``: it never took effect; the node may run again (a new op key).
+    ``compensate``: it happened (``receipt``), and a compensation is registered as a new operation with its
+    own op key, to be sent like any other. Each is audited.
+    """
+    _own_lease(actor, lease)
+    op = Operation.objects.select_related("node", "task").filter(op_key=op_key).first()
+    if op is None:
+        raise TaskNotFound(f"no operation with op key {op_key!r}")
+    require_operate(actor, op.task)
+    if op.status not in OPEN_OPERATION_STATUSES:
+        raise InvalidTransition(f"operation {op_key} is {op.status}: nothing to settle")
+    if resolution in ("done", "compensate") and receipt is None:
+        raise EvidenceInsufficient(f"settling {op_key} as done needs the receipt that proves it")
+    if resolution == "compensate" and not op.node.compensation:
+        raise InvalidTransition(f"node {op.node.key} has no compensation action")
+    if resolution not in ("done", "not_done", "compensate"):
+        raise InvalidTransition(f"unknown resolution {resolution!r}")
+    with transaction.atomic():
+        before = expected_version
+        if receipt is not None:
+            _record_committed(op, receipt, expected_version, lease, settled_by=str(actor))
+            expected_version += 1
+        else:
+            _record_not_done(op, expected_version, lease, actor)
+            expected_version += 1
+        if resolution == "compensate":
+            _register_compensation(op, expected_version, lease, actor)
+            expected_version += 1
+        audit_append(
+            actor=actor,
+            action="operation_resolved_by_person",
+            at=clock.now(),
+            task_id=op.task_id,
+            lease_epoch=lease.epoch,
+            version_before=before,
+            version_after=expected_version,
+            reason=note,
+            details={"op_key": op_key, "resolution": resolution, "receipt": _receipt_ref(receipt) if receipt else None},
+        )
+    return Operation.objects.get(pk=op.pk)
+
+
+def _record_not_done(op: Operation, expected_version: int, lease: Lease, actor: Principal) -> None:
+    node = op.node
+    compare_and_set(
+        op.task_id,
+        expected_version,
+        Change(
+            event="operation_resolved_not_done",
+            nodes=[(node, {"status": NodeStatus.PENDING.value})] if node.status != NodeStatus.PENDING else [],
+            operations=[
+                (
+                    op,
+                    {
+                        "status": OperationStatus.REJECTED.value,
+                        "failure_class": "not_done",
+                        "failure_detail": f"confirmed not done by {actor}",
+                        "settled_by": str(actor),
+                    },
+                )
+            ],
+            data={"op_key": op.op_key, "by": str(actor)},
+        ),
+        lease=lease,
+    )
+
+
+def _register_compensation(op: Operation, expected_version: int, lease: Lease, actor: Principal) -> None:
+    node = op.node
+
+    def build(current: Task, now: datetime) -> Change:
+        request = {"action": node.compensation, "compensates": op.op_key, "remote_id": op.remote_id}
+        compensation = Operation(
+            node=node,
+            op_key=f"{op.op_key}-compensation",
+            action=node.compensation,
+            target=op.target,
+            request=request,
+            request_digest=digest_of(request),
+            registered_at=now,
+            compensates=op,
+        )
+        return Change(
+            event="compensation_registered",
+            operations=[(compensation, {"status": OperationStatus.INTENT.value})],
+            data={"op_key": compensation.op_key, "compensates": op.op_key, "by": str(actor)},
+            guards=[guards.no_cancel()],
+        )
+
+    compare_and_set(op.task_id, expected_version, build, lease=lease)
+
+
+def lease_force_release(*, actor: Principal, task_id: int, justification: str, impact: str) -> ForcedRelease:
+    """An admin removes whoever holds the task's lease. Needs a justification and an impact statement
+    (each at least MIN_FORCE_TEXT characters). Records the removed holder, the epoch, the task version and
+    the operations open at that moment; the removed holder can write nothing more (its epoch's lease is
+    closed, and the task version moves). The release waits in a review queue for another admin."""
+    require_admin(actor, "force-release a lease")
+    for label, text in (("justification", justification), ("impact", impact)):
+        if len(text.strip()) < MIN_FORCE_TEXT:
+            raise TakeoverRefused(f"a forced release needs a {label} of at least {MIN_FORCE_TEXT} characters")
+    check_payload({"justification": justification, "impact": impact}, what="forced release")
+    task = _task(task_id)
+    with transaction.atomic():
+        holder = lease_open(task_id)
+        if holder is None:
+            raise TakeoverRefused(f"task {task_id} has no lease to release")
+        open_ops = list(
+            Operation.objects.filter(task=task, status__in=[s.value for s in OPEN_OPERATION_STATUSES]).values(
+                "op_key", "status"
+            )
+        )
+        closed = lease_force_close(lease=holder)
+        current = _task(task_id)
+        applied = compare_and_set(
+            task_id,
+            current.version,
+            Change(
+                event="lease_forced_release",
+                data={"by": str(actor), "holder": f"{holder.holder_kind}:{holder.holder_id}", "epoch": holder.epoch},
+            ),
+            lease=None,
+        )
+        forced = ForcedRelease.objects.create(
+            lease=closed,
+            task=task,
+            forced_by=str(actor),
+            forced_at=applied.at,
+            justification=justification,
+            impact=impact,
+            removed_holder=f"{holder.holder_kind}:{holder.holder_id}",
+            epoch=holder.epoch,
+            task_version=current.version,
+            open_operations=open_ops,
+        )
+        audit_append(
+            actor=actor,
+            action="lease_forced_release",
+            at=applied.at,
+            task_id=task_id,
+            lease_epoch=holder.epoch,
+            version_before=current.version,
+            version_after=applied.version,
+            reason=justification,
+            impact=impact,
+            details={"removed_holder": forced.removed_holder, "open_operations": open_ops, "review": forced.pk},
+        )
+        return forced
+
+
+def forced_release_review(
+    *, actor: Principal, forced_release_id: int, verdict: Literal["accepted", "disputed"], note: str
+) -> ForcedRelease:
+    """Another admin — never the one who forced it — accepts or disputes a forced release, with a note."""
+    require_admin(actor, "review a forced release")
+    forced = ForcedRelease.objects.filter(pk=forced_release_id).first()
+    if forced is None:
+        raise TaskNotFound(f"no forced release {forced_release_id}")
+    if forced.forced_by == str(actor):
+        raise PermissionDenied("a forced release is reviewed by another admin, not by the one who forced it")
+    if verdict not in (ReviewStatus.ACCEPTED, ReviewStatus.DISPUTED):
+        raise InvalidTransition(f"a review is accepted or disputed, not {verdict!r}")
+    if len(note.strip()) < MIN_FORCE_TEXT:
+        raise TakeoverRefused(f"a review needs a note of at least {MIN_FORCE_TEXT} characters")
+    with transaction.atomic():
+        now = clock.now()
+        updated = ForcedRelease.objects.filter(pk=forced.pk, status=ReviewStatus.PENDING).update(
+            status=verdict, reviewed_by=str(actor), reviewed_at=now, review_note=note
+        )
+        if updated != 1:
+            raise InvalidTransition(f"forced release {forced.pk} was already reviewed")
+        audit_append(
+            actor=actor,
+            action=f"forced_release_{verdict}",
+            at=now,
+            task_id=forced.task_id,
+            lease_epoch=forced.epoch,
+            reason=note,
+            details={"forced_release": forced.pk, "forced_by": forced.forced_by},
+        )
+    return ForcedRelease.objects.get(pk=forced.pk)
+
+
+def takeover_package(task_id: int) -> dict[str, Any]:
+    """What a person needs to take over, as data: input versions, completed nodes with their outputs,
+    operations to settle by op key, receipts, and the checks to make before deciding."""
+    task = _task(task_id)
+    nodes = list(Node.objects.filter(task=task, plan_version=task.plan_version).order_by("position"))
+    open_ops = list(
+        Operation.objects.filter(task=task, status__in=[s.value for s in OPEN_OPERATION_STATUSES]).select_related(
+            "node"
+        )
+    )
+    receipts = Receipt.objects.filter(operation__task=task).select_related("operation")
+    return {
+        "task": {"id": task.pk, "version": task.version, "status": task.status, "reason": task.status_reason},
+        "input_refs": task.input_refs,
+        "completed": [{"node": n.key, "output": n.output} for n in nodes if n.status == NodeStatus.SUCCEEDED],
+        "pending": [
+            {"node": n.key, "status": n.status, "last_error": n.last_error_class}
+            for n in nodes
+            if n.status != NodeStatus.SUCCEEDED
+        ],
+        "operations_to_settle": [
+            {"op_key": op.op_key, "node": node_ref(op.node), "status": op.status, "remote_id": op.remote_id}
+            for op in open_ops
+        ],
+        "receipts": [{"op_key": r.operation.op_key, **_receipt_ref(r)} for r in receipts],
+        "suggested_checks": [f"query the remote for op key {op.op_key}" for op in open_ops]
+        + [f"confirm {name} is still at version {ref.get('version')}" for name, ref in task.input_refs.items()],
+    }
