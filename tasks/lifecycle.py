@@ -67,6 +67,7 @@ _T = TaskStatus
 TASK_TRANSITIONS: frozenset[tuple[TaskStatus, TaskStatus]] = frozenset(
     {
         (_T.PENDING, _T.RUNNING),
+        (_T.PENDING, _T.PAUSED),  # inputs changed while a person had the task
         (_T.RUNNING, _T.RUNNING),
         (_T.RUNNING, _T.OBSERVING),
         (_T.RUNNING, _T.BACKING_OFF),

@@ -1,0 +1,124 @@
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Group, User
+
+from audit.models import AuditEvent
+from audit.principals import Principal
+from audit.services import verify_audit
+from leases.services import lease_release
+from tasks.lifecycle import TaskStatus
+from tasks.models import Task
+from tasks.outcomes import Committed
+from tasks.permissions import permission_grant
+from tasks.protocol import inputs_confirm, next_directive, operation_dispatch, register_intent
+from tasks.takeover import (
+    NodeResult,
+    forced_release_review,
+    lease_force_release,
+    takeover_claim,
+    takeover_submit,
+)
+from tests.conftest import chain_plan
+
+
+def person(name: str, *roles: str) -> Principal:
+    user = User.objects.create_user(name)
+    for role in roles:
+        user.groups.add(Group.objects.get(name=role))
+    return Principal.of_user(user)
+
+
+@pytest.mark.django_db
+def test_a_takeover_round_trip(make_task, agent_lease, clock) -> None:
+    task = make_task(chain_plan("a", "b"))
+    admin = person("root", "admin")
+    ann = person("ann", "operator")
+    permission_grant(actor=admin, user=ann.user, task=task)
+    lease = agent_lease(task)
+    d = next_directive(task_id=task.pk, lease=lease)
+    op = register_intent(task_id=task.pk, node_key="a", expected_version=d.task_version, lease=lease)
+    operation_dispatch(op_key=op.op_key, expected_version=d.task_version + 1, lease=lease)
+    claim = takeover_claim(actor=ann, task_id=task.pk)
+    assert not claim.granted and claim.waiting_for == "agent:agent-1"
+    assert next_directive(task_id=task.pk, lease=lease).kind == "reconcile"  # in-flight work may settle
+    lease_release(lease=lease)
+    claim = takeover_claim(actor=ann, task_id=task.pk)
+    assert claim.granted and claim.lease is not None
+    t = Task.objects.get(pk=task.pk)
+    assert t.status == TaskStatus.HUMAN
+    from tasks.takeover import operation_resolve_by_person
+
+    operation_resolve_by_person(
+        actor=ann,
+        lease=claim.lease,
+        op_key=op.op_key,
+        expected_version=t.version,
+        resolution="done",
+        receipt=Committed(remote_id="r-a"),
+    )
+    t = Task.objects.get(pk=task.pk)
+    takeover_submit(
+        actor=ann,
+        lease=claim.lease,
+        based_on_version=t.version,
+        decision="end_task",
+        end_status="completed",
+        results=[NodeResult(node_key="b", remote_id="r-b")],
+        note="did b by hand",
+    )
+    t = Task.objects.get(pk=task.pk)
+    assert t.status == TaskStatus.COMPLETED
+    assert verify_audit().problem is None
+    actions = list(AuditEvent.objects.values_list("action", flat=True))
+    assert actions == [
+        "permission_granted",
+        "takeover_requested",
+        "takeover_granted",
+        "operation_resolved_by_person",
+        "takeover_result_submitted",
+    ], actions
+    from tasks.verification import find_problems
+
+    assert find_problems(t) == []
+
+
+@pytest.mark.django_db
+def test_forced_release_and_review(make_task, agent_lease, clock) -> None:
+    task = make_task(chain_plan("a"))
+    root, other = person("root", "admin"), person("other", "admin")
+    lease = agent_lease(task)
+    forced = lease_force_release(
+        actor=root,
+        task_id=task.pk,
+        justification="agent worker-7 is wedged for an hour",
+        impact="its in-flight copy will be reconciled by op key",
+    )
+    from leases.errors import LeaseLost
+    from tasks.cas import Change, compare_and_set
+
+    with pytest.raises(LeaseLost):
+        compare_and_set(task.pk, Task.objects.get(pk=task.pk).version, Change(event="x"), lease=lease)
+    reviewed = forced_release_review(
+        actor=other, forced_release_id=forced.pk, verdict="accepted", note="agreed, the worker was stuck"
+    )
+    assert reviewed.status == "accepted"
+    assert verify_audit().problem is None
+
+
+@pytest.mark.django_db
+def test_resume_agent_makes_the_agent_recheck_inputs(make_task, agent_lease, clock) -> None:
+    plan = chain_plan("a", input={"src": {"ref": {"source": "store", "locator": "p/x", "version": "7"}}})
+    task = make_task(plan)
+    admin = person("root", "admin")
+    claim = takeover_claim(actor=admin, task_id=task.pk)
+    assert claim.lease is not None
+    t = Task.objects.get(pk=task.pk)
+    takeover_submit(actor=admin, lease=claim.lease, based_on_version=t.version, decision="resume_agent", note="go on")
+    clock.advance(timedelta(seconds=1))
+    lease = agent_lease(task)
+    d = next_directive(task_id=task.pk, lease=lease)
+    assert (d.kind, d.reason) == ("reconcile", "recheck_inputs")
+    inputs_confirm(task_id=task.pk, current_versions={"a.src": "8"}, expected_version=d.task_version, lease=lease)
+    t = Task.objects.get(pk=task.pk)
+    assert (t.status, t.status_reason) == (TaskStatus.PAUSED, "input_changed")
