@@ -296,3 +296,24 @@ class ScopeGrant(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user_id} operates project={self.project} kind={self.kind}"
+
+
+class Attachment(models.Model):
+    """A file a person attached as evidence to a takeover result, stored by its SHA-256 under the data folder."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="attachments")
+    node_key = models.CharField(max_length=100)
+    name = models.CharField(max_length=200)
+    sha256 = models.CharField(max_length=64)
+    size = models.PositiveBigIntegerField()
+    uploaded_by = models.CharField(max_length=220)
+    uploaded_at = models.DateTimeField()
+    task_version = models.PositiveBigIntegerField()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(sha256__regex=r"^[0-9a-f]{64}$"), name="attachment_sha256_hex"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.sha256[:12]}) for {self.node_key} of task {self.task_id}"

@@ -38,6 +38,7 @@ from leases.services import (
     lease_unreserve,
 )
 from tasks import guards
+from tasks.attachments import AttachmentIn, store_attachment
 from tasks.cas import Change, compare_and_set
 from tasks.errors import (
     EvidenceInsufficient,
@@ -53,7 +54,7 @@ from tasks.events import node_ref
 from tasks.evidence import evidence_problems
 from tasks.hygiene import check_payload
 from tasks.lifecycle import OPEN_OPERATION_STATUSES, NodeStatus, OperationStatus, PauseReason, TaskStatus
-from tasks.models import Event, Node, Operation, Receipt, Task
+from tasks.models import Attachment, Event, Node, Operation, Receipt, Task
 from tasks.outcomes import Committed
 from tasks.permissions import PermissionDenied, require_admin, require_operate
 from tasks.plans import digest_of
@@ -216,6 +217,7 @@ class NodeResult:
     count: int | None = None
     digest: str = ""
     evidence: list[dict[str, Any]] = field(default_factory=list)  # e.g. {"kind": "console_url", "value": …}
+    attachments: list[AttachmentIn] = field(default_factory=list)  # files, stored by digest
 
 
 Decision = Literal["resume_agent", "end_task", "replan"]
@@ -245,7 +247,14 @@ def takeover_submit(
     require_operate(actor, task)
     results = results or []
     _check_decision(decision, end_status, replan_reason)
-    check_payload({"note": note, "results": [r.__dict__ for r in results], "reason": replan_reason}, what="result")
+    check_payload(
+        {
+            "note": note,
+            "reason": replan_reason,
+            "results": [{"node": r.node_key, **_receipt_ref(r), "evidence": r.evidence} for r in results],
+        },
+        what="result",
+    )
     if task.version != based_on_version:
         raise _stale_form(task, based_on_version)
     nodes = {n.key: n for n in Node.objects.filter(task=task, plan_version=task.plan_version)}
@@ -292,10 +301,26 @@ def takeover_submit(
             },
         )
 
+    stored = [(r.node_key, a.name, *store_attachment(a)) for r in results for a in r.attachments]
+
     def save_receipts(_task: Task, now: datetime) -> None:
-        for _node, op, receipt in planned:
+        for node, op, receipt in planned:
+            receipt.data = receipt.data | {"attachments": [list(x[1:]) for x in stored if x[0] == node.key]}
             receipt.operation, receipt.received_at = op, now
             receipt.save(force_insert=True)
+        Attachment.objects.bulk_create(
+            Attachment(
+                task=_task,
+                node_key=node_key,
+                name=name[:200],
+                sha256=sha256,
+                size=size,
+                uploaded_by=str(actor),
+                uploaded_at=now,
+                task_version=_task.version,
+            )
+            for node_key, name, sha256, size in stored
+        )
 
     with transaction.atomic():
         applied = compare_and_set(task.pk, based_on_version, build, lease=lease, before_event=save_receipts)
@@ -313,6 +338,9 @@ def takeover_submit(
                 "decision": decision,
                 "end_status": end_status,
                 "results": [{"node": r.node_key, **_receipt_ref(r), "evidence": r.evidence} for r in results],
+                "attachments": [
+                    {"node": n, "name": name, "sha256": digest, "size": size} for n, name, digest, size in stored
+                ],
             },
         )
     return _task(task.pk)

@@ -122,3 +122,30 @@ def test_resume_agent_makes_the_agent_recheck_inputs(make_task, agent_lease, clo
     inputs_confirm(task_id=task.pk, current_versions={"a.src": "8"}, expected_version=d.task_version, lease=lease)
     t = Task.objects.get(pk=task.pk)
     assert (t.status, t.status_reason) == (TaskStatus.PAUSED, "input_changed")
+
+
+@pytest.mark.django_db
+def test_attachments_are_stored_by_digest_and_recorded(make_task, clock, settings, tmp_path) -> None:
+    import hashlib
+
+    from tasks.attachments import AttachmentIn, read_attachment
+    from tasks.models import Attachment
+
+    settings.DATA_DIR = tmp_path
+    task = make_task(chain_plan("a"))
+    admin = person("root", "admin")
+    claim = takeover_claim(actor=admin, task_id=task.pk)
+    assert claim.lease is not None
+    content = b"screenshot of the bucket listing"
+    takeover_submit(
+        actor=admin,
+        lease=claim.lease,
+        based_on_version=Task.objects.get(pk=task.pk).version,
+        decision="end_task",
+        end_status="completed",
+        results=[NodeResult(node_key="a", remote_id="r-a", attachments=[AttachmentIn("listing.png", content)])],
+    )
+    row = Attachment.objects.get(task=task)
+    assert row.sha256 == hashlib.sha256(content).hexdigest() and row.size == len(content)
+    assert read_attachment(row.sha256) == content
+    assert AuditEvent.objects.get(action="takeover_result_submitted").details["attachments"][0]["sha256"] == row.sha256
