@@ -145,7 +145,13 @@ def _wait_for_holder(actor: Principal, task_id: int) -> Claim:
             return Claim(granted=True, lease=holder)
         raise TakeoverHeld(f"operator {holder.holder_id} holds task {task_id}", holder=holder.holder_id)
     already = lease_reservation(task_id)
-    lease_reserve(task_id=task_id, operator_id=actor.id)  # raises LeaseReserved for a second operator
+    try:
+        lease_reserve(task_id=task_id, operator_id=actor.id)
+    except LeaseReserved as reserved:
+        raise TakeoverHeld(
+            f"operator {reserved.operator_id} is already waiting to take task {task_id} over",
+            holder=reserved.operator_id,
+        ) from None
     if already is None:
         current = _task(task_id)
         applied = compare_and_set(
