@@ -90,6 +90,8 @@ class ForcedRelease(models.Model):
     lease = models.OneToOneField(Lease, on_delete=models.PROTECT, related_name="forced_release")
     task = models.ForeignKey("tasks.Task", on_delete=models.CASCADE, related_name="forced_releases")
     forced_by = models.CharField(max_length=200)
+    # The account itself, so a renamed admin is still the one who forced it.
+    forced_by_user = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     forced_at = models.DateTimeField()
     justification = models.TextField()
     impact = models.TextField()

@@ -271,9 +271,12 @@ def _cancel_status(current: Task, op: Operation | None, op_status: OperationStat
 
 
 def _after_settling(current: Task, op: Operation, op_status: OperationStatus, all_done: bool = False) -> dict[str, Any]:
-    """The task's status once ``op`` moved to ``op_status``; a recorded cancel wins over everything."""
+    """The task's status once ``op`` moved to ``op_status``; a recorded cancel wins over everything, and a
+    person holding the task decides its status themselves (takeover_submit)."""
     if current.cancel_requested_at is not None:
         return _cancel_status(current, op, op_status)
+    if current.status == TaskStatus.HUMAN:
+        return {}
     if all_done:
         return {"status": TaskStatus.COMPLETED.value, "status_reason": "", "status_detail": ""}
     if op_status == OperationStatus.COMMITTED and current.attempts_used >= current.attempt_budget:
@@ -417,7 +420,8 @@ def _failure_change(
                 "not_before": wait.not_before,
                 "next_allowed_action": "retry",
             }
-            task_fields = {} if current.cancel_requested_at is not None else {"status": TaskStatus.BACKING_OFF.value}
+            people_decide = current.cancel_requested_at is not None or current.status == TaskStatus.HUMAN
+            task_fields = {} if people_decide else {"status": TaskStatus.BACKING_OFF.value}
             data |= {"not_before": wait.not_before}
     elif cls == FailureClass.INVALID_PARAMS:
         node_fields |= {"status": NodeStatus.FAILED.value, "next_allowed_action": "replan"}
@@ -584,6 +588,7 @@ def task_request_cancel(*, actor: Principal, task_id: int, reason: str) -> Task:
     The agent working on it may ask, or a person allowed to operate the task, whoever holds the lease.
     Asking twice changes nothing. Audited.
     """
+    check_payload({"reason": reason}, what="cancel reason")
     for _attempt in range(10):
         task = _task(task_id)
         require_cancel(actor, task)

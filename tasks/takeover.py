@@ -174,16 +174,28 @@ def _wait_for_holder(actor: Principal, task_id: int) -> Claim:
 
 
 def takeover_withdraw(*, actor: Principal, task_id: int) -> None:
-    """The operator no longer waits for the agent's lease: agents may go on."""
+    """The waiting operator no longer waits for the agent's lease: agents may go on. Only that operator (or an
+    admin) may withdraw it; there is nothing to record when nobody waits."""
+    require_operate(actor, _task(task_id))
     with transaction.atomic():
-        if lease_reservation(task_id) is None:
+        reservation = lease_reservation(task_id)
+        if reservation is None:
             return
-        lease_unreserve(task_id=task_id, operator_id=actor.id)
-        audit_append(actor=actor, action="takeover_withdrawn", at=clock.now(), task_id=task_id)
+        if reservation.holder_id != actor.id:
+            require_admin(actor, f"withdraw operator {reservation.holder_id}'s takeover request")
+        lease_unreserve(task_id=task_id, operator_id=reservation.holder_id)
+        audit_append(
+            actor=actor,
+            action="takeover_withdrawn",
+            at=clock.now(),
+            task_id=task_id,
+            details={"operator": reservation.holder_id},
+        )
 
 
 def takeover_renew(*, actor: Principal, lease: Lease, expected_renewal_seq: int) -> Lease:
     _own_lease(actor, lease)
+    require_operate(actor, _task(lease.task_id))
     with transaction.atomic():
         renewed = lease_renew(lease=lease, expected_renewal_seq=expected_renewal_seq, ttl=operator_ttl())
         audit_append(
@@ -200,6 +212,7 @@ def takeover_renew(*, actor: Principal, lease: Lease, expected_renewal_seq: int)
 def takeover_release(*, actor: Principal, lease: Lease, reason: str = "") -> Lease:
     """Give the lease back without a decision: the task stays with people (``human``) for another operator."""
     _own_lease(actor, lease)
+    check_payload({"reason": reason}, what="release reason")
     with transaction.atomic():
         released = lease_release(lease=lease)
         audit_append(
@@ -473,8 +486,11 @@ def operation_resolve_by_person(
     require_operate(actor, op.task)
     if op.status not in OPEN_OPERATION_STATUSES:
         raise InvalidTransition(f"operation {op_key} is {op.status}: nothing to settle")
-    if resolution in ("done", "compensate") and receipt is None:
-        raise EvidenceInsufficient(f"settling {op_key} as done needs the receipt that proves it")
+    if resolution in ("done", "compensate") and (receipt is None or not receipt.remote_id):
+        raise EvidenceInsufficient(f"settling {op_key} as done needs the receipt (with its remote id) that proves it")
+    if resolution == "not_done" and receipt is not None:
+        raise InvalidTransition(f"{op_key} confirmed not done cannot come with a receipt of a commit")
+    check_payload({"note": note, "receipt": receipt.data if receipt else {}}, what="settlement")
     if resolution == "compensate" and not op.node.compensation:
         raise InvalidTransition(f"node {op.node.key} has no compensation action")
     if resolution not in ("done", "not_done", "compensate"):
@@ -589,6 +605,7 @@ def lease_force_release(*, actor: Principal, task_id: int, justification: str, i
             lease=closed,
             task=task,
             forced_by=str(actor),
+            forced_by_user=actor.user,
             forced_at=applied.at,
             justification=justification,
             impact=impact,
@@ -620,12 +637,14 @@ def forced_release_review(
     forced = ForcedRelease.objects.filter(pk=forced_release_id).first()
     if forced is None:
         raise TaskNotFound(f"no forced release {forced_release_id}")
-    if forced.forced_by == str(actor):
+    same_user = actor.user is not None and forced.forced_by_user_id == actor.user.pk
+    if forced.forced_by == str(actor) or same_user:
         raise PermissionDenied("a forced release is reviewed by another admin, not by the one who forced it")
     if verdict not in (ReviewStatus.ACCEPTED, ReviewStatus.DISPUTED):
         raise InvalidTransition(f"a review is accepted or disputed, not {verdict!r}")
     if len(note.strip()) < MIN_FORCE_TEXT:
         raise TakeoverRefused(f"a review needs a note of at least {MIN_FORCE_TEXT} characters")
+    check_payload({"note": note}, what="review note")
     with transaction.atomic():
         now = clock.now()
         updated = ForcedRelease.objects.filter(pk=forced.pk, status=ReviewStatus.PENDING).update(

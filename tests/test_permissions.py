@@ -1,0 +1,364 @@
+"""Who may do what (tasks/permissions.py): roles as groups, grants per task (guardian) or per project/kind
+(ScopeGrant), admins only for grants and forced releases — each rule tried against what should break it.
+A refusal changes nothing and writes no audit row."""
+
+from collections.abc import Callable
+from functools import partial
+
+import pytest
+from django.contrib.auth.models import Group, User
+
+from audit.models import AuditEvent
+from audit.principals import Principal
+from leases.models import ForcedRelease, Lease
+from leases.services import lease_open, lease_release
+from tasks.models import ScopeGrant, Task
+from tasks.permissions import PermissionDenied, permission_grant, permission_revoke
+from tasks.protocol import next_directive, operation_dispatch, register_intent, task_request_cancel
+from tasks.takeover import (
+    forced_release_review,
+    lease_force_release,
+    operation_resolve_by_person,
+    takeover_claim,
+    takeover_release,
+    takeover_submit,
+)
+from tests.conftest import chain_plan, snapshot
+
+pytestmark = pytest.mark.django_db
+
+JUSTIFICATION = "agent worker-7 has been wedged for an hour"
+IMPACT = "its in-flight copy is reconciled by op key afterwards"
+REVIEW_NOTE = "agreed: the worker was stuck and nothing was lost"
+
+
+def person(name: str, *roles: str, superuser: bool = False, staff: bool = False) -> Principal:
+    user = User.objects.create_user(name, is_superuser=superuser, is_staff=staff)
+    for role in roles:
+        user.groups.add(Group.objects.get(name=role))
+    return Principal.of_user(user)
+
+
+def deactivate(who: Principal) -> None:
+    who.user.is_active = False
+    who.user.save(update_fields=["is_active"])
+
+
+def current(task: Task) -> Task:
+    return Task.objects.get(pk=task.pk)
+
+
+def refused(action: Callable[[], object]) -> None:
+    """``action`` raises PermissionDenied, changes nothing and writes no audit row."""
+    before, audited = snapshot(), AuditEvent.objects.count()
+    with pytest.raises(PermissionDenied):
+        action()
+    assert AuditEvent.objects.count() == audited
+    assert snapshot() == before
+
+
+def claims(who: Principal, task: Task) -> Lease:
+    claim = takeover_claim(actor=who, task_id=task.pk)
+    assert claim.granted and claim.lease is not None
+    return claim.lease
+
+
+def can_operate(who: Principal, task: Task) -> bool:
+    """Claim and give back: True if the takeover was granted, False if refused (refusals change nothing)."""
+    try:
+        lease = claims(who, task)
+    except PermissionDenied:
+        return False
+    takeover_release(actor=who, lease=lease)
+    return True
+
+
+@pytest.fixture
+def root() -> Principal:
+    return person("root", "admin")
+
+
+@pytest.fixture
+def ann() -> Principal:
+    return person("ann", "operator")
+
+
+# --- an operator without a grant --------------------------------------------------------------------------------
+
+
+def test_an_operator_without_a_grant_cannot_take_a_task_over(make_task, clock, ann) -> None:
+    task = make_task(project="billing", kind="migrate")
+    refused(lambda: takeover_claim(actor=ann, task_id=task.pk))
+
+
+def test_an_operator_whose_grant_was_revoked_cannot_submit_a_result(make_task, clock, root, ann) -> None:
+    task = make_task(chain_plan("a"))
+    permission_grant(actor=root, user=ann.user, task=task)
+    lease = claims(ann, task)
+    permission_revoke(actor=root, user=ann.user, task=task)
+    version = current(task).version
+    refused(
+        lambda: takeover_submit(
+            actor=ann, lease=lease, based_on_version=version, decision="end_task", end_status="failed", note="gave up"
+        )
+    )
+
+
+def test_an_operator_whose_grant_was_revoked_cannot_settle_an_operation(make_task, agent_lease, clock, root, ann):
+    task = make_task(chain_plan("a"))
+    agent = agent_lease(task)
+    d = next_directive(task_id=task.pk, lease=agent)
+    op = register_intent(task_id=task.pk, node_key="a", expected_version=d.task_version, lease=agent)
+    operation_dispatch(op_key=op.op_key, expected_version=d.task_version + 1, lease=agent)
+    lease_release(lease=agent)
+    permission_grant(actor=root, user=ann.user, task=task)
+    lease = claims(ann, task)
+    permission_revoke(actor=root, user=ann.user, task=task)
+    version = current(task).version
+    refused(
+        lambda: operation_resolve_by_person(
+            actor=ann, lease=lease, op_key=op.op_key, expected_version=version, resolution="not_done"
+        )
+    )
+
+
+def test_an_operator_without_a_grant_cannot_cancel(make_task, clock, ann) -> None:
+    task = make_task(project="billing", kind="migrate")
+    nobody = person("nobody")
+    refused(lambda: task_request_cancel(actor=Principal.of_user(ann.user), task_id=task.pk, reason="not needed"))
+    refused(lambda: task_request_cancel(actor=Principal.of_user(nobody.user), task_id=task.pk, reason="not needed"))
+
+
+# --- grants: one task, a project, a kind ------------------------------------------------------------------------
+
+
+def test_a_grant_on_one_task_lets_the_operator_operate_that_task_and_no_other(make_task, clock, root, ann) -> None:
+    granted = make_task(project="billing", kind="migrate")
+    sibling = make_task(project="billing", kind="migrate")
+    permission_grant(actor=root, user=ann.user, task=granted)
+    later = make_task(project="billing", kind="migrate")
+    assert can_operate(ann, granted)
+    assert not can_operate(ann, sibling)
+    assert not can_operate(ann, later)
+    refused(lambda: task_request_cancel(actor=ann, task_id=sibling.pk, reason="not needed"))
+    task_request_cancel(actor=ann, task_id=granted.pk, reason="not needed")
+    assert current(granted).cancel_requested_by == "user:ann"
+
+
+def test_a_project_grant_covers_every_task_of_the_project_even_later_ones(make_task, clock, root, ann) -> None:
+    before = make_task(project="billing", kind="migrate")
+    permission_grant(actor=root, user=ann.user, project="billing")
+    after = make_task(project="billing", kind="export")
+    assert can_operate(ann, before)
+    assert can_operate(ann, after)
+    for project in ("billing-eu", "Billing", "", "ledger"):
+        assert not can_operate(ann, make_task(project=project, kind="migrate")), project
+
+
+def test_a_kind_grant_covers_every_task_of_the_kind_even_later_ones(make_task, clock, root, ann) -> None:
+    before = make_task(project="billing", kind="migrate")
+    permission_grant(actor=root, user=ann.user, kind="migrate")
+    after = make_task(project="ledger", kind="migrate")
+    no_project = make_task(project="", kind="migrate")
+    assert can_operate(ann, before)
+    assert can_operate(ann, after)
+    assert can_operate(ann, no_project)
+    for kind in ("migrate-fast", "Migrate", "export"):
+        assert not can_operate(ann, make_task(project="billing", kind=kind)), kind
+
+
+def test_a_project_and_kind_grant_needs_both_to_match(make_task, clock, root, ann) -> None:
+    permission_grant(actor=root, user=ann.user, project="billing", kind="migrate")
+    assert can_operate(ann, make_task(project="billing", kind="migrate"))
+    assert not can_operate(ann, make_task(project="billing", kind="export"))
+    assert not can_operate(ann, make_task(project="ledger", kind="migrate"))
+
+
+def test_revoking_a_grant_takes_it_away(make_task, clock, root, ann) -> None:
+    billing = make_task(project="billing", kind="export")
+    migrate = make_task(project="ledger", kind="migrate")
+    single = make_task(project="ledger", kind="export")
+    permission_grant(actor=root, user=ann.user, project="billing")
+    permission_grant(actor=root, user=ann.user, kind="migrate")
+    permission_grant(actor=root, user=ann.user, task=single)
+    assert all(can_operate(ann, t) for t in (billing, migrate, single))
+    permission_revoke(actor=root, user=ann.user, project="billing")
+    assert (can_operate(ann, billing), can_operate(ann, migrate), can_operate(ann, single)) == (False, True, True)
+    permission_revoke(actor=root, user=ann.user, task=single)
+    assert (can_operate(ann, billing), can_operate(ann, migrate), can_operate(ann, single)) == (False, True, False)
+    permission_revoke(actor=root, user=ann.user, kind="migrate")
+    assert not any(can_operate(ann, t) for t in (billing, migrate, single))
+    assert not ScopeGrant.objects.filter(user=ann.user).exists()
+
+
+def test_only_admins_grant_and_revoke(make_task, clock, root, ann) -> None:
+    task = make_task(project="billing", kind="migrate")
+    permission_grant(actor=root, user=ann.user, project="billing")
+    bob, carol = person("bob", "operator"), person("carol", "auditor")
+    staff = person("sam", "operator", staff=True)
+    for actor in (ann, bob, carol, staff, Principal.agent("agent-1"), Principal.system("scheduler")):
+        refused(partial(permission_grant, actor=actor, user=bob.user, task=task))
+        refused(partial(permission_grant, actor=actor, user=actor.user or bob.user, kind="migrate"))
+        refused(partial(permission_revoke, actor=actor, user=ann.user, project="billing"))
+    assert can_operate(ann, task)
+    assert not can_operate(bob, task)
+
+
+def test_grants_and_revocations_are_audited(make_task, clock, root, ann) -> None:
+    task = make_task(project="billing", kind="migrate")
+    permission_grant(actor=root, user=ann.user, task=task)
+    permission_grant(actor=root, user=ann.user, project="billing")
+    permission_revoke(actor=root, user=ann.user, project="billing")
+    permission_revoke(actor=root, user=ann.user, task=task)
+    rows = list(
+        AuditEvent.objects.order_by("seq").values_list("actor_kind", "actor_id", "action", "task_id", "details")
+    )
+    whom = {"user": "ann", "permission": "tasks.operate_task"}
+    assert rows == [
+        ("user", "root", "permission_granted", task.pk, {**whom, "task": task.pk}),
+        ("user", "root", "permission_granted", None, {**whom, "project": "billing", "kind": "*"}),
+        ("user", "root", "permission_revoked", None, {**whom, "project": "billing", "kind": "*"}),
+        ("user", "root", "permission_revoked", task.pk, {**whom, "task": task.pk}),
+    ]
+
+
+def test_granting_everything_is_refused(make_task, clock, root, ann) -> None:
+    before = snapshot()
+    with pytest.raises(ValueError, match="everything"):
+        permission_grant(actor=root, user=ann.user)
+    with pytest.raises(ValueError, match="everything"):
+        permission_grant(actor=root, user=ann.user, task=None, project="*", kind="*")
+    with pytest.raises(ValueError, match="everything"):
+        permission_revoke(actor=root, user=ann.user, task=None, project="*", kind="*")
+    assert snapshot() == before
+    assert not can_operate(ann, make_task(project="billing", kind="migrate"))
+
+
+# --- roles and accounts -----------------------------------------------------------------------------------------
+
+
+def test_an_auditor_cannot_operate_anything_even_with_grants(make_task, agent_lease, clock, root) -> None:
+    carol = person("carol", "auditor")
+    task = make_task(project="billing", kind="migrate")
+    permission_grant(actor=root, user=carol.user, task=task)
+    permission_grant(actor=root, user=carol.user, project="billing")
+    refused(lambda: takeover_claim(actor=carol, task_id=task.pk))
+    refused(lambda: task_request_cancel(actor=carol, task_id=task.pk, reason="not needed"))
+    agent_lease(task)
+    refused(lambda: lease_force_release(actor=carol, task_id=task.pk, justification=JUSTIFICATION, impact=IMPACT))
+    refused(lambda: permission_grant(actor=carol, user=carol.user, kind="migrate"))
+
+
+def test_an_inactive_user_is_refused_even_with_grants(make_task, agent_lease, clock, root, ann) -> None:
+    task = make_task(project="billing", kind="migrate")
+    permission_grant(actor=root, user=ann.user, task=task)
+    permission_grant(actor=root, user=ann.user, project="billing")
+    deactivate(ann)
+    refused(lambda: takeover_claim(actor=ann, task_id=task.pk))
+    refused(lambda: task_request_cancel(actor=ann, task_id=task.pk, reason="not needed"))
+    former_admin, former_superuser = person("max", "admin"), person("sue", superuser=True)
+    deactivate(former_admin)
+    deactivate(former_superuser)
+    agent_lease(task)
+    for who in (former_admin, former_superuser):
+        refused(partial(takeover_claim, actor=who, task_id=task.pk))
+        refused(partial(lease_force_release, actor=who, task_id=task.pk, justification=JUSTIFICATION, impact=IMPACT))
+        refused(partial(permission_grant, actor=who, user=ann.user, kind="migrate"))
+
+
+def test_an_operator_who_holds_the_lease_is_refused_once_deactivated(make_task, clock, root, ann) -> None:
+    task = make_task(chain_plan("a"))
+    permission_grant(actor=root, user=ann.user, task=task)
+    lease = claims(ann, task)
+    deactivate(ann)
+    version = current(task).version
+    refused(
+        lambda: takeover_submit(
+            actor=ann, lease=lease, based_on_version=version, decision="end_task", end_status="failed", note="gave up"
+        )
+    )
+
+
+def test_a_superuser_counts_as_admin(make_task, agent_lease, clock, ann) -> None:
+    sue = person("sue", superuser=True)
+    task = make_task(project="billing", kind="migrate")
+    assert can_operate(sue, task)
+    permission_grant(actor=sue, user=ann.user, project="billing")
+    assert can_operate(ann, task)
+    agent_lease(task)
+    forced = lease_force_release(actor=sue, task_id=task.pk, justification=JUSTIFICATION, impact=IMPACT)
+    assert forced.forced_by == "user:sue"
+    root = person("root", "admin")
+    reviewed = forced_release_review(actor=root, forced_release_id=forced.pk, verdict="accepted", note=REVIEW_NOTE)
+    assert reviewed.reviewed_by == "user:root"
+
+
+# --- forced release ---------------------------------------------------------------------------------------------
+
+
+def test_a_non_admin_cannot_force_release_a_lease(make_task, agent_lease, clock, root, ann) -> None:
+    task = make_task(project="billing", kind="migrate")
+    permission_grant(actor=root, user=ann.user, task=task)
+    agent_lease(task)
+    staff = person("sam", "operator", "auditor", staff=True)
+    for who in (ann, staff, Principal.agent("agent-2"), Principal.system("reaper")):
+        refused(partial(lease_force_release, actor=who, task_id=task.pk, justification=JUSTIFICATION, impact=IMPACT))
+    lease = lease_open(task.pk)
+    assert lease is not None and lease.holder_id == "agent-1"
+
+
+def test_the_admin_who_forced_a_release_cannot_review_it(make_task, agent_lease, clock, root) -> None:
+    task = make_task(chain_plan("a"))
+    agent_lease(task)
+    forced = lease_force_release(actor=root, task_id=task.pk, justification=JUSTIFICATION, impact=IMPACT)
+    row = ForcedRelease.objects.filter(pk=forced.pk).values().get()
+    for verdict in ("accepted", "disputed"):
+        refused(
+            partial(forced_release_review, actor=root, forced_release_id=forced.pk, verdict=verdict, note=REVIEW_NOTE)
+        )
+    same_admin_again = Principal.of_user(User.objects.get(username="root"))
+    refused(
+        lambda: forced_release_review(
+            actor=same_admin_again, forced_release_id=forced.pk, verdict="accepted", note=REVIEW_NOTE
+        )
+    )
+    assert ForcedRelease.objects.filter(pk=forced.pk).values().get() == row
+    assert row["status"] == "pending"
+
+
+def test_a_renamed_admin_still_cannot_review_their_own_forced_release(make_task, agent_lease, clock, root) -> None:
+    task = make_task(chain_plan("a"))
+    agent_lease(task)
+    forced = lease_force_release(actor=root, task_id=task.pk, justification=JUSTIFICATION, impact=IMPACT)
+    row = ForcedRelease.objects.filter(pk=forced.pk).values().get()
+    root.user.username = "root-renamed"
+    root.user.save(update_fields=["username"])
+    renamed = Principal.of_user(root.user)
+    refused(
+        lambda: forced_release_review(actor=renamed, forced_release_id=forced.pk, verdict="accepted", note=REVIEW_NOTE)
+    )
+    assert ForcedRelease.objects.filter(pk=forced.pk).values().get() == row
+
+
+def test_a_non_admin_cannot_review_a_forced_release(make_task, agent_lease, clock, root, ann) -> None:
+    task = make_task(chain_plan("a"))
+    permission_grant(actor=root, user=ann.user, task=task)
+    agent_lease(task)
+    forced = lease_force_release(actor=root, task_id=task.pk, justification=JUSTIFICATION, impact=IMPACT)
+    for who in (ann, person("carol", "auditor"), Principal.agent("agent-1")):
+        refused(
+            partial(forced_release_review, actor=who, forced_release_id=forced.pk, verdict="accepted", note=REVIEW_NOTE)
+        )
+
+
+# --- agents -----------------------------------------------------------------------------------------------------
+
+
+def test_an_agent_may_cancel(make_task, agent_lease, clock) -> None:
+    task = make_task(project="billing", kind="migrate")
+    agent_lease(task)
+    cancelled = task_request_cancel(actor=Principal.agent("agent-1"), task_id=task.pk, reason="the source is gone")
+    assert cancelled.cancel_requested_at is not None
+    assert cancelled.cancel_requested_by == "agent:agent-1"
+    event = AuditEvent.objects.get(action="cancel_requested")
+    assert (event.actor_kind, event.actor_id, event.task_id) == ("agent", "agent-1", task.pk)
