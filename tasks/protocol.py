@@ -50,6 +50,7 @@ from tasks.models import Node, Operation, Receipt, Task
 from tasks.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
 from tasks.permissions import require_cancel
 from tasks.plans import digest_of
+from tasks.queries import get_task as _task
 
 type DirectiveKind = Literal["execute", "reconcile", "wait", "stop", "done"]
 
@@ -64,13 +65,6 @@ class Directive:
     op_key: str = ""
     until: datetime | None = None
     reason: str = ""
-
-
-def _task(task_id: int) -> Task:
-    task = Task.objects.filter(pk=task_id).first()
-    if task is None:
-        raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
-    return task
 
 
 def _current_nodes(task: Task) -> list[Node]:

@@ -2,8 +2,17 @@
 
 from django.db.models import Count, F, Q, QuerySet
 
+from tasks.errors import TaskNotFound
 from tasks.lifecycle import OPEN_OPERATION_STATUSES, NodeStatus
 from tasks.models import Task
+
+
+def get_task(task_id: int) -> Task:
+    """The task row, or TaskNotFound."""
+    task = Task.objects.filter(pk=task_id).first()
+    if task is None:
+        raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
+    return task
 
 
 def task_overview() -> QuerySet[Task]:

@@ -59,6 +59,7 @@ from tasks.outcomes import Committed
 from tasks.permissions import PermissionDenied, require_admin, require_operate
 from tasks.plans import digest_of
 from tasks.protocol import _record_committed, resolve_input
+from tasks.queries import get_task as _task
 
 MIN_FORCE_TEXT = 20  # characters of justification and of impact, at least
 NOT_TAKEN_OVER = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.STOPPED, TaskStatus.QUARANTINED})
@@ -73,13 +74,6 @@ class Claim:
     granted: bool
     lease: Lease | None = None
     waiting_for: str = ""
-
-
-def _task(task_id: int) -> Task:
-    task = Task.objects.filter(pk=task_id).first()
-    if task is None:
-        raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
-    return task
 
 
 def _own_lease(actor: Principal, lease: Lease) -> None:
