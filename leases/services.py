@@ -66,6 +66,9 @@ def lease_acquire(*, task_id: int, holder_kind: str, holder_id: str, ttl: timede
             reservation = LeaseReservation.objects.filter(task_id=task_id).first()
             if reservation is not None and (holder_kind, holder_id) != (HolderKind.OPERATOR, reservation.holder_id):
                 raise LeaseReserved(task_id, reservation.holder_id)
+            # Read the clock again, after the task was found free: a grant is never dated before the
+            # release it follows, and it lasts its full ttl.
+            now = clock.now()
             last_epoch = Lease.objects.filter(task_id=task_id).aggregate(m=Max("epoch"))["m"] or 0
             return Lease.objects.create(
                 task_id=task_id,

@@ -94,6 +94,8 @@ def compare_and_set(
                 expected=expected_version,
                 actual=task.version,
             )
+        if lease is not None:
+            _check_lease(task_id, lease, now)  # a lost lease is the first thing its holder must hear
         if not isinstance(change, Change):
             change = change(task, now)
         try:
@@ -174,13 +176,17 @@ def _raise_refusal(task_id: int, expected_version: int, change: Change, lease: L
             f"task {task_id} is at version {current}, not {expected_version}", expected=expected_version, actual=current
         )
     if lease is not None:
-        row = Lease.objects.filter(pk=lease.pk).first()
-        if row is None or row.task_id != task_id or row.epoch != lease.epoch or row.released_at is not None:
-            raise LeaseLost(task_id, lease.epoch, row.release_reason if row and row.released_at else "")
-        if row.expires_at <= now:
-            raise LeaseExpired(task_id, lease.epoch, row.expires_at)
+        _check_lease(task_id, lease, now)
     _raise_failing_guard(task_id, change)
     raise VersionConflict(f"task {task_id} changed concurrently", expected=expected_version)
+
+
+def _check_lease(task_id: int, lease: Lease, now: datetime) -> None:
+    row = Lease.objects.filter(pk=lease.pk).first()
+    if row is None or row.task_id != task_id or row.epoch != lease.epoch or row.released_at is not None:
+        raise LeaseLost(task_id, lease.epoch, row.release_reason if row and row.released_at else "")
+    if row.expires_at <= now:
+        raise LeaseExpired(task_id, lease.epoch, row.expires_at)
 
 
 def _raise_failing_guard(task_id: int, change: Change) -> None:

@@ -135,8 +135,10 @@ def _wait_for_holder(actor: Principal, task_id: int) -> Claim:
     if holder is None:  # released between the two reads: claim again
         raise VersionConflict(f"task {task_id}'s lease changed while claiming; claim again")
     if holder.holder_kind == HolderKind.OPERATOR:
-        if holder.holder_id == actor.id:
-            return Claim(granted=True, lease=holder)
+        if holder.holder_id == actor.id:  # a reconnecting browser: its own lease, renewed
+            return Claim(
+                granted=True, lease=takeover_renew(actor=actor, lease=holder, expected_renewal_seq=holder.renewal_seq)
+            )
         raise TakeoverHeld(f"operator {holder.holder_id} holds task {task_id}", holder=holder.holder_id)
     already = lease_reservation(task_id)
     try:

@@ -374,22 +374,39 @@ def test_claiming_again_once_the_agent_lease_ended_grants_it(make_task, agent_le
     assert_refused(LeaseLost, lambda: compare_and_set(task.pk, version(task), Change(event="x"), lease=lease))
 
 
-@pytest.mark.parametrize("state", ["holding", "waiting"])
-def test_claiming_twice_returns_the_same_answer_and_writes_nothing(make_task, agent_lease, clock, root, state) -> None:
+def test_claiming_twice_while_waiting_returns_the_same_answer_and_writes_nothing(
+    make_task, agent_lease, clock, root
+) -> None:
     task = make_task()
     ann = operator_for(root, task, "ann")
-    if state == "waiting":
-        agent_lease(task)
+    agent_lease(task)
     first = takeover_claim(actor=ann, task_id=task.pk)
     before = snapshot()
 
     second = takeover_claim(actor=ann, task_id=task.pk)
 
     assert snapshot() == before
-    assert second.granted == first.granted and second.waiting_for == first.waiting_for
-    if state == "holding":
-        assert first.lease is not None and second.lease is not None
-        assert (second.lease.pk, second.lease.epoch) == (first.lease.pk, first.lease.epoch)
+    assert (second.granted, second.waiting_for) == (first.granted, first.waiting_for) == (False, "agent:agent-1")
+
+
+def test_claiming_again_while_holding_renews_the_same_lease(make_task, clock, root) -> None:
+    """A browser that reconnects claims again: it gets its own lease back, renewed (even inside the grace),
+    with the same epoch — the task itself does not move."""
+    task = make_task()
+    ann = operator_for(root, task, "ann")
+    first = takeover_claim(actor=ann, task_id=task.pk)
+    assert first.lease is not None
+    clock.advance(django_settings.RECKON_OPERATOR_LEASE_TTL + timedelta(seconds=1))  # expired, inside the grace
+    version_before = version(task)
+
+    second = takeover_claim(actor=ann, task_id=task.pk)
+
+    assert second.granted and second.lease is not None
+    assert (second.lease.pk, second.lease.epoch) == (first.lease.pk, first.lease.epoch)
+    assert second.lease.renewal_seq == first.lease.renewal_seq + 1
+    assert second.lease.expires_at == clock.now() + django_settings.RECKON_OPERATOR_LEASE_TTL
+    assert version(task) == version_before
+    assert AuditEvent.objects.filter(action="takeover_renewed", task_id=task.pk).count() == 1
 
 
 def _complete(task: Task, lease: Lease) -> None:
