@@ -13,6 +13,8 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Exists, F, OuterRef, Q
 
+from audit.principals import Principal
+from audit.services import audit_append
 from leases import clock
 from leases.errors import LeaseExpired, LeaseLost
 from leases.models import Lease
@@ -193,3 +195,42 @@ def _raise_failing_guard(task_id: int, change: Change) -> None:
     for guard in change.guards:
         if not Task.objects.filter(Q(pk=task_id) & guard.condition).exists():
             raise guard.error()
+
+
+@dataclass(frozen=True)
+class Audit:
+    """What the audit row of a change says besides the versions and the time, which the change supplies."""
+
+    actor: Principal
+    action: str
+    epoch: int | None = None  # the lease epoch concerned, when it is not the writer's own lease
+    reason: str = ""
+    impact: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def audited_compare_and_set(
+    task_id: int,
+    expected_version: int,
+    change: Change | ChangeBuilder,
+    *,
+    lease: Lease | None,
+    audit: Audit,
+    before_event: Callable[[Task, datetime], None] | None = None,
+) -> Applied:
+    """compare_and_set and its audit row, in one transaction: both land or neither does."""
+    with transaction.atomic():
+        applied = compare_and_set(task_id, expected_version, change, lease=lease, before_event=before_event)
+        audit_append(
+            actor=audit.actor,
+            action=audit.action,
+            at=applied.at,
+            task_id=task_id,
+            lease_epoch=audit.epoch if audit.epoch is not None else (lease.epoch if lease else None),
+            version_before=expected_version,
+            version_after=applied.version,
+            reason=audit.reason,
+            impact=audit.impact,
+            details=audit.details,
+        )
+        return applied

@@ -14,16 +14,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from django.db import transaction
-
 from audit.principals import Principal
-from audit.services import audit_append
 from leases import clock
 from leases.models import Lease
 from leases.services import lease_reservation
 from tasks import guards
 from tasks.actions import get_action
-from tasks.cas import Change, compare_and_set
+from tasks.cas import Audit, Change, audited_compare_and_set, compare_and_set
 from tasks.errors import (
     EvidenceInsufficient,
     InputsRecheckRequired,
@@ -619,17 +616,9 @@ def task_request_cancel(*, actor: Principal, task_id: int, reason: str) -> Task:
             )
 
         try:
-            with transaction.atomic():
-                applied = compare_and_set(task_id, task.version, build, lease=None)
-                audit_append(
-                    actor=actor,
-                    action="cancel_requested",
-                    at=applied.at,
-                    task_id=task_id,
-                    version_before=task.version,
-                    version_after=applied.version,
-                    reason=reason,
-                )
+            audited_compare_and_set(
+                task_id, task.version, build, lease=None, audit=Audit(actor, "cancel_requested", reason=reason)
+            )
         except VersionConflict:
             continue
         return _task(task_id)

@@ -39,7 +39,7 @@ from leases.services import (
 )
 from tasks import guards
 from tasks.attachments import AttachmentIn, store_attachment
-from tasks.cas import Change, compare_and_set
+from tasks.cas import Audit, Change, audited_compare_and_set, compare_and_set
 from tasks.errors import (
     EvidenceInsufficient,
     InvalidTransition,
@@ -111,21 +111,16 @@ def takeover_claim(*, actor: Principal, task_id: int) -> Claim:
             to_human = {}
         if to_human and current.status == TaskStatus.PAUSED:
             to_human |= {"status_reason": "", "status_detail": ""}
-        applied = compare_and_set(
+        audited_compare_and_set(
             task_id,
             current.version,
             Change(event="takeover_granted", task=to_human, data={"operator": actor.id, "epoch": lease.epoch}),
             lease=lease,
-        )
-        audit_append(
-            actor=actor,
-            action="takeover_granted",
-            at=applied.at,
-            task_id=task_id,
-            lease_epoch=lease.epoch,
-            version_before=current.version,
-            version_after=applied.version,
-            details={"status_before": current.status, "status_reason_before": current.status_reason},
+            audit=Audit(
+                actor,
+                "takeover_granted",
+                details={"status_before": current.status, "status_reason_before": current.status_reason},
+            ),
         )
         return Claim(granted=True, lease=lease)
 
@@ -149,22 +144,12 @@ def _wait_for_holder(actor: Principal, task_id: int) -> Claim:
             holder=reserved.operator_id,
         ) from None
     if already is None:
-        current = _task(task_id)
-        applied = compare_and_set(
+        audited_compare_and_set(
             task_id,
-            current.version,
+            _task(task_id).version,
             Change(event="takeover_requested", data={"operator": actor.id, "agent": holder.holder_id}),
             lease=None,
-        )
-        audit_append(
-            actor=actor,
-            action="takeover_requested",
-            at=applied.at,
-            task_id=task_id,
-            lease_epoch=holder.epoch,
-            version_before=current.version,
-            version_after=applied.version,
-            details={"agent": holder.holder_id},
+            audit=Audit(actor, "takeover_requested", epoch=holder.epoch, details={"agent": holder.holder_id}),
         )
     return Claim(granted=False, waiting_for=f"{holder.holder_kind}:{holder.holder_id}")
 
