@@ -85,7 +85,7 @@ def compare_and_set(
         if lease is not None:
             # Lock the lease row first: a concurrent force-release or re-grant waits for us, or we for it,
             # so the EXISTS below never judges a lease that changed under our statement.
-            Lease.objects.select_for_update().filter(pk=lease.pk).first()
+            locked = Lease.objects.select_for_update().filter(pk=lease.pk).first()
         now = clock.now()
         task = Task.objects.filter(pk=task_id).first()
         if task is None:
@@ -97,7 +97,7 @@ def compare_and_set(
                 actual=task.version,
             )
         if lease is not None:
-            _check_lease(task_id, lease, now)  # a lost lease is the first thing its holder must hear
+            _check_lease(task_id, lease, locked, now)  # a lost lease is the first thing its holder must hear
         if not isinstance(change, Change):
             change = change(task, now)
         try:
@@ -121,7 +121,9 @@ def compare_and_set(
             payload["nodes"] = {node_ref(node): _write_node(task_id, node, f) for node, f in change.nodes}
         if change.operations:
             payload["operations"] = {op.op_key: _write_operation(task_id, op, f) for op, f in change.operations}
-        task.refresh_from_db()
+        for name, value in change.task.items():  # the row as the UPDATE left it, without reading it again
+            setattr(task, name, value)
+        task.version, task.updated_at = expected_version + 1, now
         if before_event is not None:
             before_event(task, now)
         if change.data:
@@ -178,13 +180,12 @@ def _raise_refusal(task_id: int, expected_version: int, change: Change, lease: L
             f"task {task_id} is at version {current}, not {expected_version}", expected=expected_version, actual=current
         )
     if lease is not None:
-        _check_lease(task_id, lease, now)
+        _check_lease(task_id, lease, Lease.objects.filter(pk=lease.pk).first(), now)
     _raise_failing_guard(task_id, change)
     raise VersionConflict(f"task {task_id} changed concurrently", expected=expected_version)
 
 
-def _check_lease(task_id: int, lease: Lease, now: datetime) -> None:
-    row = Lease.objects.filter(pk=lease.pk).first()
+def _check_lease(task_id: int, lease: Lease, row: Lease | None, now: datetime) -> None:
     if row is None or row.task_id != task_id or row.epoch != lease.epoch or row.released_at is not None:
         raise LeaseLost(task_id, lease.epoch, row.release_reason if row and row.released_at else "")
     if row.expires_at <= now:
