@@ -1,0 +1,419 @@
+"""An external object store, run as its own process, that a migration agent copies into (DESIGN §9).
+
+    python -m tasks.connectors.simulator --port 0 --state /path/state.json
+
+Stdlib only. Prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Every mutation is
+persisted (temp file + ``os.replace``) before it is answered, so a SIGKILL never loses a committed write.
+
+API (JSON bodies):
+    POST /ops/<op_key>   {"action", "params"} → {"state": "committed", "receipt": {...}}; once per op key
+    GET  /ops/<op_key>   → the committed receipt, or 404 {"state": "not_found"} (501 without idempotency)
+    GET  /versions/<locator>, POST /_sources {"locator", "version", "digest"}
+    POST /_faults {"mode", "times", "ms"}, GET /_stats, GET /_state, POST /_reset
+
+Faults apply to the next ``times`` requests outside ``/_*``; ``no_idempotency`` holds for the whole run (until reset
+or ``{"mode": "clear"}``).
+"""
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+STAGING_PREFIX = "tmp/"  # temporary copies live under <target>/tmp/; the plan's cleanup deletes them
+MAX_BATCH = 500  # the store's transaction boundary: a copy never spans more objects than this
+FAULT_MODES = frozenset(
+    {
+        "latency",
+        "dependency_unavailable",
+        "permission_revoked",
+        "invalid_params",
+        "version_conflict",
+        "accept_then_drop",
+        "no_idempotency",
+    }
+)
+_FAULT_STATUS = {
+    "dependency_unavailable": HTTPStatus.SERVICE_UNAVAILABLE,
+    "permission_revoked": HTTPStatus.FORBIDDEN,
+    "invalid_params": HTTPStatus.BAD_REQUEST,
+    "version_conflict": HTTPStatus.CONFLICT,
+}
+
+
+class Refused(Exception):
+    """The store refuses a request; nothing was written."""
+
+    def __init__(self, status: HTTPStatus, error: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.error, self.detail = status, error, detail
+
+
+def sha256(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def empty_state() -> dict[str, Any]:
+    return {
+        "objects": {},  # key → {"version", "digest", "size"}
+        "targets": {},  # target id → {"project"}
+        "references": {},  # locator → {"target", "version", "history": [previous targets]}
+        "sources": {},  # locator → {"version", "digest"}
+        "ops": {},  # op key → receipt
+        "jobs": 0,
+        "stats": {"side_effects": 0, "by_op_key": {}, "by_action": {}},
+    }
+
+
+class Store:
+    """The store's state and its actions. One lock: the simulator is small, correctness beats throughput."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lock = threading.Lock()
+        self.state = json.loads(path.read_text()) if path.exists() else empty_state()
+        self.faults: list[dict[str, Any]] = []  # per-request faults, consumed in order
+        self.no_idempotency = False
+
+    def persist(self) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.state, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    def take_fault(self) -> dict[str, Any] | None:
+        with self.lock:
+            if not self.faults:
+                return None
+            fault = self.faults[0]
+            fault["times"] -= 1
+            if fault["times"] <= 0:
+                self.faults.pop(0)
+            return fault
+
+    def set_fault(self, body: dict[str, Any]) -> None:
+        mode = body.get("mode")
+        with self.lock:
+            if mode == "clear":
+                self.faults.clear()
+                self.no_idempotency = False
+            elif mode == "no_idempotency":
+                self.no_idempotency = bool(body.get("enabled", True))
+            elif mode in FAULT_MODES:
+                times = body.get("times", 1)
+                if not isinstance(times, int) or times < 1:
+                    raise Refused(HTTPStatus.BAD_REQUEST, "invalid_params", "times must be a positive integer")
+                self.faults.append({"mode": mode, "times": times, "ms": int(body.get("ms", 0))})
+            else:
+                known = ", ".join(sorted(FAULT_MODES | {"clear"}))
+                raise Refused(HTTPStatus.BAD_REQUEST, "invalid_params", f"unknown fault mode {mode!r} ({known})")
+
+    def reset(self) -> None:
+        with self.lock:
+            self.state = empty_state()
+            self.faults.clear()
+            self.no_idempotency = False
+            self.persist()
+
+    def set_source(self, body: dict[str, Any]) -> None:
+        locator, version = body.get("locator"), body.get("version")
+        if not isinstance(locator, str) or not locator or not isinstance(version, str) or not version:
+            raise Refused(HTTPStatus.BAD_REQUEST, "invalid_params", "a source needs a locator and a version")
+        with self.lock:
+            self.state["sources"][locator] = {"version": version, "digest": str(body.get("digest", ""))}
+            self.persist()
+
+    def lookup(self, op_key: str) -> dict[str, Any] | None:
+        with self.lock:
+            receipt = self.state["ops"].get(op_key)
+            return dict(receipt) if receipt is not None else None
+
+    def perform(self, op_key: str, action: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Run ``action`` once per op key (unless idempotency is off) and return its receipt."""
+        handler = _ACTIONS.get(action)
+        if handler is None:
+            raise Refused(HTTPStatus.BAD_REQUEST, "invalid_params", f"unknown action {action!r}")
+        with self.lock:
+            if not self.no_idempotency and op_key in self.state["ops"]:
+                return dict(self.state["ops"][op_key])
+            self._check_source_version(params)
+            self.state["jobs"] += 1
+            receipt = handler(self.state, params, f"job-{self.state['jobs']}")
+            if not self.no_idempotency:
+                self.state["ops"][op_key] = receipt
+            stats = self.state["stats"]
+            stats["side_effects"] += 1
+            stats["by_op_key"][op_key] = stats["by_op_key"].get(op_key, 0) + 1
+            stats["by_action"][action] = stats["by_action"].get(action, 0) + 1
+            self.persist()
+            return dict(receipt)
+
+    def _check_source_version(self, params: dict[str, Any]) -> None:
+        source = params.get("source")
+        if not isinstance(source, dict):
+            return
+        known = self.state["sources"].get(source.get("locator"))
+        if known is not None and known["version"] != str(source.get("version")):
+            raise Refused(
+                HTTPStatus.CONFLICT,
+                "version_conflict",
+                f"source {source.get('locator')} is at version {known['version']}, not {source.get('version')}",
+            )
+
+
+def _target(state: dict[str, Any], params: dict[str, Any]) -> str:
+    target = params.get("target")
+    if not isinstance(target, str) or target not in state["targets"]:
+        raise Refused(HTTPStatus.BAD_REQUEST, "invalid_params", f"unknown target {target!r}")
+    return target
+
+
+def _source(params: dict[str, Any]) -> dict[str, Any]:
+    source = params.get("source")
+    if not isinstance(source, dict) or not source.get("locator") or not source.get("version"):
+        raise Refused(HTTPStatus.BAD_REQUEST, "invalid_params", "source must be a ref with a locator and a version")
+    return source
+
+
+def _object_digest(source: dict[str, Any], batch: int, index: int) -> str:
+    return sha256(f"{source['locator']}@{source['version']}/{batch}/{index}")
+
+
+def _receipt(remote_id: str, *, version: str = "", count: int | None = None, digest: str = "") -> dict[str, Any]:
+    return {"remote_id": remote_id, "remote_version": version, "count": count, "digest": digest}
+
+
+def prepare_target(state: dict[str, Any], params: dict[str, Any], job: str) -> dict[str, Any]:
+    project = params.get("project")
+    if not isinstance(project, str) or not project:
+        raise Refused(HTTPStatus.BAD_REQUEST, "invalid_params", "prepare_target needs a project")
+    target = f"tgt-{project}-{job}"
+    state["targets"][target] = {"project": project}
+    return _receipt(target)
+
+
+def copy_batch(state: dict[str, Any], params: dict[str, Any], job: str) -> dict[str, Any]:
+    target, source = _target(state, params), _source(params)
+    batch, limit = params.get("batch"), params.get("limit")
+    if not isinstance(batch, int) or batch < 1 or not isinstance(limit, int) or not 1 <= limit <= MAX_BATCH:
+        raise Refused(HTTPStatus.BAD_REQUEST, "invalid_params", f"batch >= 1 and 1 <= limit <= {MAX_BATCH}")
+    digests = []
+    for index in range(limit):
+        digest = _object_digest(source, batch, index)
+        key = f"{target}/objects/{batch}/{index}"
+        state["objects"][key] = {"version": source["version"], "digest": digest, "size": 1}
+        digests.append(digest)
+    # The staging manifest is a temporary copy, removed by delete_objects(prefix="tmp/").
+    staging = f"{target}/{STAGING_PREFIX}batch-{batch}"
+    state["objects"][staging] = {"version": source["version"], "digest": "", "size": limit}
+    version = str(source["version"])
+    return _receipt(f"{target}/batch-{batch}", version=version, count=limit, digest=sha256("".join(digests)))
+
+
+def verify_digests(state: dict[str, Any], params: dict[str, Any], job: str) -> dict[str, Any]:
+    target, source = _target(state, params), _source(params)
+    prefix = f"{target}/objects/"
+    verified = bad = 0
+    for key, obj in state["objects"].items():
+        if key.startswith(prefix):
+            batch, index = key[len(prefix) :].split("/")
+            ok = obj["version"] == source["version"] and obj["digest"] == _object_digest(source, int(batch), int(index))
+            verified, bad = verified + ok, bad + (not ok)
+    # Every object matches the source snapshot: the copy carries the source's manifest digest.
+    digest = str(source.get("digest", "")) if bad == 0 else sha256(f"mismatch:{bad}")
+    return _receipt(job, version=str(source["version"]), count=verified, digest=digest)
+
+
+def switch_reference(state: dict[str, Any], params: dict[str, Any], job: str) -> dict[str, Any]:
+    target, source = _target(state, params), _source(params)
+    ref = state["references"].setdefault(source["locator"], {"target": "", "version": "", "history": []})
+    ref["history"].append({"target": ref["target"], "version": ref["version"]})
+    ref["target"], ref["version"] = target, str(source["version"])
+    return _receipt(f"ref:{source['locator']}", version=ref["version"], count=1)
+
+
+def restore_reference(state: dict[str, Any], params: dict[str, Any], job: str) -> dict[str, Any]:
+    source = _source(params)
+    ref = state["references"].get(source["locator"])
+    if ref is None or not ref["history"]:
+        raise Refused(HTTPStatus.BAD_REQUEST, "invalid_params", f"reference {source['locator']} has nothing to restore")
+    previous = ref["history"].pop()
+    ref["target"], ref["version"] = previous["target"], previous["version"]
+    return _receipt(f"ref:{source['locator']}", version=ref["version"], count=1)
+
+
+def delete_objects(state: dict[str, Any], params: dict[str, Any], job: str) -> dict[str, Any]:
+    target = _target(state, params)
+    prefix = params.get("prefix")
+    if not isinstance(prefix, str) or not prefix:
+        raise Refused(HTTPStatus.BAD_REQUEST, "invalid_params", "delete_objects needs a non-empty prefix")
+    doomed = [key for key in state["objects"] if key.startswith(f"{target}/{prefix}")]
+    for key in doomed:
+        del state["objects"][key]
+    return _receipt(job, count=len(doomed))
+
+
+_ACTIONS = {
+    f.__name__: f
+    for f in (prepare_target, copy_batch, verify_digests, switch_reference, restore_reference, delete_objects)
+}
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: "SimulatorServer"
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        if self.server.verbose:
+            super().log_message(format, *args)
+
+    def _send(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except ValueError as exc:
+            raise Refused(HTTPStatus.BAD_REQUEST, "invalid_params", "the body is not JSON") from exc
+        if not isinstance(body, dict):
+            raise Refused(HTTPStatus.BAD_REQUEST, "invalid_params", "the body must be a JSON object")
+        return body
+
+    def _drop(self) -> None:
+        """Close the connection without an answer: the client cannot tell whether the write happened."""
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def _dispatch(self, method: str) -> None:
+        try:
+            self._route(method)
+        except Refused as refused:
+            self._send(refused.status, {"error": refused.error, "detail": refused.detail})
+
+    def _route(self, method: str) -> None:
+        store = self.server.store
+        path = self.path.split("?", 1)[0]
+        body = self._body() if method == "POST" else {}
+        if path.startswith("/_"):
+            self._control(method, path, body)
+            return
+        fault = store.take_fault()
+        mode = fault["mode"] if fault else ""
+        if mode == "latency":
+            time.sleep(fault["ms"] / 1000 if fault else 0)
+        elif mode in _FAULT_STATUS:
+            raise Refused(_FAULT_STATUS[mode], mode, f"simulated {mode}")
+        if path.startswith("/ops/") and len(path) > len("/ops/"):
+            op_key = unquote(path[len("/ops/") :])
+            if method == "POST":
+                params = body.get("params", {})
+                if not isinstance(params, dict):
+                    raise Refused(HTTPStatus.BAD_REQUEST, "invalid_params", "params must be an object")
+                receipt = store.perform(op_key, str(body.get("action")), params)
+                if mode == "accept_then_drop":
+                    self._drop()
+                    return
+                self._send(HTTPStatus.OK, {"state": "committed", "receipt": receipt})
+                return
+            if mode == "accept_then_drop":
+                self._drop()
+                return
+            if store.no_idempotency:
+                self._send(HTTPStatus.NOT_IMPLEMENTED, {"error": "unprovable", "detail": "no lookup by op key"})
+                return
+            found = store.lookup(op_key)
+            if found is None:
+                self._send(HTTPStatus.NOT_FOUND, {"state": "not_found"})
+            else:
+                self._send(HTTPStatus.OK, {"state": "committed", "receipt": found})
+            return
+        if path.startswith("/versions/") and method == "GET":
+            locator = unquote(path[len("/versions/") :])
+            with store.lock:
+                source = store.state["sources"].get(locator)
+            if source is None:
+                self._send(HTTPStatus.NOT_FOUND, {"error": "not_found", "detail": f"no source {locator}"})
+            else:
+                self._send(HTTPStatus.OK, {"locator": locator, **source})
+            return
+        self._send(HTTPStatus.NOT_FOUND, {"error": "not_found", "detail": f"no route {method} {path}"})
+
+    def _control(self, method: str, path: str, body: dict[str, Any]) -> None:
+        store = self.server.store
+        if method == "POST" and path == "/_faults":
+            store.set_fault(body)
+        elif method == "POST" and path == "/_sources":
+            store.set_source(body)
+        elif method == "POST" and path == "/_reset":
+            store.reset()
+        elif method == "GET" and path == "/_stats":
+            with store.lock:
+                self._send(HTTPStatus.OK, json.loads(json.dumps(store.state["stats"])))
+            return
+        elif method == "GET" and path == "/_state":
+            with store.lock:
+                snapshot = json.loads(json.dumps(store.state))
+            self._send(HTTPStatus.OK, snapshot)
+            return
+        else:
+            self._send(HTTPStatus.NOT_FOUND, {"error": "not_found", "detail": f"no route {method} {path}"})
+            return
+        self._send(HTTPStatus.OK, {"ok": True})
+
+
+class SimulatorServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], store: Store, *, verbose: bool = False) -> None:
+        super().__init__(address, Handler)
+        self.store = store
+        self.verbose = verbose
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--state", type=Path, required=True, help="JSON file the store persists to")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    server = SimulatorServer((args.host, args.port), Store(args.state), verbose=args.verbose)
+    host, port = server.server_address[:2]
+    print(f"listening on http://{host!s}:{port}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,259 @@
+"""The object-store simulator, as a real process, and its connector: DESIGN §6 classes and §9 faults."""
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from leases.services import lease_acquire, lease_renew
+from tasks.connectors.base import Connector, SourceNotFound
+from tasks.connectors.objectstore import ObjectStoreConnector
+from tasks.demo import migration_plan
+from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, TaskStatus
+from tasks.models import Node, Operation, Receipt, Task
+from tasks.outcomes import Committed, Failed, NotFound, Unprovable
+from tasks.plans import task_create
+from tasks.protocol import next_directive, operation_dispatch, record_outcome, register_intent
+from tests.simulator_fixture import Simulator
+
+SOURCE = {"source": "store", "locator": "projects/acme", "version": "7", "digest": "sha256:" + "ab" * 32}
+
+
+@pytest.fixture
+def simulator(tmp_path: Path) -> Iterator[Simulator]:
+    """The object store as its own process, on a free loopback port, persisting to a file in tmp_path."""
+    sim = Simulator(tmp_path / "store.json").start()
+    try:
+        yield sim
+    finally:
+        sim.stop()
+
+
+def prepare(project: str = "acme") -> dict[str, Any]:
+    return {"action": "store.prepare_target", "input": {"project": project, "source": SOURCE}}
+
+
+def copy(target: str, batch: int = 1, limit: int = 5) -> dict[str, Any]:
+    return {"action": "store.copy_batch", "input": {"target": target, "source": SOURCE, "batch": batch, "limit": limit}}
+
+
+def connect(sim: Simulator, timeout: float = 5.0) -> ObjectStoreConnector:
+    return ObjectStoreConnector(sim.url, timeout=timeout)
+
+
+def test_the_connector_satisfies_the_contract(simulator: Simulator) -> None:
+    assert isinstance(connect(simulator), Connector)
+
+
+def test_a_replayed_op_key_has_exactly_one_side_effect(simulator: Simulator) -> None:
+    store = connect(simulator)
+    target = store.submit("op-prepare", prepare())
+    assert isinstance(target, Committed)
+    first = store.submit("op-copy", copy(target.remote_id, limit=5))
+    again = store.submit("op-copy", copy(target.remote_id, limit=5))
+    assert isinstance(first, Committed) and first.count == 5 and first.digest.startswith("sha256:")
+    assert again == first
+    assert store.lookup("op-copy") == first
+    stats = simulator.stats()
+    assert stats["by_op_key"] == {"op-prepare": 1, "op-copy": 1}
+    assert stats["by_action"] == {"prepare_target": 1, "copy_batch": 1}
+
+
+def test_an_op_key_never_sent_is_not_found(simulator: Simulator) -> None:
+    assert connect(simulator).lookup("op-never-sent") == NotFound()
+
+
+def test_accept_then_drop_is_interrupted_and_a_lookup_recovers_the_receipt(simulator: Simulator) -> None:
+    store = connect(simulator)
+    simulator.fault("accept_then_drop")
+    outcome = store.submit("op-prepare", prepare())
+    assert isinstance(outcome, Failed) and outcome.failure_class == FailureClass.CONNECTION_INTERRUPTED
+    recovered = store.lookup("op-prepare")
+    assert isinstance(recovered, Committed) and recovered.remote_id.startswith("tgt-acme-")
+    assert simulator.stats()["by_op_key"] == {"op-prepare": 1}, "the query did not create a second job"
+
+
+def test_latency_beyond_the_timeout_is_interrupted_but_the_write_commits(simulator: Simulator) -> None:
+    store = connect(simulator, timeout=0.2)
+    simulator.fault("latency", ms=600)
+    outcome = store.submit("op-slow", prepare())
+    assert isinstance(outcome, Failed) and outcome.failure_class == FailureClass.CONNECTION_INTERRUPTED
+    for _ in range(50):  # the remote finishes the write after the client gave up
+        if isinstance(recovered := store.lookup("op-slow"), Committed):
+            break
+        time.sleep(0.05)
+    assert isinstance(recovered, Committed)
+    assert simulator.stats()["by_op_key"] == {"op-slow": 1}
+
+
+def test_latency_within_the_timeout_only_delays(simulator: Simulator) -> None:
+    simulator.fault("latency", ms=50)
+    assert isinstance(connect(simulator).submit("op-1", prepare()), Committed)
+
+
+@pytest.mark.parametrize(
+    ("mode", "failure_class"),
+    [
+        ("dependency_unavailable", FailureClass.DEPENDENCY_UNAVAILABLE),
+        ("permission_revoked", FailureClass.PERMISSION_REVOKED),
+        ("invalid_params", FailureClass.INVALID_PARAMS),
+        ("version_conflict", FailureClass.CONFLICT),
+    ],
+)
+def test_each_refusal_maps_to_its_failure_class_and_writes_nothing(
+    simulator: Simulator, mode: str, failure_class: FailureClass
+) -> None:
+    store = connect(simulator)
+    simulator.fault(mode, times=2)
+    for _ in range(2):
+        outcome = store.submit("op-1", prepare())
+        assert isinstance(outcome, Failed) and outcome.failure_class == failure_class
+    assert simulator.stats()["side_effects"] == 0
+    assert store.lookup("op-1") == NotFound()
+    assert isinstance(store.submit("op-1", prepare()), Committed), "the fault lasted exactly two requests"
+
+
+def test_real_refusals_map_to_their_classes(simulator: Simulator) -> None:
+    store = connect(simulator)
+    bad = store.submit("op-2", copy("tgt-nobody"))
+    assert isinstance(bad, Failed) and bad.failure_class == FailureClass.INVALID_PARAMS
+    unknown = store.submit("op-3", {"action": "mail.send", "input": {}})
+    assert isinstance(unknown, Failed) and unknown.failure_class == FailureClass.INVALID_PARAMS
+    simulator.set_source("projects/acme", "8")  # the source moved on since the plan read version 7
+    conflict = store.submit("op-1", prepare())
+    assert isinstance(conflict, Failed) and conflict.failure_class == FailureClass.CONFLICT
+    assert "version 8" in conflict.detail
+    assert simulator.stats()["side_effects"] == 0
+
+
+def test_a_copy_larger_than_the_transaction_boundary_is_refused(simulator: Simulator) -> None:
+    store = connect(simulator)
+    target = store.submit("op-prepare", prepare())
+    assert isinstance(target, Committed)
+    too_big = store.submit("op-copy", copy(target.remote_id, limit=501))
+    assert isinstance(too_big, Failed) and too_big.failure_class == FailureClass.INVALID_PARAMS
+
+
+def test_an_unreachable_store_is_unavailable_not_unknown(simulator: Simulator) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = ObjectStoreConnector(f"http://127.0.0.1:{port}", timeout=1)
+    outcome = store.submit("op-1", prepare())
+    assert isinstance(outcome, Failed) and outcome.failure_class == FailureClass.DEPENDENCY_UNAVAILABLE
+    lookup = store.lookup("op-1")
+    assert isinstance(lookup, Failed) and lookup.failure_class == FailureClass.CONNECTION_INTERRUPTED
+
+
+def test_current_version_reads_the_source(simulator: Simulator) -> None:
+    store = connect(simulator)
+    simulator.set_source("projects/acme", "9", "sha256:cd")
+    assert store.current_version("projects/acme") == "9"
+    with pytest.raises(SourceNotFound):
+        store.current_version("projects/nobody")
+
+
+def test_state_survives_a_sigkill_and_restart(simulator: Simulator) -> None:
+    store = connect(simulator)
+    target = store.submit("op-prepare", prepare())
+    assert isinstance(target, Committed)
+    first = store.submit("op-copy", copy(target.remote_id))
+    simulator.set_source("projects/acme", "7", SOURCE["digest"])
+    simulator.kill()
+    simulator.start()
+    store = connect(simulator)
+    assert store.lookup("op-copy") == first
+    assert store.submit("op-copy", copy(target.remote_id)) == first
+    assert store.current_version("projects/acme") == "7"
+    assert simulator.stats()["by_op_key"] == {"op-prepare": 1, "op-copy": 1}
+    assert not list(simulator.state.parent.glob("*.tmp")), "no temp file left behind"
+
+
+def test_without_idempotency_lookups_are_unprovable_and_replays_repeat(simulator: Simulator) -> None:
+    store = connect(simulator)
+    simulator.fault("no_idempotency")
+    assert isinstance(store.submit("op-1", prepare()), Committed)
+    assert isinstance(store.submit("op-1", prepare()), Committed)
+    assert isinstance(store.lookup("op-1"), Unprovable)
+    assert simulator.stats()["by_op_key"] == {"op-1": 2}
+
+
+def test_cleanup_deletes_only_the_temporary_copies(simulator: Simulator) -> None:
+    store = connect(simulator)
+    target = store.submit("op-prepare", prepare())
+    assert isinstance(target, Committed)
+    for batch in (1, 2):
+        assert isinstance(store.submit(f"op-copy-{batch}", copy(target.remote_id, batch=batch, limit=3)), Committed)
+    request = {"action": "store.delete_objects", "input": {"target": target.remote_id, "prefix": "tmp/"}}
+    deleted = store.submit("op-delete", request)
+    assert isinstance(deleted, Committed) and deleted.count == 2
+    verify = {"action": "store.verify_digests", "input": {"target": target.remote_id, "source": SOURCE}}
+    verified = store.submit("op-verify", verify)
+    assert isinstance(verified, Committed) and verified.count == 6 and verified.digest == SOURCE["digest"]
+
+
+def test_switch_and_restore_move_the_reference(simulator: Simulator) -> None:
+    store = connect(simulator)
+    target = store.submit("op-prepare", prepare())
+    assert isinstance(target, Committed)
+    body = {"target": target.remote_id, "source": SOURCE}
+    switched = store.submit("op-switch", {"action": "store.switch_reference", "input": body})
+    assert isinstance(switched, Committed) and switched.remote_version == "7"
+    assert simulator.control("/_state")["references"]["projects/acme"]["target"] == target.remote_id
+    restored = store.submit("op-restore", {"action": "store.restore_reference", "input": body})
+    assert isinstance(restored, Committed)
+    assert simulator.control("/_state")["references"]["projects/acme"]["target"] == ""
+
+
+@pytest.mark.parametrize("fault", [None, "accept_then_drop"])
+def test_the_readme_agent_loop_runs_the_demo_plan_against_the_store(
+    db: None, simulator: Simulator, fault: str | None
+) -> None:
+    store = connect(simulator)
+    plan = migration_plan()
+    simulator.set_source("projects/acme", "7", plan["nodes"][0]["input"]["source"]["ref"]["digest"])
+    if fault:
+        simulator.fault(fault)  # the first write (prepare-target) commits and its answer is lost
+    task = task_create(kind="migrate_project", title="Migrate acme", plan=plan, created_by="agent:migrator")
+    lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="worker-7")
+    reconciled = 0
+    for _ in range(100):
+        lease = lease_renew(lease=lease, expected_renewal_seq=lease.renewal_seq)
+        d = next_directive(task_id=task.pk, lease=lease)
+        if d.kind == "reconcile":
+            reconciled += 1
+            record_outcome(
+                op_key=d.op_key, outcome=store.lookup(d.op_key), expected_version=d.task_version, lease=lease
+            )
+        elif d.kind == "execute" and not d.op_key:
+            register_intent(task_id=task.pk, node_key=d.node_key, expected_version=d.task_version, lease=lease)
+        elif d.kind == "execute":
+            op = operation_dispatch(op_key=d.op_key, expected_version=d.task_version, lease=lease)
+            outcome = store.submit(op.op_key, op.request)
+            record_outcome(op_key=op.op_key, outcome=outcome, expected_version=d.task_version + 1, lease=lease)
+        else:
+            break
+    assert (d.kind, d.reason, d.node_key) == ("stop", "awaiting_approval", "approve-cleanup")
+    assert reconciled == (1 if fault else 0)
+    statuses = dict(Node.objects.filter(task=task).values_list("key", "status"))
+    assert statuses.pop("approve-cleanup") == statuses.pop("delete-temp-copies") == NodeStatus.PENDING
+    assert set(statuses.values()) == {NodeStatus.SUCCEEDED}
+    ops = Operation.objects.filter(task=task)
+    assert set(ops.values_list("status", flat=True)) == {OperationStatus.COMMITTED}
+    receipts = {
+        r.operation.node.key: r for r in Receipt.objects.filter(operation__task=task).select_related("operation__node")
+    }
+    assert receipts["copy-batch-1"].count == 50
+    assert receipts["verify-digests"].count == 150
+    assert receipts["verify-digests"].digest == SOURCE["digest"]
+    assert receipts["switch-reference"].remote_version == "7"
+    stats = simulator.stats()
+    assert stats["by_op_key"] == {op_key: 1 for op_key in ops.values_list("op_key", flat=True)}
+    assert stats["side_effects"] == 6
+    target = receipts["prepare-target"].remote_id
+    assert Node.objects.get(task=task, key="copy-batch-1").operations.get().request["input"]["target"] == target
+    assert simulator.control("/_state")["references"]["projects/acme"]["target"] == target
+    assert Task.objects.get(pk=task.pk).status == TaskStatus.RUNNING
