@@ -323,7 +323,10 @@ def takeover_submit(
         )
 
     with transaction.atomic():
-        applied = compare_and_set(task.pk, based_on_version, build, lease=lease, before_event=save_receipts)
+        try:
+            applied = compare_and_set(task.pk, based_on_version, build, lease=lease, before_event=save_receipts)
+        except VersionConflict:
+            raise _stale_form(_task(task.pk), based_on_version) from None  # moved while we validated
         lease_release(lease=lease)
         audit_append(
             actor=actor,
