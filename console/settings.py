@@ -113,8 +113,15 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "data_folder_processed": str(_broker_dir / "processed"),
     }
 CELERY_TASK_ACKS_LATE = True
+CELERY_BEAT_SCHEDULE = {
+    # Finds every task needing work from the database alone: lost or delayed messages cost only latency.
+    "recovery-scan": {"task": "tasks.recovery_scan", "schedule": float(os.environ.get("RECKON_SCAN_SECONDS", "15"))},
+}
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+
+# The object store the reference agent migrates into (the simulator in development and tests).
+RECKON_OBJECTSTORE_URL = os.environ.get("RECKON_OBJECTSTORE_URL", "http://127.0.0.1:8100")
 
 # Leases (DESIGN §7): short agent leases, renewed; within the grace only the same holder may renew.
 RECKON_LEASE_TTL = timedelta(seconds=int(os.environ.get("RECKON_LEASE_TTL_SECONDS", "30")))

@@ -5,11 +5,12 @@ it stops at the first refusal: a stale version or a lost lease means someone els
 op keys already registered are for the reconciler, never for a blind retry.
 """
 
+import contextlib
 from dataclasses import dataclass
 
 from leases.errors import LeaseError
-from leases.models import Lease
-from leases.services import lease_renew
+from leases.models import HolderKind, Lease
+from leases.services import lease_acquire, lease_release, lease_renew
 from tasks.connectors.base import Connector
 from tasks.errors import TaskError
 from tasks.lifecycle import FailureClass
@@ -64,3 +65,19 @@ def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: in
         except (TaskError, LeaseError) as refusal:
             return RunReport(step, directive, lease, stopped_by=refusal.code)
     return RunReport(max_steps, directive, lease, stopped_by="max_steps")
+
+
+def run_task_once(*, task_id: int, holder_id: str, connector: Connector, max_steps: int = 500) -> str:
+    """One wake-up of a worker for one task: take the agent lease, run its ready work in one loop (one message
+    per wake-up, not per step), give the lease back. Another holder, a reservation for a person, or a task
+    with nothing to do make it a no-op — so a duplicated or late message is harmless."""
+    try:
+        lease = lease_acquire(task_id=task_id, holder_kind=HolderKind.AGENT, holder_id=holder_id)
+    except LeaseError as refusal:
+        return f"skipped: {refusal.code}"
+    report = run_steps(task_id=task_id, lease=lease, connector=connector, max_steps=max_steps)
+    with contextlib.suppress(LeaseError):  # lost meanwhile (expired past grace, forced): nothing to give back
+        lease_release(lease=report.lease)
+    last = report.directive
+    outcome = f"{last.kind} {last.reason}".strip() if last else "no directive"
+    return f"{outcome}{' (' + report.stopped_by + ')' if report.stopped_by else ''} after {report.steps} steps"

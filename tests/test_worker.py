@@ -1,0 +1,103 @@
+"""A real Celery worker in its own process drives tasks against the real simulator process.
+
+Messages go through the configured broker (the filesystem broker by default, Redis or RabbitMQ when
+CELERY_BROKER_URL says so) on a queue of this test's own, so runs never see each other's messages.
+"""
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from tasks.demo import migration_plan
+from tasks.jobs import drive_task, recovery_scan
+from tasks.lifecycle import NodeStatus
+from tasks.models import Node, Task
+from tasks.plans import task_create
+from tests.simulator_fixture import ROOT, Simulator
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+EFFECT_NODES = 6  # the demo plan's nodes before its confirmation point
+
+
+def database_url() -> str:
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{db['NAME']}"
+    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Simulator]:
+    sim = Simulator(tmp_path / "store.json").start()
+    try:
+        sim.set_source("projects/acme", "7", "sha256:" + "ab" * 32)
+        yield sim
+    finally:
+        sim.stop()
+
+
+@pytest.fixture
+def queue(store: Simulator) -> Iterator[str]:
+    name = f"test-{uuid.uuid4().hex[:10]}"
+    env = os.environ | {"DATABASE_URL": database_url(), "RECKON_OBJECTSTORE_URL": store.url}
+    command = [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool=solo", "-Q", name]
+    command += ["--without-heartbeat", "--without-mingle", "--without-gossip", "--loglevel=WARNING"]
+    worker = subprocess.Popen(command, cwd=ROOT, env=env)  # noqa: S603
+    try:
+        yield name
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(15)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait(5)
+
+
+def wait_for(task: Task, succeeded: int, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if Node.objects.filter(task=task, status=NodeStatus.SUCCEEDED).count() >= succeeded:
+            return
+        time.sleep(0.2)
+    statuses = dict(Node.objects.filter(task=task).values_list("key", "status"))
+    raise AssertionError(f"the worker did not get there in {seconds}s: {statuses}")
+
+
+def demo_task(project: str = "acme") -> Task:
+    return task_create(kind="migrate_project", title=f"Migrate {project}", plan=migration_plan(), created_by="test")
+
+
+def test_a_worker_process_runs_a_task_to_its_confirmation_point(store: Simulator, queue: str) -> None:
+    task = demo_task()
+    drive_task.apply_async((task.pk,), queue=queue)
+    wait_for(task, EFFECT_NODES)
+    effects = store.stats()["by_op_key"]
+    assert len(effects) == EFFECT_NODES and set(effects.values()) == {1}
+
+
+def test_duplicated_wake_ups_and_scans_cause_no_duplicate_side_effect(store: Simulator, queue: str) -> None:
+    task = demo_task()
+    for _ in range(3):
+        drive_task.apply_async((task.pk,), queue=queue)
+    recovery_scan(queue=queue)
+    recovery_scan(queue=queue)
+    wait_for(task, EFFECT_NODES)
+    time.sleep(1.5)  # let the duplicates arrive and find nothing to do
+    effects = store.stats()["by_op_key"]
+    assert len(effects) == EFFECT_NODES and set(effects.values()) == {1}
+
+
+def test_a_lost_message_is_made_good_by_the_recovery_scan(store: Simulator, queue: str) -> None:
+    task = demo_task()  # no message at all: as if it had been lost
+    assert recovery_scan(queue=queue) >= 1
+    wait_for(task, EFFECT_NODES)
+    assert set(store.stats()["by_op_key"].values()) == {1}
