@@ -13,24 +13,12 @@ from audit.principals import Principal
 from leases.models import Lease
 from tasks.events import GENESIS_DIGEST, find_log_problem
 from tasks.lifecycle import FailureClass, NodeStatus, TaskStatus
-from tasks.models import Event, Node, Operation, Receipt, Task
-from tasks.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
-from tasks.protocol import operation_dispatch, record_outcome, register_intent, task_request_cancel
+from tasks.models import Event, Node, Receipt, Task
+from tasks.outcomes import Accepted, Committed, Failed, NotFound, Unprovable
+from tasks.protocol import operation_dispatch, register_intent, task_request_cancel
 from tasks.verification import task_verify_log
 from tests.conftest import chain_plan, effect_node, snapshot
-
-
-def version(task: Task) -> int:
-    return Task.objects.values_list("version", flat=True).get(pk=task.pk)
-
-
-def send(task: Task, lease: Lease, key: str) -> Operation:
-    op = register_intent(task_id=task.pk, node_key=key, expected_version=version(task), lease=lease)
-    return operation_dispatch(op_key=op.op_key, expected_version=version(task), lease=lease)
-
-
-def record(op: Operation, outcome: Outcome, lease: Lease) -> Operation:
-    return record_outcome(op_key=op.op_key, outcome=outcome, expected_version=version(op.task), lease=lease)
+from tests.steps import record, send, version
 
 
 def quote(name: str) -> str:

@@ -29,7 +29,7 @@ from tasks.events import find_log_problem
 from tasks.failures import backoff
 from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, PauseReason, TaskStatus
 from tasks.models import Event, Node, Operation, Receipt, Task
-from tasks.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
+from tasks.outcomes import Accepted, Committed, Failed, NotFound, Unprovable
 from tasks.protocol import (
     advance_node,
     next_directive,
@@ -39,15 +39,12 @@ from tasks.protocol import (
     task_request_cancel,
 )
 from tests.conftest import chain_plan, effect_node, snapshot
+from tests.steps import dispatch, record, register, send, version
 
 SOURCE_REF = {"source": "store", "locator": "projects/acme", "version": "7", "digest": "sha256:" + "ab" * 32}
 
 
 # --- helpers: each step reads the task version afresh, as a well-behaved agent does ---------------------------------
-
-
-def version(task: Task) -> int:
-    return Task.objects.values_list("version", flat=True).get(pk=task.pk)
 
 
 def fresh_task(task: Task) -> Task:
@@ -60,23 +57,6 @@ def fresh_node(task: Task, key: str) -> Node:
 
 def fresh_op(op: Operation) -> Operation:
     return Operation.objects.get(pk=op.pk)
-
-
-def register(task: Task, lease: Lease, key: str) -> Operation:
-    return register_intent(task_id=task.pk, node_key=key, expected_version=version(task), lease=lease)
-
-
-def dispatch(op: Operation, lease: Lease) -> Operation:
-    return operation_dispatch(op_key=op.op_key, expected_version=version(op.task), lease=lease)
-
-
-def record(op: Operation, outcome: Outcome, lease: Lease) -> Operation:
-    return record_outcome(op_key=op.op_key, outcome=outcome, expected_version=version(op.task), lease=lease)
-
-
-def send(task: Task, lease: Lease, key: str) -> Operation:
-    """Register the intent for ``key`` and mark it dispatched: the external call is now in flight."""
-    return dispatch(register(task, lease, key), lease)
 
 
 def complete(task: Task, lease: Lease, key: str) -> Operation:

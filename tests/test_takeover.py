@@ -43,14 +43,11 @@ from tasks.errors import (
 )
 from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, PauseReason, TaskStatus
 from tasks.models import Event, Node, Operation, Receipt, Task
-from tasks.outcomes import Committed, Failed, Outcome
+from tasks.outcomes import Committed, Failed
 from tasks.permissions import PermissionDenied, permission_grant, permission_revoke
 from tasks.protocol import (
     inputs_confirm,
     next_directive,
-    operation_dispatch,
-    record_outcome,
-    register_intent,
     task_request_cancel,
 )
 from tasks.takeover import (
@@ -69,6 +66,7 @@ from tasks.takeover import (
 )
 from tasks.verification import find_problems, task_quarantine
 from tests.conftest import chain_plan, effect_node, snapshot
+from tests.steps import dispatch, record, register, send, version
 
 TICK = timedelta(microseconds=1)  # the finest step both databases store
 SOURCE_REF = {"source": "store", "locator": "projects/acme", "version": "7", "digest": "sha256:" + "ab" * 32}
@@ -146,29 +144,8 @@ def fresh(task: Task) -> Task:
     return Task.objects.get(pk=task.pk)
 
 
-def version(task: Task) -> int:
-    return Task.objects.values_list("version", flat=True).get(pk=task.pk)
-
-
 def node(task: Task, key: str) -> Node:
     return Node.objects.get(task=task, plan_version=fresh(task).plan_version, key=key)
-
-
-def register(task: Task, lease: Lease, key: str) -> Operation:
-    return register_intent(task_id=task.pk, node_key=key, expected_version=version(task), lease=lease)
-
-
-def dispatch(op: Operation, lease: Lease) -> Operation:
-    return operation_dispatch(op_key=op.op_key, expected_version=version(op.task), lease=lease)
-
-
-def record(op: Operation, outcome: Outcome, lease: Lease) -> Operation:
-    return record_outcome(op_key=op.op_key, outcome=outcome, expected_version=version(op.task), lease=lease)
-
-
-def send(task: Task, lease: Lease, key: str) -> Operation:
-    """Register and dispatch: the external call for ``key`` is in flight."""
-    return dispatch(register(task, lease, key), lease)
 
 
 def interrupted() -> Failed:
