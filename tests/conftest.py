@@ -1,5 +1,6 @@
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from leases.models import Lease
 from leases.services import lease_acquire
 from tasks.models import Task
 from tasks.plans import task_create
+from tests.simulator_fixture import Simulator
 
 hypothesis_settings.register_profile("ci", deadline=None, print_blob=True)
 hypothesis_settings.load_profile("ci")
@@ -69,3 +71,20 @@ def snapshot() -> dict[str, list[tuple[Any, ...]]]:
             cursor.execute(f"SELECT * FROM {connection.ops.quote_name(table)} ORDER BY 1")  # noqa: S608
             result[table] = [tuple(row) for row in cursor.fetchall()]
     return result
+
+
+@pytest.fixture
+def simulator(tmp_path: Path) -> Iterator[Simulator]:
+    """The object store as its own process, on a free loopback port, persisting to a file in tmp_path."""
+    sim = Simulator(tmp_path / "store.json").start()
+    try:
+        yield sim
+    finally:
+        sim.stop()
+
+
+@pytest.fixture
+def store(simulator: Simulator) -> Simulator:
+    """The simulator with the demo plan's source (tasks/demo.py) registered at version 7."""
+    simulator.set_source("projects/acme", "7", "sha256:" + "ab" * 32)
+    return simulator

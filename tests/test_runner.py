@@ -1,8 +1,5 @@
 """The runner (the agent loop as a service) against the real simulator process."""
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 from django.contrib.auth.models import Group, User
 
@@ -15,19 +12,8 @@ from tasks.models import Operation, Task
 from tasks.plans import task_create
 from tasks.runner import run_steps
 from tasks.takeover import takeover_claim, takeover_submit
-from tests.simulator_fixture import Simulator
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Simulator]:
-    sim = Simulator(tmp_path / "store.json").start()
-    try:
-        sim.set_source("projects/acme", "7", "sha256:" + "ab" * 32)
-        yield sim
-    finally:
-        sim.stop()
 
 
 def demo_task() -> Task:

@@ -2,8 +2,6 @@
 
 import socket
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,16 +18,6 @@ from tasks.protocol import next_directive, operation_dispatch, record_outcome, r
 from tests.simulator_fixture import Simulator
 
 SOURCE = {"source": "store", "locator": "projects/acme", "version": "7", "digest": "sha256:" + "ab" * 32}
-
-
-@pytest.fixture
-def simulator(tmp_path: Path) -> Iterator[Simulator]:
-    """The object store as its own process, on a free loopback port, persisting to a file in tmp_path."""
-    sim = Simulator(tmp_path / "store.json").start()
-    try:
-        yield sim
-    finally:
-        sim.stop()
 
 
 def prepare(project: str = "acme") -> dict[str, Any]:

@@ -10,7 +10,6 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -32,16 +31,6 @@ def database_url() -> str:
     if connection.vendor == "sqlite":
         return f"sqlite:///{db['NAME']}"
     return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Simulator]:
-    sim = Simulator(tmp_path / "store.json").start()
-    try:
-        sim.set_source("projects/acme", "7", "sha256:" + "ab" * 32)
-        yield sim
-    finally:
-        sim.stop()
 
 
 @pytest.fixture
