@@ -1,11 +1,21 @@
-"""The object-store connector: a stdlib HTTP client for the store (tasks/connectors/simulator.py speaks its API)."""
+"""The object-store connector: a stdlib HTTP client for the store (tasks/connectors/simulator.py speaks its API).
+
+Two ways to be idempotent (DESIGN §6), chosen per store:
+
+    ObjectStoreConnector(url)                     # "remote": the store dedupes by op key; lookup = GET /ops/<op_key>
+    ObjectStoreConnector(url, idempotency="tag")  # "tag": it does not; every write is tagged with its op key, lookup
+                                                  # queries by tag, and a write first asks whether its op key already
+                                                  # committed: only a definite "not found" lets it send
+
+Either way a store that cannot be queried (501) makes an unknown operation Unprovable: a person decides.
+"""
 
 import http.client
 import json
 import socket
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 from tasks.connectors.base import SourceNotFound
@@ -13,6 +23,7 @@ from tasks.lifecycle import FailureClass
 from tasks.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
 
 ACTION_PREFIX = "store."
+type Idempotency = Literal["remote", "tag"]
 
 # DESIGN §6: a write's HTTP refusal → its failure class. Anything else after sending is an unknown outcome.
 _SUBMIT_FAILURES = {
@@ -37,15 +48,64 @@ class _Unreachable(Exception):
 class ObjectStoreConnector:
     """Talks to the object store at ``base_url``. Satisfies tasks.connectors.base.Connector."""
 
-    def __init__(self, base_url: str, *, timeout: float = 5.0) -> None:
+    def __init__(self, base_url: str, *, timeout: float = 5.0, idempotency: Idempotency = "remote") -> None:
+        if idempotency not in ("remote", "tag"):
+            raise ValueError(f"idempotency is 'remote' or 'tag', not {idempotency!r}")
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.idempotency = idempotency
 
     def submit(self, op_key: str, request: dict[str, Any]) -> Outcome:
+        return self._request(op_key, request)
+
+    def compensate(self, op_key: str, request: dict[str, Any]) -> Outcome:
+        return self._request(op_key, request)
+
+    def delete(self, op_key: str, locator: str) -> Outcome:
+        return self._write(op_key, "delete", {"locator": locator})
+
+    def lookup(self, op_key: str) -> Outcome:
+        route = "/ops/" if self.idempotency == "remote" else "/ops-by-tag/"
+        try:
+            status, answer = self._call("GET", route + quote(op_key, safe=""))
+        except (_Unreachable, _Interrupted) as exc:
+            return Failed(FailureClass.CONNECTION_INTERRUPTED, f"lookup failed: {exc}")
+        if status == 200:
+            return _outcome(answer)
+        if status == 404:
+            return NotFound()
+        if status == 501:
+            how = "by op key" if self.idempotency == "remote" else "by tag"
+            return Unprovable(f"the object store cannot be queried {how}")
+        # The query failed, not the write: its outcome is still unknown.
+        return Failed(FailureClass.CONNECTION_INTERRUPTED, f"lookup failed: HTTP {status}")
+
+    def current_version(self, locator: str) -> str:
+        try:
+            status, answer = self._call("GET", f"/versions/{quote(locator, safe='')}")
+        except (_Unreachable, _Interrupted) as exc:
+            raise ConnectionError(f"version of {locator}: {exc}") from exc
+        if status == 404:
+            raise SourceNotFound(locator)
+        if status != 200 or not isinstance(answer.get("version"), str):
+            raise ConnectionError(f"version of {locator}: HTTP {status}")
+        return str(answer["version"])
+
+    def _request(self, op_key: str, request: dict[str, Any]) -> Outcome:
         action = str(request.get("action", ""))
         if not action.startswith(ACTION_PREFIX):
             return Failed(FailureClass.INVALID_PARAMS, f"the object store has no action {action!r}")
-        body = {"action": action.removeprefix(ACTION_PREFIX), "params": request.get("input", {})}
+        return self._write(op_key, action.removeprefix(ACTION_PREFIX), request.get("input", {}))
+
+    def _write(self, op_key: str, action: str, params: Any) -> Outcome:
+        """POST the action once under ``op_key``; in tag mode only after the tag query proved it never committed."""
+        if self.idempotency == "tag":
+            prior = self.lookup(op_key)
+            if isinstance(prior, Failed):
+                return Failed(FailureClass.CONNECTION_INTERRUPTED, f"not sent: {prior.detail}")
+            if not isinstance(prior, NotFound):
+                return prior  # committed (or running) already, or unprovable: never send blindly
+        body = {"action": action, "params": params}
         try:
             status, answer = self._call("POST", f"/ops/{quote(op_key, safe='')}", body)
         except _Unreachable as exc:
@@ -60,31 +120,6 @@ class ObjectStoreConnector:
             # A 5xx other than 503 (or an unexpected status) says nothing about whether the write happened.
             failure = FailureClass.INVALID_PARAMS if 400 <= status < 500 else FailureClass.CONNECTION_INTERRUPTED
         return Failed(failure, detail)
-
-    def lookup(self, op_key: str) -> Outcome:
-        try:
-            status, answer = self._call("GET", f"/ops/{quote(op_key, safe='')}")
-        except (_Unreachable, _Interrupted) as exc:
-            return Failed(FailureClass.CONNECTION_INTERRUPTED, f"lookup failed: {exc}")
-        if status == 200:
-            return _outcome(answer)
-        if status == 404:
-            return NotFound()
-        if status == 501:
-            return Unprovable("the object store cannot be queried by op key")
-        # The query failed, not the write: its outcome is still unknown.
-        return Failed(FailureClass.CONNECTION_INTERRUPTED, f"lookup failed: HTTP {status}")
-
-    def current_version(self, locator: str) -> str:
-        try:
-            status, answer = self._call("GET", f"/versions/{quote(locator, safe='')}")
-        except (_Unreachable, _Interrupted) as exc:
-            raise ConnectionError(f"version of {locator}: {exc}") from exc
-        if status == 404:
-            raise SourceNotFound(locator)
-        if status != 200 or not isinstance(answer.get("version"), str):
-            raise ConnectionError(f"version of {locator}: HTTP {status}")
-        return str(answer["version"])
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
         data = json.dumps(body).encode() if body is not None else None
@@ -121,10 +156,12 @@ def _outcome(answer: dict[str, Any]) -> Outcome:
         return Accepted(remote_id=str(receipt.get("remote_id", "")))
     if answer.get("state") != "committed":
         return Failed(FailureClass.CONNECTION_INTERRUPTED, f"unexpected answer {answer.get('state')!r}")
-    count = receipt.get("count")
+    count, temp = receipt.get("count"), receipt.get("temp")
     return Committed(
         remote_id=str(receipt.get("remote_id", "")),
         remote_version=str(receipt.get("remote_version") or ""),
         count=count if isinstance(count, int) and not isinstance(count, bool) else None,
         digest=str(receipt.get("digest") or ""),
+        # Staging objects the write created, for the caller to register for cleanup.
+        data={"temp": [str(locator) for locator in temp]} if isinstance(temp, list) and temp else {},
     )

@@ -6,13 +6,24 @@ Stdlib only. Prints ``listening on http://127.0.0.1:PORT`` once it accepts conne
 persisted (temp file + ``os.replace``) before it is answered, so a SIGKILL never loses a committed write.
 
 API (JSON bodies):
-    POST /ops/<op_key>   {"action", "params"} → {"state": "committed", "receipt": {...}}; once per op key
-    GET  /ops/<op_key>   → the committed receipt, or 404 {"state": "not_found"} (501 without idempotency)
+    POST /ops/<op_key>          {"action", "params"} → {"state": "committed", "receipt": {...}}; once per op key
+    GET  /ops/<op_key>          → the committed receipt, or 404 {"state": "not_found"} (501 without idempotency)
+    GET  /ops-by-tag/<op_key>   → {"state": "committed", "receipt": <the latest>, "count": <how many commits>}, or
+                                  404 {"state": "not_found"} (501 in ``no_idempotency_no_query``)
     GET  /versions/<locator>, POST /_sources {"locator", "version", "digest"}
     POST /_faults {"mode", "times", "ms"}, GET /_stats, GET /_state, POST /_reset
 
-Faults apply to the next ``times`` requests outside ``/_*``; ``no_idempotency`` holds for the whole run (until reset
-or ``{"mode": "clear"}``).
+Actions: prepare_target, copy_batch (its receipt lists the staging object it created in ``"temp"``), verify_digests,
+switch_reference, restore_reference, delete_objects {"target", "prefix"} and delete {"locator"} (exactly that one
+object key; an empty locator or one containing ``..`` is refused with 400 ``invalid_locator``).
+
+Every committed write is journalled under its op key as a tag, with or without idempotency, so a client of a store
+that does not dedupe can still ask what became of an op key.
+
+Faults apply to the next ``times`` requests outside ``/_*`` (``accept_then_drop`` to the next ``times`` writes: a
+query has nothing to accept). ``no_idempotency`` (no dedupe by op key, ``GET /ops`` answers 501) and
+``no_idempotency_no_query`` (no dedupe, and both queries answer 501) hold for the whole run, until reset or
+``{"mode": "clear"}``.
 """
 
 import argparse
@@ -42,8 +53,10 @@ FAULT_MODES = frozenset(
         "version_conflict",
         "accept_then_drop",
         "no_idempotency",
+        "no_idempotency_no_query",
     }
 )
+_WRITE_ONLY_FAULTS = frozenset({"accept_then_drop"})
 _FAULT_STATUS = {
     "dependency_unavailable": HTTPStatus.SERVICE_UNAVAILABLE,
     "permission_revoked": HTTPStatus.FORBIDDEN,
@@ -70,7 +83,8 @@ def empty_state() -> dict[str, Any]:
         "targets": {},  # target id → {"project"}
         "references": {},  # locator → {"target", "version", "history": [previous targets]}
         "sources": {},  # locator → {"version", "digest"}
-        "ops": {},  # op key → receipt
+        "ops": {},  # op key → receipt (only while the store dedupes)
+        "tags": {},  # op key → {"receipt": the latest, "count": commits under it}, always
         "jobs": 0,
         "stats": {"side_effects": 0, "by_op_key": {}, "by_action": {}},
     }
@@ -83,8 +97,10 @@ class Store:
         self.path = path
         self.lock = threading.Lock()
         self.state = json.loads(path.read_text()) if path.exists() else empty_state()
+        self.state.setdefault("tags", {})  # a state file written before the tag journal existed
         self.faults: list[dict[str, Any]] = []  # per-request faults, consumed in order
         self.no_idempotency = False
+        self.no_query = False  # with no_idempotency: the tag journal cannot be queried either
 
     def persist(self) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
@@ -94,24 +110,27 @@ class Store:
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
 
-    def take_fault(self) -> dict[str, Any] | None:
+    def take_fault(self, *, write: bool) -> dict[str, Any] | None:
+        """Consume the first pending fault that applies to this request (a write, or a query)."""
         with self.lock:
-            if not self.faults:
-                return None
-            fault = self.faults[0]
-            fault["times"] -= 1
-            if fault["times"] <= 0:
-                self.faults.pop(0)
-            return fault
+            for position, fault in enumerate(self.faults):
+                if write or fault["mode"] not in _WRITE_ONLY_FAULTS:
+                    fault["times"] -= 1
+                    if fault["times"] <= 0:
+                        self.faults.pop(position)
+                    return fault
+            return None
 
     def set_fault(self, body: dict[str, Any]) -> None:
         mode = body.get("mode")
         with self.lock:
             if mode == "clear":
                 self.faults.clear()
-                self.no_idempotency = False
+                self.no_idempotency = self.no_query = False
             elif mode == "no_idempotency":
-                self.no_idempotency = bool(body.get("enabled", True))
+                self.no_idempotency, self.no_query = bool(body.get("enabled", True)), False
+            elif mode == "no_idempotency_no_query":
+                self.no_idempotency = self.no_query = bool(body.get("enabled", True))
             elif mode in FAULT_MODES:
                 times = body.get("times", 1)
                 if not isinstance(times, int) or times < 1:
@@ -125,7 +144,7 @@ class Store:
         with self.lock:
             self.state = empty_state()
             self.faults.clear()
-            self.no_idempotency = False
+            self.no_idempotency = self.no_query = False
             self.persist()
 
     def set_source(self, body: dict[str, Any]) -> None:
@@ -141,6 +160,12 @@ class Store:
             receipt = self.state["ops"].get(op_key)
             return dict(receipt) if receipt is not None else None
 
+    def lookup_tag(self, op_key: str) -> dict[str, Any] | None:
+        """The journal entry for ``op_key``: ``{"receipt": the latest, "count": commits}``, or None."""
+        with self.lock:
+            entry = self.state["tags"].get(op_key)
+            return json.loads(json.dumps(entry)) if entry is not None else None
+
     def perform(self, op_key: str, action: str, params: dict[str, Any]) -> dict[str, Any]:
         """Run ``action`` once per op key (unless idempotency is off) and return its receipt."""
         handler = _ACTIONS.get(action)
@@ -154,6 +179,8 @@ class Store:
             receipt = handler(self.state, params, f"job-{self.state['jobs']}")
             if not self.no_idempotency:
                 self.state["ops"][op_key] = receipt
+            tagged = self.state["tags"].get(op_key, {"count": 0})
+            self.state["tags"][op_key] = {"receipt": receipt, "count": tagged["count"] + 1}
             stats = self.state["stats"]
             stats["side_effects"] += 1
             stats["by_op_key"][op_key] = stats["by_op_key"].get(op_key, 0) + 1
@@ -216,11 +243,12 @@ def copy_batch(state: dict[str, Any], params: dict[str, Any], job: str) -> dict[
         key = f"{target}/objects/{batch}/{index}"
         state["objects"][key] = {"version": source["version"], "digest": digest, "size": 1}
         digests.append(digest)
-    # The staging manifest is a temporary copy, removed by delete_objects(prefix="tmp/").
+    # The staging manifest is a temporary copy: the receipt names it so the caller can register it for cleanup.
     staging = f"{target}/{STAGING_PREFIX}batch-{batch}"
     state["objects"][staging] = {"version": source["version"], "digest": "", "size": limit}
     version = str(source["version"])
-    return _receipt(f"{target}/batch-{batch}", version=version, count=limit, digest=sha256("".join(digests)))
+    receipt = _receipt(f"{target}/batch-{batch}", version=version, count=limit, digest=sha256("".join(digests)))
+    return receipt | {"temp": [staging]}
 
 
 def verify_digests(state: dict[str, Any], params: dict[str, Any], job: str) -> dict[str, Any]:
@@ -266,9 +294,20 @@ def delete_objects(state: dict[str, Any], params: dict[str, Any], job: str) -> d
     return _receipt(job, count=len(doomed))
 
 
+def delete(state: dict[str, Any], params: dict[str, Any], job: str) -> dict[str, Any]:
+    """Remove exactly the object key ``locator`` (never a prefix); an absent key removes nothing."""
+    locator = params.get("locator")
+    if not isinstance(locator, str) or not locator.strip():
+        raise Refused(HTTPStatus.BAD_REQUEST, "invalid_locator", "delete needs a non-empty locator")
+    if ".." in locator:
+        raise Refused(HTTPStatus.BAD_REQUEST, "invalid_locator", f"locator {locator!r} contains '..'")
+    removed = state["objects"].pop(locator, None) is not None
+    return _receipt(locator, count=int(removed))
+
+
 _ACTIONS = {
     f.__name__: f
-    for f in (prepare_target, copy_batch, verify_digests, switch_reference, restore_reference, delete_objects)
+    for f in (prepare_target, copy_batch, verify_digests, switch_reference, restore_reference, delete_objects, delete)
 }
 
 
@@ -323,7 +362,7 @@ class Handler(BaseHTTPRequestHandler):
         if path.startswith("/_"):
             self._control(method, path, body)
             return
-        fault = store.take_fault()
+        fault = store.take_fault(write=method == "POST")
         mode = fault["mode"] if fault else ""
         if mode == "latency":
             time.sleep(fault["ms"] / 1000 if fault else 0)
@@ -341,9 +380,6 @@ class Handler(BaseHTTPRequestHandler):
                     return
                 self._send(HTTPStatus.OK, {"state": "committed", "receipt": receipt})
                 return
-            if mode == "accept_then_drop":
-                self._drop()
-                return
             if store.no_idempotency:
                 self._send(HTTPStatus.NOT_IMPLEMENTED, {"error": "unprovable", "detail": "no lookup by op key"})
                 return
@@ -352,6 +388,16 @@ class Handler(BaseHTTPRequestHandler):
                 self._send(HTTPStatus.NOT_FOUND, {"state": "not_found"})
             else:
                 self._send(HTTPStatus.OK, {"state": "committed", "receipt": found})
+            return
+        if path.startswith("/ops-by-tag/") and len(path) > len("/ops-by-tag/") and method == "GET":
+            if store.no_query:
+                self._send(HTTPStatus.NOT_IMPLEMENTED, {"error": "unprovable", "detail": "no query by tag"})
+                return
+            entry = store.lookup_tag(unquote(path[len("/ops-by-tag/") :]))
+            if entry is None:
+                self._send(HTTPStatus.NOT_FOUND, {"state": "not_found"})
+            else:
+                self._send(HTTPStatus.OK, {"state": "committed", **entry})
             return
         if path.startswith("/versions/") and method == "GET":
             locator = unquote(path[len("/versions/") :])
