@@ -3,23 +3,44 @@ message arriving once: a duplicate finds the lease taken or nothing to do; a los
 
 import os
 import socket
+from typing import Any
 
-from celery import shared_task
+from celery import Task, shared_task
 from django.conf import settings
 
+from leases import clock
 from tasks.connectors.objectstore import ObjectStoreConnector
 from tasks.recovery import tasks_needing_work
 from tasks.runner import run_task_once
+
+# A wake-up asked for further away than this is left to the recovery scan (it finds the task from the database).
+MAX_COUNTDOWN_SECONDS = 300.0
 
 
 def _holder_id() -> str:
     return f"worker:{socket.gethostname()}:{os.getpid()}"
 
 
-@shared_task(name="tasks.drive_task", acks_late=True, ignore_result=True)
-def drive_task(task_id: int) -> str:
-    connector = ObjectStoreConnector(settings.RECKON_OBJECTSTORE_URL)
-    return run_task_once(task_id=task_id, holder_id=_holder_id(), connector=connector)
+def connector() -> ObjectStoreConnector:
+    if settings.RECKON_OBJECTSTORE_IDEMPOTENCY == "tag":
+        return ObjectStoreConnector(settings.RECKON_OBJECTSTORE_URL, idempotency="tag")
+    return ObjectStoreConnector(settings.RECKON_OBJECTSTORE_URL, idempotency="remote")
+
+
+@shared_task(name="tasks.drive_task", acks_late=True, ignore_result=True, bind=True)
+def drive_task(self: Task[Any, Any], task_id: int) -> str:
+    wake = run_task_once(task_id=task_id, holder_id=_holder_id(), connector=connector())
+    if wake.wake_at is not None:
+        # Backoff or an accepted operation to observe: ask for the next wake-up. Losing this message costs only
+        # latency (the scan finds the task); a duplicate finds nothing to do.
+        countdown = max(0.0, (wake.wake_at - clock.now()).total_seconds())
+        if countdown <= MAX_COUNTDOWN_SECONDS:
+            queue = str((self.request.delivery_info or {}).get("routing_key") or "")
+            if queue:  # the queue this wake-up came from
+                drive_task.apply_async((task_id,), countdown=countdown, queue=queue)
+            else:
+                drive_task.apply_async((task_id,), countdown=countdown)
+    return wake.summary
 
 
 @shared_task(name="tasks.recovery_scan", ignore_result=True)

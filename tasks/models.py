@@ -146,6 +146,12 @@ class Node(models.Model):
         return f"node {self.key} of task {self.task_id} ({self.status})"
 
 
+class OperationPurpose(models.TextChoices):
+    EFFECT = "effect"  # a node's side effect: its receipt must satisfy the node's evidence spec
+    COMPENSATION = "compensation"  # undoes a committed effect, started only by a person's explicit choice
+    CLEANUP = "cleanup"  # deletes a temp resource once the task has ended (tasks/cleanup.py)
+
+
 class Operation(models.Model):
     """The execution record of one external write. The op key is stable across retries of the same intent."""
 
@@ -168,6 +174,7 @@ class Operation(models.Model):
     )
     # Who settled it when a person did (takeover): "user:<name>"; empty when the remote's answer settled it.
     settled_by = models.CharField(max_length=220, blank=True)
+    purpose = models.CharField(max_length=12, choices=OperationPurpose.choices, default=OperationPurpose.EFFECT)
 
     class Meta:
         constraints = [
@@ -177,6 +184,11 @@ class Operation(models.Model):
                 name="operation_rejection_has_class",
             ),
             models.CheckConstraint(condition=~Q(op_key=""), name="operation_key_not_empty"),
+            models.CheckConstraint(condition=Q(purpose__in=OperationPurpose.values), name="operation_purpose_valid"),
+            models.CheckConstraint(
+                condition=~Q(purpose=OperationPurpose.COMPENSATION) | Q(compensates__isnull=False),
+                name="operation_compensation_names_its_effect",
+            ),
         ]
         indexes = [
             # Serves next_directive / the reconciler: open operations of a task come first.

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from django.conf import settings
+
 from audit.principals import Principal
 from leases import clock
 from leases.models import Lease
@@ -32,6 +34,7 @@ from tasks.errors import (
 )
 from tasks.events import node_ref
 from tasks.evidence import evidence_problems
+from tasks.failpoints import failpoint
 from tasks.failures import PAUSE_REASON, backoff, destination
 from tasks.hygiene import check_payload
 from tasks.lifecycle import (
@@ -43,7 +46,7 @@ from tasks.lifecycle import (
     PauseReason,
     TaskStatus,
 )
-from tasks.models import Node, Operation, Receipt, Task
+from tasks.models import Node, Operation, OperationPurpose, Receipt, Task, TempResource
 from tasks.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
 from tasks.permissions import require_cancel
 from tasks.plans import digest_of
@@ -314,6 +317,8 @@ def record_outcome(*, op_key: str, outcome: Outcome, expected_version: int, leas
         if not outcome.remote_id:
             raise EvidenceInsufficient(f"a receipt for {op_key} needs the remote id the external system gave it")
         check_payload(outcome.data, what="receipt data")
+        if op.purpose == OperationPurpose.COMPENSATION:
+            return _record_compensation(op, outcome, expected_version, lease)
         return _record_committed(op, outcome, expected_version, lease)
     interrupted = isinstance(outcome, Failed) and outcome.failure_class == FailureClass.CONNECTION_INTERRUPTED
     if interrupted and op.status == OperationStatus.UNKNOWN:
@@ -366,10 +371,75 @@ def record_outcome(*, op_key: str, outcome: Outcome, expected_version: int, leas
                 else [],
                 data=data,
             )
+        if op.purpose == OperationPurpose.COMPENSATION and outcome.failure_class != FailureClass.CONNECTION_INTERRUPTED:
+            return _compensation_refused(current, op, outcome, data)
         return _failure_change(current, op, node, outcome, now, data)
 
     compare_and_set(op.task_id, expected_version, build, lease=lease)
     return Operation.objects.get(pk=op.pk)
+
+
+def _compensation_refused(current: Task, op: Operation, outcome: Failed, data: dict[str, Any]) -> Change:
+    """A compensation the remote refused is never retried by the system: a person decides what is next."""
+    detail = f"compensation {op.op_key} refused ({outcome.failure_class}): {outcome.detail}"
+    return Change(
+        event="compensation_rejected",
+        task=_after_settling(current, op, OperationStatus.REJECTED)
+        if current.cancel_requested_at is not None
+        else _pause(current, PauseReason.NEEDS_REPLAN, detail),
+        operations=[
+            (
+                op,
+                {
+                    "status": OperationStatus.REJECTED.value,
+                    "failure_class": str(outcome.failure_class),
+                    "failure_detail": outcome.detail[:500],
+                },
+            )
+        ],
+        data=data | {"failure_class": str(outcome.failure_class), "compensates": op.compensates_id},
+    )
+
+
+def _record_compensation(op: Operation, outcome: Committed, expected_version: int, lease: Lease) -> Operation:
+    """The remote committed a compensation: its receipt is kept as evidence; the node it undoes keeps its own
+    receipt too (both happened). The task goes on as the person who chose the compensation decided."""
+    receipt = Receipt(
+        operation=op,
+        remote_id=outcome.remote_id,
+        remote_version=outcome.remote_version,
+        count=outcome.count,
+        digest=outcome.digest,
+        data=outcome.data,
+    )
+
+    def build(current: Task, now: datetime) -> Change:
+        receipt.received_at = now
+        receipt.committed_after_cancel_request = current.cancel_requested_at is not None
+        return Change(
+            event="compensation_committed",
+            task=_after_settling(current, op, OperationStatus.COMMITTED)
+            if current.cancel_requested_at is not None
+            else {},
+            operations=[
+                (op, {"status": OperationStatus.COMMITTED.value, "remote_id": receipt.remote_id, "settled_at": now})
+            ],
+            data={"op_key": op.op_key, "receipt": _receipt_summary(receipt)},
+        )
+
+    compare_and_set(
+        op.task_id, expected_version, build, lease=lease, before_event=lambda _t, _n: receipt.save(force_insert=True)
+    )
+    return Operation.objects.get(pk=op.pk)
+
+
+def _receipt_summary(receipt: Receipt) -> dict[str, Any]:
+    return {
+        "remote_id": receipt.remote_id,
+        "remote_version": receipt.remote_version,
+        "count": receipt.count,
+        "digest": receipt.digest,
+    }
 
 
 def _failure_change(
@@ -447,19 +517,14 @@ def _record_committed(
         data=outcome.data,
     )
     problems = evidence_problems(node, op, receipt)
+    temp_locators = _temp_locators(outcome)
 
     def build(current: Task, now: datetime) -> Change:
         receipt.received_at = now
         receipt.committed_after_cancel_request = current.cancel_requested_at is not None
-        data = {
-            "op_key": op.op_key,
-            "receipt": {
-                "remote_id": receipt.remote_id,
-                "remote_version": receipt.remote_version,
-                "count": receipt.count,
-                "digest": receipt.digest,
-            },
-        }
+        data: dict[str, Any] = {"op_key": op.op_key, "receipt": _receipt_summary(receipt)}
+        if temp_locators:
+            data["temp"] = temp_locators
         op_fields = {
             "status": OperationStatus.COMMITTED.value,
             "remote_id": receipt.remote_id,
@@ -496,11 +561,26 @@ def _record_committed(
             data=data | {"after_cancel_request": receipt.committed_after_cancel_request},
         )
 
-    def save_receipt(_task: Task, _now: datetime) -> None:
+    def save_receipt(task: Task, now: datetime) -> None:
         receipt.save(force_insert=True)
+        # What the effect left behind to clean up once the task ends; its evidence (the receipt) stays.
+        for locator in temp_locators:
+            TempResource.objects.get_or_create(
+                task=task,
+                locator=locator,
+                defaults={"node": node, "created_at": now, "retention_until": now + settings.RECKON_TEMP_RETENTION},
+            )
+        failpoint("after_receipt", task_id=task.pk)
 
     compare_and_set(op.task_id, expected_version, build, lease=lease, before_event=save_receipt)
     return Operation.objects.get(pk=op.pk)
+
+
+def _temp_locators(outcome: Committed) -> list[str]:
+    temp = outcome.data.get("temp", [])
+    if not isinstance(temp, list) or not all(isinstance(t, str) and t and len(t) <= 500 for t in temp):
+        raise EvidenceInsufficient("a receipt's temp resources must be a list of locators")
+    return list(dict.fromkeys(temp))
 
 
 def _node_succeeded(

@@ -7,14 +7,19 @@ op keys already registered are for the reconciler, never for a blind retry.
 
 import contextlib
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
+from leases import clock
 from leases.errors import LeaseError
 from leases.models import HolderKind, Lease
 from leases.services import lease_acquire, lease_release, lease_renew
+from tasks.cleanup import ENDED, cleanup_temp_resources, temp_resources_due
 from tasks.connectors.base import Connector
 from tasks.errors import TaskError
-from tasks.lifecycle import FailureClass
-from tasks.outcomes import Failed
+from tasks.failpoints import failpoint
+from tasks.lifecycle import FailureClass, OperationStatus
+from tasks.models import OperationPurpose
+from tasks.outcomes import Accepted, Failed
 from tasks.protocol import (
     Directive,
     inputs_confirm,
@@ -32,13 +37,15 @@ class RunReport:
     directive: Directive | None  # the last directive read: done, stop (with its reason), wait (until)
     lease: Lease
     stopped_by: str = ""  # the named refusal that ended the run, if one did
+    wake_at: datetime | None = None  # when the task wants a worker again (backoff ends, an accepted op to observe)
 
 
 def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: int = 500) -> RunReport:
     """Run the task's ready work with ``lease`` until it is done, must stop or wait, or ``max_steps`` directives.
 
     The lease is renewed before each directive. A lookup that itself fails leaves the operation unknown and ends
-    the run (``stopped_by="remote_unreachable"``): the next run asks again.
+    the run (``stopped_by="remote_unreachable"``); an operation the remote still runs ends it too, with ``wake_at``
+    set for the next observation: the next run asks again, by op key.
     """
     directive: Directive | None = None
     for step in range(max_steps):
@@ -48,36 +55,71 @@ def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: in
             if d.kind == "reconcile" and d.op_key:
                 outcome = connector.lookup(d.op_key)
                 if isinstance(outcome, Failed) and outcome.failure_class == FailureClass.CONNECTION_INTERRUPTED:
-                    return RunReport(step, d, lease, stopped_by="remote_unreachable")
-                record_outcome(op_key=d.op_key, outcome=outcome, expected_version=d.task_version, lease=lease)
+                    return RunReport(step, d, lease, "remote_unreachable", wake_at=_later(OBSERVE_EVERY))
+                op = record_outcome(op_key=d.op_key, outcome=outcome, expected_version=d.task_version, lease=lease)
+                if isinstance(outcome, Accepted) and op.status == OperationStatus.ACCEPTED:
+                    return RunReport(step + 1, d, lease, "observing", wake_at=_later(OBSERVE_EVERY))
             elif d.kind == "reconcile":  # handed back by a person: re-read the inputs' versions first
                 refs = get_task(task_id).input_refs
                 versions = {name: connector.current_version(ref["locator"]) for name, ref in refs.items()}
                 inputs_confirm(task_id=task_id, current_versions=versions, expected_version=d.task_version, lease=lease)
             elif d.kind == "execute" and not d.op_key:
+                failpoint("before_intent", task_id=task_id)
                 register_intent(task_id=task_id, node_key=d.node_key, expected_version=d.task_version, lease=lease)
             elif d.kind == "execute":
                 op = operation_dispatch(op_key=d.op_key, expected_version=d.task_version, lease=lease)
-                outcome = connector.submit(op.op_key, op.request)
+                failpoint("before_call", task_id=task_id)
+                if op.purpose == OperationPurpose.COMPENSATION:
+                    outcome = connector.compensate(op.op_key, op.request)
+                else:
+                    outcome = connector.submit(op.op_key, op.request)
+                failpoint("after_call", task_id=task_id)
                 record_outcome(op_key=op.op_key, outcome=outcome, expected_version=d.task_version + 1, lease=lease)
+                failpoint("after_advance", task_id=task_id)
+            elif d.kind == "wait":
+                return RunReport(step, d, lease, wake_at=d.until)
             else:
                 return RunReport(step, d, lease)
         except (TaskError, LeaseError) as refusal:
             return RunReport(step, directive, lease, stopped_by=refusal.code)
-    return RunReport(max_steps, directive, lease, stopped_by="max_steps")
+        except ConnectionError as exc:  # current_version could not reach the source: nothing was written
+            return RunReport(step, directive, lease, f"remote_unreachable: {exc}"[:200], wake_at=_later(OBSERVE_EVERY))
+    return RunReport(max_steps, directive, lease, stopped_by="max_steps", wake_at=_later(timedelta(0)))
 
 
-def run_task_once(*, task_id: int, holder_id: str, connector: Connector, max_steps: int = 500) -> str:
+OBSERVE_EVERY = timedelta(seconds=2)
+
+
+def _later(delay: timedelta) -> datetime:
+    return clock.now() + delay
+
+
+@dataclass(frozen=True)
+class WakeUp:
+    summary: str
+    wake_at: datetime | None = None  # ask for another wake-up then (a lost request is made good by the scan)
+
+
+def run_task_once(*, task_id: int, holder_id: str, connector: Connector, max_steps: int = 500) -> WakeUp:
     """One wake-up of a worker for one task: take the agent lease, run its ready work in one loop (one message
-    per wake-up, not per step), give the lease back. Another holder, a reservation for a person, or a task
-    with nothing to do make it a no-op — so a duplicated or late message is harmless."""
+    per wake-up, not per step), delete the temp resources of a task that has ended, give the lease back.
+    Another holder, a reservation for a person, or a task with nothing to do make it a no-op — so a
+    duplicated or late message is harmless."""
     try:
         lease = lease_acquire(task_id=task_id, holder_kind=HolderKind.AGENT, holder_id=holder_id)
     except LeaseError as refusal:
-        return f"skipped: {refusal.code}"
+        return WakeUp(f"skipped: {refusal.code}")
     report = run_steps(task_id=task_id, lease=lease, connector=connector, max_steps=max_steps)
+    cleaned = ""
+    if get_task(task_id).status in ENDED and temp_resources_due(get_task(task_id)).exists():
+        try:
+            cleanup = cleanup_temp_resources(task_id=task_id, lease=report.lease, connector=connector)
+            cleaned = f"; cleanup: {cleanup.deleted} deleted, {cleanup.remaining} left {cleanup.stopped_by}".rstrip()
+        except (TaskError, LeaseError) as refusal:
+            cleaned = f"; cleanup stopped: {refusal.code}"
     with contextlib.suppress(LeaseError):  # lost meanwhile (expired past grace, forced): nothing to give back
         lease_release(lease=report.lease)
     last = report.directive
     outcome = f"{last.kind} {last.reason}".strip() if last else "no directive"
-    return f"{outcome}{' (' + report.stopped_by + ')' if report.stopped_by else ''} after {report.steps} steps"
+    stopped = f" ({report.stopped_by})" if report.stopped_by else ""
+    return WakeUp(f"{outcome}{stopped} after {report.steps} steps{cleaned}", wake_at=report.wake_at)

@@ -54,7 +54,7 @@ from tasks.events import node_ref
 from tasks.evidence import evidence_problems
 from tasks.hygiene import check_payload
 from tasks.lifecycle import OPEN_OPERATION_STATUSES, NodeStatus, OperationStatus, PauseReason, TaskStatus
-from tasks.models import Attachment, Event, Node, Operation, Receipt, Task
+from tasks.models import Attachment, Event, Node, Operation, OperationPurpose, Receipt, Task
 from tasks.outcomes import Committed
 from tasks.permissions import PermissionDenied, require_admin, require_operate
 from tasks.plans import digest_of
@@ -533,7 +533,9 @@ def _register_compensation(op: Operation, expected_version: int, lease: Lease, a
     node = op.node
 
     def build(current: Task, now: datetime) -> Change:
-        request = {"action": node.compensation, "compensates": op.op_key, "remote_id": op.remote_id}
+        # The compensation acts on what the effect was sent with, and names the effect it undoes.
+        original = op.request.get("input", {}) if isinstance(op.request, dict) else {}
+        request = {"action": node.compensation, "input": original, "compensates": op.op_key, "remote_id": op.remote_id}
         compensation = Operation(
             node=node,
             op_key=f"{op.op_key}-compensation",
@@ -543,6 +545,7 @@ def _register_compensation(op: Operation, expected_version: int, lease: Lease, a
             request_digest=digest_of(request),
             registered_at=now,
             compensates=op,
+            purpose=OperationPurpose.COMPENSATION.value,
         )
         return Change(
             event="compensation_registered",

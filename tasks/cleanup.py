@@ -1,0 +1,177 @@
+"""Temp resources — what a task's effects left behind (a staging copy, …) — deleted once the task has ended.
+
+Each delete is an operation of its own (``purpose=cleanup``, op key ``rk-<task uid>-cleanup-<temp id>-<n>``): the
+intent is registered before the call, the call goes through ``connector.delete(op_key, locator)``, and the temp
+resource is marked deleted only together with the cleanup receipt. A crash anywhere is finished by the next run: a
+dispatched or unknown cleanup is first looked up by its op key, never sent again blindly. Only the task's own temp
+resources are ever named, one exact locator at a time; receipts of the effects are evidence and are never touched.
+A cleanup the remote keeps refusing stops after ``MAX_CLEANUP_ATTEMPTS`` op keys and waits for a person.
+"""
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db.models import QuerySet
+
+from leases.models import Lease
+from tasks.cas import Change, compare_and_set
+from tasks.connectors.base import Connector
+from tasks.failpoints import failpoint
+from tasks.lifecycle import OPEN_OPERATION_STATUSES, FailureClass, OperationStatus, TaskStatus
+from tasks.models import Operation, OperationPurpose, Receipt, Task, TempResource, TempResourceStatus
+from tasks.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
+from tasks.plans import digest_of
+from tasks.queries import get_task
+
+ENDED = (TaskStatus.COMPLETED.value, TaskStatus.STOPPED.value, TaskStatus.FAILED.value)
+MAX_CLEANUP_ATTEMPTS = 3
+_UNDONE = (TempResourceStatus.ACTIVE.value, TempResourceStatus.CLEANING.value)
+
+
+@dataclass(frozen=True)
+class CleanupReport:
+    deleted: int
+    remaining: int
+    stopped_by: str = ""  # remote_unreachable, unprovable, needs_person, or a refusal's code
+
+
+def temp_resources_due(task: Task) -> QuerySet[TempResource]:
+    """The temp resources of ``task`` still to delete; none while the task may still need them."""
+    if task.status not in ENDED:
+        return TempResource.objects.none()
+    return TempResource.objects.filter(task=task, status__in=_UNDONE).order_by("pk")
+
+
+def cleanup_temp_resources(*, task_id: int, lease: Lease, connector: Connector) -> CleanupReport:
+    """Delete every temp resource of an ended task, each as its own operation. Idempotent; safe to re-run after a
+    crash at any point; stops at the first answer that leaves an outcome unknown (the next run asks again)."""
+    deleted = 0
+    for temp in list(temp_resources_due(get_task(task_id))):
+        outcome_of_run = _clean_one(temp, lease, connector)
+        if outcome_of_run == "deleted":
+            deleted += 1
+        elif outcome_of_run != "skipped":
+            remaining = temp_resources_due(get_task(task_id)).count()
+            return CleanupReport(deleted, remaining, stopped_by=outcome_of_run)
+    return CleanupReport(deleted, temp_resources_due(get_task(task_id)).count())
+
+
+def _clean_one(temp: TempResource, lease: Lease, connector: Connector) -> str:
+    op = temp.cleanup_operation
+    for _round in range(MAX_CLEANUP_ATTEMPTS * 2 + 2):
+        if op is None or op.status == OperationStatus.REJECTED:
+            tries = Operation.objects.filter(task_id=temp.task_id, op_key__startswith=_key_prefix(temp)).count()
+            if tries >= MAX_CLEANUP_ATTEMPTS:
+                return "needs_person"
+            op = _register(temp, tries, lease)
+        if op.status == OperationStatus.INTENT:
+            op = _dispatch(op, lease)
+            outcome = connector.delete(op.op_key, temp.locator)
+            failpoint("mid_cleanup", task_id=temp.task_id)
+        elif op.status in OPEN_OPERATION_STATUSES:
+            outcome = connector.lookup(op.op_key)
+        else:
+            return "deleted"
+        op = _record(op, temp, outcome, lease)
+        if op.status == OperationStatus.COMMITTED:
+            return "deleted"
+        if op.status == OperationStatus.UNKNOWN:
+            return "unprovable" if op.failure_class == "unprovable" else "remote_unreachable"
+        if op.status == OperationStatus.REJECTED and op.failure_class == FailureClass.DEPENDENCY_UNAVAILABLE:
+            return "remote_unavailable"  # a later wake-up tries again, under a new op key
+    return "needs_person"
+
+
+def _key_prefix(temp: TempResource) -> str:
+    return f"rk-{temp.task.uid.hex}-cleanup-{temp.pk}-"
+
+
+def _register(temp: TempResource, tries: int, lease: Lease) -> Operation:
+    request = {"action": "delete", "locator": temp.locator}
+    task = get_task(temp.task_id)
+    node_id = temp.node_id
+    if node_id is None:  # every temp resource recorded from a receipt names its node
+        raise ValueError(f"temp resource {temp.pk} names no node: it was not recorded by the protocol")
+
+    def build(current: Task, now: datetime) -> Change:
+        op = Operation(
+            task=current,
+            node_id=node_id,
+            op_key=f"{_key_prefix(temp)}{tries}",
+            action="delete",
+            target=temp.locator[:300],
+            request=request,
+            request_digest=digest_of(request),
+            registered_at=now,
+            purpose=OperationPurpose.CLEANUP.value,
+        )
+        return Change(
+            event="cleanup_registered",
+            operations=[(op, {"status": OperationStatus.INTENT.value})],
+            data={"op_key": op.op_key, "temp": temp.locator},
+        )
+
+    def mark_cleaning(_task: Task, _now: datetime) -> None:
+        op = Operation.objects.get(op_key=f"{_key_prefix(temp)}{tries}")
+        TempResource.objects.filter(pk=temp.pk).update(status=TempResourceStatus.CLEANING.value, cleanup_operation=op)
+
+    compare_and_set(task.pk, task.version, build, lease=lease, before_event=mark_cleaning)
+    return Operation.objects.get(op_key=f"{_key_prefix(temp)}{tries}")
+
+
+def _dispatch(op: Operation, lease: Lease) -> Operation:
+    task = get_task(op.task_id)
+    change = Change(
+        event="cleanup_dispatched",
+        operations=[(op, {"status": OperationStatus.DISPATCHED.value, "dispatch_count": op.dispatch_count + 1})],
+        data={"op_key": op.op_key},
+    )
+    compare_and_set(task.pk, task.version, change, lease=lease)
+    return Operation.objects.get(pk=op.pk)
+
+
+def _record(op: Operation, temp: TempResource, outcome: Outcome, lease: Lease) -> Operation:
+    task = get_task(op.task_id)
+    data: dict[str, Any] = {"op_key": op.op_key, "temp": temp.locator, "outcome": type(outcome).__name__.lower()}
+    before_event = None
+    if isinstance(outcome, Committed) and outcome.remote_id:
+        receipt = Receipt(operation=op, remote_id=outcome.remote_id, count=outcome.count, data={})
+
+        def save(_task: Task, now: datetime) -> None:
+            receipt.received_at = now
+            receipt.save(force_insert=True)
+            TempResource.objects.filter(pk=temp.pk).update(
+                status=TempResourceStatus.DELETED.value, cleanup_receipt=receipt
+            )
+
+        before_event = save
+        event, fields = "cleanup_committed", {"status": OperationStatus.COMMITTED.value, "remote_id": outcome.remote_id}
+        data["removed"] = outcome.count
+    elif isinstance(outcome, NotFound):
+        event, fields = "cleanup_not_found", {"status": OperationStatus.INTENT.value}  # never happened: send again
+    elif isinstance(outcome, Unprovable):
+        event, fields = "cleanup_unprovable", {"status": OperationStatus.UNKNOWN.value, "failure_class": "unprovable"}
+    elif isinstance(outcome, Failed) and outcome.failure_class == FailureClass.CONNECTION_INTERRUPTED:
+        if op.status == OperationStatus.UNKNOWN:
+            return op  # the lookup itself failed: still unknown
+        event, fields = (
+            "cleanup_unknown",
+            {"status": OperationStatus.UNKNOWN.value, "failure_class": "connection_interrupted"},
+        )
+    elif isinstance(outcome, Failed):
+        event = "cleanup_rejected"
+        fields = {
+            "status": OperationStatus.REJECTED.value,
+            "failure_class": str(outcome.failure_class),
+            "failure_detail": outcome.detail[:500],
+        }
+    elif isinstance(outcome, Accepted):
+        event, fields = "cleanup_accepted", {"status": OperationStatus.ACCEPTED.value, "remote_id": outcome.remote_id}
+    else:  # a Committed without a remote id proves nothing
+        event, fields = "cleanup_unknown", {"status": OperationStatus.UNKNOWN.value, "failure_class": "no_receipt"}
+    if fields["status"] == op.status and len(fields) == 1:
+        return op
+    change = Change(event=event, operations=[(op, fields)], data=data)
+    compare_and_set(task.pk, task.version, change, lease=lease, before_event=before_event)
+    return Operation.objects.get(pk=op.pk)
