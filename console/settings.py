@@ -123,12 +123,16 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 
 # The object store the reference agent migrates into (the simulator in development and tests).
 RECKON_OBJECTSTORE_URL = os.environ.get("RECKON_OBJECTSTORE_URL", "http://127.0.0.1:8100")
+# "remote": the store dedupes by op key; "tag": it does not, so the connector queries by the op-key tag first.
+RECKON_OBJECTSTORE_IDEMPOTENCY = os.environ.get("RECKON_OBJECTSTORE_IDEMPOTENCY", "remote")
 
 # Leases (DESIGN §7): short agent leases, renewed; within the grace only the same holder may renew.
 RECKON_LEASE_TTL = timedelta(seconds=int(os.environ.get("RECKON_LEASE_TTL_SECONDS", "30")))
 RECKON_LEASE_GRACE = timedelta(seconds=int(os.environ.get("RECKON_LEASE_GRACE_SECONDS", "15")))
 # A person's takeover lease: renewed by the open console page; the grace covers a dropped connection.
 RECKON_OPERATOR_LEASE_TTL = timedelta(seconds=int(os.environ.get("RECKON_OPERATOR_LEASE_TTL_SECONDS", "120")))
+# Temp resources a task's effects leave behind are deleted once the task ends, or at the latest after this.
+RECKON_TEMP_RETENTION = timedelta(hours=int(os.environ.get("RECKON_TEMP_RETENTION_HOURS", "24")))
 # Budgets and backoff (DESIGN §6): persisted per node and per task.
 RECKON_DEFAULT_NODE_ATTEMPTS = 3
 RECKON_DEFAULT_TASK_ATTEMPTS = 20
