@@ -6,6 +6,7 @@ import select
 import signal
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -61,3 +62,18 @@ class Simulator:
 
     def stats(self) -> dict[str, Any]:
         return self.control("/_stats")
+
+    def snapshot(self) -> dict[str, Any]:
+        """The store's whole state (objects, targets, references, ops, tags, stats)."""
+        return self.control("/_state")
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+        """A raw request to the store's API, answering (status, body) for refusals too."""
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.url + path, data=data, method=method)  # noqa: S310
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            with exc:
+                return exc.code, json.loads(exc.read() or b"{}")

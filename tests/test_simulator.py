@@ -1,5 +1,6 @@
 """The object-store simulator, as a real process, and its connector: DESIGN §6 classes and §9 faults."""
 
+import json
 import socket
 import time
 from typing import Any
@@ -245,3 +246,65 @@ def test_the_readme_agent_loop_runs_the_demo_plan_against_the_store(
     assert Node.objects.get(task=task, key="copy-batch-1").operations.get().request["input"]["target"] == target
     assert simulator.control("/_state")["references"]["projects/acme"]["target"] == target
     assert Task.objects.get(pk=task.pk).status == TaskStatus.RUNNING
+
+
+def test_every_committed_write_is_journalled_by_its_op_key_tag(simulator: Simulator) -> None:
+    assert simulator.call("GET", "/ops-by-tag/op-1") == (404, {"state": "not_found"})
+    receipt = connect(simulator).submit("op-1", prepare())
+    assert isinstance(receipt, Committed)
+    status, answer = simulator.call("GET", "/ops-by-tag/op-1")
+    assert (status, answer["state"], answer["count"]) == (200, "committed", 1)
+    assert answer["receipt"]["remote_id"] == receipt.remote_id
+    assert simulator.stats()["by_op_key"] == {"op-1": 1}, "a query is not a side effect"
+
+
+def test_no_idempotency_no_query_holds_for_the_run_until_cleared(simulator: Simulator) -> None:
+    store = connect(simulator)
+    simulator.fault("no_idempotency_no_query")
+    for op_key in ("op-1", "op-1", "op-2"):
+        assert isinstance(store.submit(op_key, prepare()), Committed)
+    for _ in range(3):
+        assert simulator.call("GET", "/ops/op-1")[0] == 501
+        assert simulator.call("GET", "/ops-by-tag/op-1")[0] == 501
+    assert simulator.stats()["by_op_key"] == {"op-1": 2, "op-2": 1}, "no dedupe"
+    simulator.control("/_faults", {"mode": "clear"})
+    assert simulator.call("GET", "/ops-by-tag/op-1")[1]["count"] == 2, "the journal kept every write"
+    simulator.fault("no_idempotency_no_query")
+    simulator.control("/_reset", {})
+    assert simulator.call("GET", "/ops-by-tag/op-1") == (404, {"state": "not_found"})
+
+
+def test_accept_then_drop_waits_for_a_write(simulator: Simulator) -> None:
+    store = connect(simulator)
+    simulator.fault("accept_then_drop")
+    assert store.lookup("op-1") == NotFound(), "a query has nothing to accept: it is answered"
+    assert simulator.call("GET", "/ops-by-tag/op-1")[0] == 404
+    outcome = store.submit("op-1", prepare())
+    assert isinstance(outcome, Failed) and outcome.failure_class == FailureClass.CONNECTION_INTERRUPTED
+    assert isinstance(store.lookup("op-1"), Committed)
+
+
+def test_a_state_file_from_before_the_tag_journal_still_loads(simulator: Simulator) -> None:
+    store = connect(simulator)
+    assert isinstance(first := store.submit("op-1", prepare()), Committed)
+    simulator.kill()
+    state = json.loads(simulator.state.read_text())
+    del state["tags"]
+    simulator.state.write_text(json.dumps(state))
+    simulator.start()
+    store = connect(simulator)
+    assert store.lookup("op-1") == first
+    assert simulator.call("GET", "/ops-by-tag/op-1") == (404, {"state": "not_found"})
+    assert isinstance(store.submit("op-2", prepare()), Committed)
+    assert simulator.call("GET", "/ops-by-tag/op-2")[1]["count"] == 1
+
+
+@pytest.mark.parametrize("locator", ["", "..", "tgt-acme-job-1/tmp/../objects/1/0"])
+def test_the_store_refuses_a_malformed_delete_by_name(simulator: Simulator, locator: str) -> None:
+    assert isinstance(connect(simulator).submit("op-1", prepare()), Committed)
+    before = simulator.snapshot()
+    status, answer = simulator.call("POST", "/ops/op-delete", {"action": "delete", "params": {"locator": locator}})
+    assert (status, answer["error"]) == (400, "invalid_locator")
+    status, answer = simulator.call("POST", "/ops/op-delete", {"action": "delete", "params": {}})
+    assert (status, answer["error"]) == (400, "invalid_locator")
+    assert simulator.snapshot() == before

@@ -175,8 +175,9 @@ class Store:
             if not self.no_idempotency and op_key in self.state["ops"]:
                 return dict(self.state["ops"][op_key])
             self._check_source_version(params)
+            # Actions validate before they change anything; the job counter moves only once one succeeds.
+            receipt = handler(self.state, params, f"job-{self.state['jobs'] + 1}")
             self.state["jobs"] += 1
-            receipt = handler(self.state, params, f"job-{self.state['jobs']}")
             if not self.no_idempotency:
                 self.state["ops"][op_key] = receipt
             tagged = self.state["tags"].get(op_key, {"count": 0})
