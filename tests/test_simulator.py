@@ -308,3 +308,20 @@ def test_the_store_refuses_a_malformed_delete_by_name(simulator: Simulator, loca
     status, answer = simulator.call("POST", "/ops/op-delete", {"action": "delete", "params": {}})
     assert (status, answer["error"]) == (400, "invalid_locator")
     assert simulator.snapshot() == before
+
+
+def test_a_fault_can_be_limited_to_one_action_and_to_every_nth_request(simulator) -> None:
+    store = simulator.start()
+    store.fault("dependency_unavailable", times=2, action="prepare_target", every=2)
+    statuses = []
+    for n in range(5):
+        status, _ = store.call("POST", f"/ops/k{n}", {"action": "prepare_target", "params": {"project": f"p{n}"}})
+        statuses.append(status)
+    # Only the 2nd and 4th prepare_target writes fail; a query or another action never consumes the fault.
+    assert statuses == [200, 503, 200, 503, 200]
+    store.fault("dependency_unavailable", times=1, action="copy_batch")
+    assert store.call("GET", "/ops/k0")[0] == 200
+    assert store.call("POST", "/ops/k9", {"action": "prepare_target", "params": {"project": "q"}})[0] == 200
+    assert store.stats()["side_effects"] == 4
+    for bad in ({"every": 0}, {"every": "2"}, {"action": 3}):
+        assert store.call("POST", "/_faults", {"mode": "latency", **bad})[0] == 400

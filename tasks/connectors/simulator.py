@@ -11,7 +11,7 @@ API (JSON bodies):
     GET  /ops-by-tag/<op_key>   → {"state": "committed", "receipt": <the latest>, "count": <how many commits>}, or
                                   404 {"state": "not_found"} (501 in ``no_idempotency_no_query``)
     GET  /versions/<locator>, POST /_sources {"locator", "version", "digest"}
-    POST /_faults {"mode", "times", "ms"}, GET /_stats, GET /_state, POST /_reset
+    POST /_faults {"mode", "times", "ms", "every", "action"}, GET /_stats, GET /_state, POST /_reset
 
 Actions: prepare_target, copy_batch (its receipt lists the staging object it created in ``"temp"``), verify_digests,
 switch_reference, restore_reference, delete_objects {"target", "prefix"} and delete {"locator"} (exactly that one
@@ -21,9 +21,10 @@ Every committed write is journalled under its op key as a tag, with or without i
 that does not dedupe can still ask what became of an op key.
 
 Faults apply to the next ``times`` requests outside ``/_*`` (``accept_then_drop`` to the next ``times`` writes: a
-query has nothing to accept). ``no_idempotency`` (no dedupe by op key, ``GET /ops`` answers 501) and
-``no_idempotency_no_query`` (no dedupe, and both queries answer 501) hold for the whole run, until reset or
-``{"mode": "clear"}``.
+query has nothing to accept). ``every: n`` makes a fault hit only every n-th request it applies to; ``action``
+limits it to writes of that action (``"switch_reference"``). ``no_idempotency`` (no dedupe by op key, ``GET /ops``
+answers 501) and ``no_idempotency_no_query`` (no dedupe, and both queries answer 501) hold for the whole run,
+until reset or ``{"mode": "clear"}``.
 """
 
 import argparse
@@ -110,15 +111,22 @@ class Store:
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
 
-    def take_fault(self, *, write: bool) -> dict[str, Any] | None:
-        """Consume the first pending fault that applies to this request (a write, or a query)."""
+    def take_fault(self, *, write: bool, action: str = "") -> dict[str, Any] | None:
+        """Consume the first pending fault that applies to this request (a write, or a query; its action when the
+        fault names one; every n-th such request when it says ``every``)."""
         with self.lock:
             for position, fault in enumerate(self.faults):
-                if write or fault["mode"] not in _WRITE_ONLY_FAULTS:
-                    fault["times"] -= 1
-                    if fault["times"] <= 0:
-                        self.faults.pop(position)
-                    return fault
+                if not write and (fault["mode"] in _WRITE_ONLY_FAULTS or fault["action"]):
+                    continue
+                if fault["action"] and fault["action"] != action:
+                    continue
+                fault["seen"] += 1
+                if fault["seen"] % fault["every"]:
+                    return None  # this one passes untouched
+                fault["times"] -= 1
+                if fault["times"] <= 0:
+                    self.faults.pop(position)
+                return fault
             return None
 
     def set_fault(self, body: dict[str, Any]) -> None:
@@ -135,7 +143,13 @@ class Store:
                 times = body.get("times", 1)
                 if not isinstance(times, int) or times < 1:
                     raise Refused(HTTPStatus.BAD_REQUEST, "invalid_params", "times must be a positive integer")
-                self.faults.append({"mode": mode, "times": times, "ms": int(body.get("ms", 0))})
+                every, action = body.get("every", 1), body.get("action", "")
+                if not isinstance(every, int) or every < 1 or not isinstance(action, str):
+                    raise Refused(
+                        HTTPStatus.BAD_REQUEST, "invalid_params", "every must be a positive integer, action a string"
+                    )
+                fault = {"mode": mode, "times": times, "ms": int(body.get("ms", 0)), "every": every, "action": action}
+                self.faults.append(fault | {"seen": 0})
             else:
                 known = ", ".join(sorted(FAULT_MODES | {"clear"}))
                 raise Refused(HTTPStatus.BAD_REQUEST, "invalid_params", f"unknown fault mode {mode!r} ({known})")
@@ -363,7 +377,7 @@ class Handler(BaseHTTPRequestHandler):
         if path.startswith("/_"):
             self._control(method, path, body)
             return
-        fault = store.take_fault(write=method == "POST")
+        fault = store.take_fault(write=method == "POST", action=str(body.get("action", "")))
         mode = fault["mode"] if fault else ""
         if mode == "latency":
             time.sleep(fault["ms"] / 1000 if fault else 0)

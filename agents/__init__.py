@@ -1,0 +1,1 @@
+"""Reference agents: example task kinds written only against Reckon's public services."""

@@ -1,0 +1,100 @@
+"""The reference agent: "migrate a project" into the object store. The example to copy.
+
+It uses only Reckon's public services — ``tasks.plans.task_create`` to register the plan, ``tasks.runner`` (or the
+Celery job ``tasks.drive_task``) to run it, the connector contract for everything external — and holds no rule of
+its own. The plan: prepare the target, copy the objects in batches, verify every digest against the source
+snapshot, switch the project's reference (irreversible; its compensation points it back). The temporary staging
+copies each batch leaves are recorded from the receipts and deleted once the task ends (``tasks/cleanup.py``).
+
+Batches are sized by the remote's transaction boundary (``max_batch``, the most objects one copy may span), never
+by what a model proposes: ``n`` objects are ``ceil(n / max_batch)`` batches, each its own operation and op key.
+
+    task = start(project="acme", objects=1200, source=source_ref, max_batch=500, created_by="agent:migrator")
+    run_task_once(task_id=task.pk, holder_id="worker-1", connector=connector)     # or drive_task.delay(task.pk)
+"""
+
+from typing import Any
+
+from tasks.models import Task
+from tasks.plans import task_create
+
+KIND = "migrate_project"
+
+
+def batches(objects: int, max_batch: int) -> list[int]:
+    """Batch sizes covering ``objects``, none larger than the remote's transaction boundary."""
+    if objects < 1 or max_batch < 1:
+        raise ValueError("a migration copies at least one object, in batches of at least one")
+    full, rest = divmod(objects, max_batch)
+    return [max_batch] * full + ([rest] if rest else [])
+
+
+def plan(
+    project: str, *, objects: int, source: dict[str, Any], max_batch: int, confirm_switch: bool = False
+) -> dict[str, Any]:
+    """The plan document. ``source`` is a versioned ref: ``{"source", "locator", "version", "digest"}``.
+    ``confirm_switch`` puts a person's approval before the reference switch."""
+    target = {"from": "prepare-target", "field": "remote_id"}
+    nodes: list[dict[str, Any]] = [
+        {
+            "key": "prepare-target",
+            "action": "store.prepare_target",
+            "input": {"project": project, "source": {"ref": source}},
+            "evidence": {"remote_id": True},
+            "rerun": "idempotent: the target is created once per op key",
+        }
+    ]
+    sizes = batches(objects, max_batch)
+    for n, size in enumerate(sizes, start=1):
+        nodes.append(
+            {
+                "key": f"copy-batch-{n}",
+                "action": "store.copy_batch",
+                "depends_on": ["prepare-target"],
+                "input": {"target": target, "source": {"ref": source}, "batch": n, "limit": size},
+                "evidence": {"remote_id": True, "count": size},
+                "on_failure": {"dependency_unavailable": "retry"},
+                "rerun": "idempotent by op key: the store dedupes the batch",
+            }
+        )
+    nodes.append(
+        {
+            "key": "verify-digests",
+            "action": "store.verify_digests",
+            "depends_on": [f"copy-batch-{n}" for n in range(1, len(sizes) + 1)],
+            "input": {"target": target, "source": {"ref": source}},
+            "evidence": {"remote_id": True, "count": objects, "digest": {"input": "source", "field": "digest"}},
+        }
+    )
+    before_switch = "verify-digests"
+    if confirm_switch:
+        nodes.append({"key": "approve-switch", "action": "approval", "depends_on": ["verify-digests"]})
+        before_switch = "approve-switch"
+    nodes.append(
+        {
+            "key": "switch-reference",
+            "action": "store.switch_reference",
+            "depends_on": [before_switch],
+            "input": {"target": target, "source": {"ref": source}},
+            "evidence": {"remote_id": True, "remote_version": {"input": "source", "field": "version"}},
+            "irreversible": True,
+            "compensation": "store.restore_reference",
+        }
+    )
+    return {"nodes": nodes}
+
+
+def start(
+    *,
+    project: str,
+    objects: int,
+    source: dict[str, Any],
+    max_batch: int,
+    created_by: str,
+    confirm_switch: bool = False,
+) -> Task:
+    """Register the migration as a task; a worker (or ``tasks.runner.run_task_once``) runs it."""
+    document = plan(project, objects=objects, source=source, max_batch=max_batch, confirm_switch=confirm_switch)
+    return task_create(
+        kind=KIND, title=f"Migrate project {project}", plan=document, created_by=created_by, project=project
+    )

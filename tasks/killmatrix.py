@@ -1,0 +1,453 @@
+"""The kill matrix: real worker processes, the real simulator process, SIGKILLs at named failpoints.
+
+Each scenario starts its own simulator (a fresh state file), its own queue and its own Celery worker processes
+(``--pool=solo``: a failpoint's SIGKILL takes the whole worker down), creates tasks of the reference agent's kind,
+wakes them, and then acts as the deployment would: a worker that died is replaced by a fresh one, and a recovery
+scan is sent every ``SCAN_EVERY`` seconds, as Celery beat would. When every task has ended (or the deadline passed)
+it checks the facts — the simulator's side-effect counts against the database's operations and receipts — and
+reports one row. ``manage.py verify_matrix`` prints the table and exits non-zero on any failure.
+"""
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import Group, User
+
+from agents import migrate_project
+from audit.principals import Principal
+from tasks.cleanup import ENDED
+from tasks.evidence import evidence_problems
+from tasks.failpoints import hits
+from tasks.jobs import drive_task, recovery_scan
+from tasks.lifecycle import OPEN_OPERATION_STATUSES, NodeStatus, OperationStatus, TaskStatus
+from tasks.models import Event, Node, Operation, OperationPurpose, Receipt, Task, TempResource, TempResourceStatus
+from tasks.protocol import task_request_cancel
+from tasks.takeover import NodeResult, takeover_claim, takeover_submit
+from tasks.verification import find_problems
+
+ROOT = Path(settings.BASE_DIR)
+SCAN_EVERY = 2.0
+OBJECTS, MAX_BATCH = 30, 10  # three copy batches per task
+KILL_POINTS = ("before_intent", "before_call", "after_call", "after_receipt", "after_advance", "mid_cleanup")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    what: str
+    workers: int = 2
+    failpoints: str = ""
+    copies_per_message: int = 1  # every wake-up message (and scan) sent this many times
+    faults: tuple[dict[str, Any], ...] = ()
+    lease_ttl: int = 3
+    lease_grace: int = 1
+    expect: str = TaskStatus.COMPLETED.value
+    act: str = ""  # what the driver does meanwhile: "cancel" or "change_input"
+
+
+SCENARIOS = [
+    *(
+        Scenario(f"kill {point}", f"SIGKILL once per task at {point}", failpoints=f"{point}=kill_once")
+        for point in KILL_POINTS
+    ),
+    Scenario("messages twice", "every wake-up and every scan delivered twice", copies_per_message=2),
+    Scenario("2 workers", "two workers, every task woken on both", workers=2, copies_per_message=2),
+    Scenario("8 workers", "eight workers, every task woken on all", workers=8, copies_per_message=8),
+    Scenario(
+        "accept then timeout",
+        "the store commits, the connection drops before the answer",
+        faults=({"mode": "accept_then_drop", "times": 10**6, "every": 3},),
+    ),
+    Scenario(
+        "cancel in delayed call",
+        "cancel while the remote call is delayed 1.5 s",
+        faults=({"mode": "latency", "times": 10**6, "ms": 1500},),
+        expect=TaskStatus.STOPPED.value,
+        act="cancel",
+    ),
+    Scenario(
+        "input changed in pause",
+        "the source changes while a person holds the task; handed back",
+        expect=TaskStatus.PAUSED.value,
+        act="change_input",
+    ),
+    Scenario(
+        "lease expires in call",
+        "the irreversible switch outlasts the lease (4 s) and its grace; another worker takes over",
+        faults=({"mode": "latency", "times": 10**6, "ms": 6000, "action": "switch_reference"},),
+    ),
+]
+
+
+@dataclass
+class Row:
+    scenario: str
+    tasks: int
+    expected: int = 0
+    counted: int = 0
+    duplicates: int = 0
+    unknowns: int = 0
+    skipped: int = 0
+    wrong: int = 0
+    kills: int = 0
+    fired: int = -1  # tasks a kill_once failpoint fired for; -1 when the scenario sets none
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        clean = not (self.duplicates or self.unknowns or self.skipped or self.wrong)
+        # A kill scenario proves something only if its failpoint fired for every task.
+        return clean and self.expected == self.counted and self.fired in (-1, self.tasks)
+
+
+# -- processes -------------------------------------------------------------------------------------------------
+
+
+class StoreProcess:
+    """The simulator, as its own process, on a free loopback port."""
+
+    def __init__(self, state: Path) -> None:
+        command = [sys.executable, "-m", "tasks.connectors.simulator", "--port", "0", "--state", str(state)]
+        self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)  # noqa: S603
+        out = self.process.stdout
+        ready = select.select([out], [], [], 15)[0] if out is not None else []
+        line = out.readline() if out is not None and ready else ""
+        if not line.startswith("listening on "):
+            self.stop()
+            raise RuntimeError(f"the simulator did not start: {line!r}")
+        self.url = line.removeprefix("listening on ").strip()
+
+    def call(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(  # noqa: S310 - loopback, our own process
+            self.url + path, data=data, method="POST" if data is not None else "GET"
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+            answer: dict[str, Any] = json.loads(response.read())
+            return answer
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            with suppress(subprocess.TimeoutExpired):
+                self.process.wait(5)
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(5)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+class Workers:
+    """``count`` Celery worker processes on ``queue``; a dead one is replaced by a fresh one (``replace_dead``)."""
+
+    def __init__(self, count: int, queue: str, env: dict[str, str], log: Path) -> None:
+        self.queue, self.env, self.log = queue, env, log
+        self.kills = 0
+        self.processes = [self._start(n) for n in range(count)]
+
+    def _start(self, n: int) -> subprocess.Popen[bytes]:
+        command = [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool=solo", "-Q", self.queue]
+        command += ["-n", f"w{n}-{uuid.uuid4().hex[:6]}@%h", "--without-heartbeat", "--without-mingle"]
+        command += ["--without-gossip", "--loglevel=WARNING"]
+        with self.log.open("ab") as out:
+            return subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=out, stderr=out)  # noqa: S603
+
+    def replace_dead(self) -> None:
+        for n, process in enumerate(self.processes):
+            if process.poll() is not None:
+                self.kills += process.returncode == -signal.SIGKILL
+                self.processes[n] = self._start(n)
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+
+
+# -- a scenario ------------------------------------------------------------------------------------------------
+
+
+def database_url() -> str:
+    from django.db import connection
+
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{db['NAME']}"
+    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@contextmanager
+def _running(scenario: Scenario, workdir: Path) -> Iterator[tuple[StoreProcess, Workers, str]]:
+    store = StoreProcess(workdir / "store.json")
+    queue = f"matrix-{uuid.uuid4().hex[:10]}"
+    env = os.environ | {
+        "DATABASE_URL": database_url(),
+        "RECKON_OBJECTSTORE_URL": store.url,
+        "RECKON_FAILPOINTS": scenario.failpoints,
+        "RECKON_FAILPOINT_DIR": str(workdir / "failpoints"),
+        "RECKON_LEASE_TTL_SECONDS": str(scenario.lease_ttl),
+        "RECKON_LEASE_GRACE_SECONDS": str(scenario.lease_grace),
+        "RECKON_LOG_LEVEL": "WARNING",
+    }
+    workers: Workers | None = None
+    try:
+        workers = Workers(scenario.workers, queue, env, workdir / "workers.log")
+        yield store, workers, queue
+    finally:
+        if workers is not None:
+            workers.stop()
+        store.stop()
+
+
+def _source(project: str) -> dict[str, Any]:
+    return {"source": "store", "locator": f"projects/{project}", "version": "1", "digest": "sha256:" + "5e" * 32}
+
+
+def run_scenario(scenario: Scenario, tasks: int, *, timeout: float, log: Callable[[str], None] = print) -> Row:
+    started = time.monotonic()
+    row = Row(scenario.name, tasks)
+    with tempfile.TemporaryDirectory(prefix="reckon-matrix-") as tmp, _running(scenario, Path(tmp)) as running:
+        store, workers, queue = running
+        run = uuid.uuid4().hex[:6]
+        created = []
+        for n in range(tasks):
+            project = f"m{run}-{n}"
+            source = _source(project)
+            store.call("/_sources", {"locator": source["locator"], "version": "1", "digest": source["digest"]})
+            created.append(
+                migrate_project.start(
+                    project=project,
+                    objects=OBJECTS,
+                    source=source,
+                    max_batch=MAX_BATCH,
+                    created_by="matrix",
+                    confirm_switch=scenario.act == "change_input",
+                )
+            )
+        for fault in scenario.faults:
+            store.call("/_faults", fault)
+        ids = [t.pk for t in created]
+
+        def wake_all() -> None:
+            for _ in range(scenario.copies_per_message):
+                for task_id in ids:
+                    drive_task.apply_async((task_id,), queue=queue)
+
+        wake_all()
+        deadline = time.monotonic() + timeout
+        last_scan, acted = time.monotonic(), False
+        while time.monotonic() < deadline:
+            workers.replace_dead()
+            if scenario.act == "cancel" and not acted:
+                acted = _cancel_in_flight(ids)
+            if scenario.act == "change_input" and not acted:
+                acted = _change_inputs_and_hand_back(ids, store, wake_all)
+            if _finished(ids, scenario):
+                break
+            if time.monotonic() - last_scan >= SCAN_EVERY:
+                for _ in range(scenario.copies_per_message):
+                    recovery_scan.apply_async((queue,), queue=queue)
+                last_scan = time.monotonic()
+            time.sleep(0.25)
+        workers.replace_dead()
+        row.kills = workers.kills
+        if scenario.failpoints:
+            point = scenario.failpoints.partition("=")[0]
+            row.fired = hits(point, Path(tmp) / "failpoints")
+            if row.fired != tasks:
+                row.problems.append(f"{point} fired for {row.fired} of {tasks} tasks")
+        stats = store.call("/_stats")
+        _judge(row, scenario, ids, stats)
+    row.seconds = time.monotonic() - started
+    log(_format_row(row))
+    return row
+
+
+def _finished(ids: list[int], scenario: Scenario) -> bool:
+    tasks = Task.objects.filter(pk__in=ids)
+    if scenario.expect == TaskStatus.PAUSED:
+        return tasks.filter(status=TaskStatus.PAUSED, status_reason="input_changed").count() == len(ids)
+    if tasks.exclude(status__in=ENDED).exists():
+        return False
+    undone = [TempResourceStatus.ACTIVE, TempResourceStatus.CLEANING]
+    return not TempResource.objects.filter(task_id__in=ids, status__in=undone).exists()
+
+
+def _cancel_in_flight(ids: list[int]) -> bool:
+    """Cancel each task once it has sent its first batch copy (its call then delayed by the store)."""
+    cancelled = 0
+    for task in Task.objects.filter(pk__in=ids):
+        if task.cancel_requested_at is not None:
+            cancelled += 1
+        elif Operation.objects.filter(task=task, action="store.copy_batch").exists():
+            task_request_cancel(actor=Principal.system("matrix"), task_id=task.pk, reason="kill matrix: cancel")
+            cancelled += 1
+    return cancelled == len(ids)
+
+
+def _operator() -> Principal:
+    user, _ = User.objects.get_or_create(username="matrix-operator")
+    user.groups.add(Group.objects.get(name="admin"))
+    return Principal.of_user(user)
+
+
+def _change_inputs_and_hand_back(ids: list[int], store: StoreProcess, wake_all: Callable[[], None]) -> bool:
+    """Once every task waits at its confirmation point: the source moves to version 2 while a person holds the
+    task; the person approves and hands it back. The agent must re-read the source and pause input_changed."""
+    waiting = Node.objects.filter(task_id__in=ids, key="approve-switch", status=NodeStatus.PENDING)
+    ready = Node.objects.filter(task_id__in=ids, key="verify-digests", status=NodeStatus.SUCCEEDED)
+    if ready.count() < len(ids) or waiting.count() < len(ids):
+        return False
+    operator = _operator()
+    for task in Task.objects.filter(pk__in=ids):
+        claim = takeover_claim(actor=operator, task_id=task.pk)
+        if claim.lease is None:
+            return False  # a worker still holds it: try again on the next tick
+        source = task.input_refs["source"]
+        store.call("/_sources", {"locator": source["locator"], "version": "2", "digest": source["digest"]})
+        takeover_submit(
+            actor=operator,
+            lease=claim.lease,
+            based_on_version=Task.objects.get(pk=task.pk).version,
+            decision="resume_agent",
+            results=[NodeResult(node_key="approve-switch", remote_id=f"approval:{operator.id}:{task.pk}")],
+            note="approved in the kill matrix",
+        )
+    wake_all()
+    return True
+
+
+# -- judging ---------------------------------------------------------------------------------------------------
+
+
+def _judge(row: Row, scenario: Scenario, ids: list[int], stats: dict[str, Any]) -> None:
+    by_key: dict[str, int] = stats.get("by_op_key", {})
+    for task in Task.objects.filter(pk__in=ids).order_by("pk"):
+        mine = {key: n for key, n in by_key.items() if task.uid.hex in key}
+        ops = list(Operation.objects.filter(task=task).select_related("node"))
+        committed = [op for op in ops if op.status == OperationStatus.COMMITTED and not op.settled_by]
+        receipts = set(Receipt.objects.filter(operation__task=task).values_list("operation__op_key", flat=True))
+        row.counted += sum(mine.values())
+        row.expected += _expected_effects(task, scenario, committed)
+        row.duplicates += sum(n - 1 for n in mine.values() if n > 1)
+        per_node: dict[int, int] = {}
+        for op in committed:
+            if op.purpose == OperationPurpose.EFFECT:
+                per_node[op.node_id] = per_node.get(op.node_id, 0) + 1
+        row.duplicates += sum(n - 1 for n in per_node.values() if n > 1)
+        unknown = [op.op_key for op in ops if op.status in OPEN_OPERATION_STATUSES]
+        row.unknowns += len(unknown)
+        unrecorded = [key for key in mine if key not in receipts]  # an effect the store counted, with no receipt
+        row.unknowns += len(unrecorded)
+        if unknown or unrecorded:
+            row.problems.append(f"task {task.pk}: open {unknown}, effects without receipt {unrecorded}")
+        skipped = _skipped_steps(task)
+        row.skipped += len(skipped)
+        row.problems += [f"task {task.pk}: {s}" for s in skipped]
+        wrong = _wrong_final_state(task, scenario)
+        row.wrong += bool(wrong)
+        row.problems += [f"task {task.pk}: {w}" for w in wrong]
+
+
+def _expected_effects(task: Task, scenario: Scenario, committed: list[Operation]) -> int:
+    """What the store should have counted for this task: one per effect node that ran, one per temp resource
+    deleted. A cancelled task ran only what committed before or during the cancel (each one with a receipt)."""
+    batches = len(migrate_project.batches(OBJECTS, MAX_BATCH))
+    if scenario.expect == TaskStatus.COMPLETED:
+        return 3 + batches + batches  # prepare, copies, verify, switch; one temp staging copy deleted per batch
+    return len(committed)  # cancelled or paused: every effect the store counted must be one of these
+
+
+def _skipped_steps(task: Task) -> list[str]:
+    problems = []
+    nodes = list(Node.objects.filter(task=task, plan_version=task.plan_version))
+    succeeded = {n.key for n in nodes if n.status == NodeStatus.SUCCEEDED}
+    for node in nodes:
+        if node.status != NodeStatus.SUCCEEDED:
+            continue
+        if not set(node.depends_on) <= succeeded:
+            problems.append(f"{node.key} succeeded before {sorted(set(node.depends_on) - succeeded)}")
+        op = (
+            Operation.objects.filter(node=node, status=OperationStatus.COMMITTED, purpose=OperationPurpose.EFFECT)
+            .order_by("-pk")
+            .first()
+        )
+        receipt = Receipt.objects.filter(operation=op).first() if op else None
+        if op is None or receipt is None:
+            problems.append(f"{node.key} succeeded without a receipt")
+        elif not op.settled_by and (issues := evidence_problems(node, op, receipt)):
+            problems.append(f"{node.key} succeeded on a receipt that fails its evidence: {issues}")
+    if task.status == TaskStatus.COMPLETED and len(succeeded) != len(nodes):
+        problems.append(f"completed with {sorted({n.key for n in nodes} - succeeded)} not done")
+    cancel_seq = Event.objects.filter(task=task, type="cancel_requested").values_list("seq", flat=True).first()
+    if cancel_seq is not None:
+        late = Event.objects.filter(
+            task=task, seq__gt=cancel_seq, type__in=["intent_registered", "operation_dispatched"]
+        )
+        problems += [f"{e.type} at seq {e.seq}, after the cancel (seq {cancel_seq})" for e in late]
+    return problems
+
+
+def _wrong_final_state(task: Task, scenario: Scenario) -> list[str]:
+    problems = []
+    if task.status != scenario.expect:
+        problems.append(f"ended {task.status} ({task.status_reason}), expected {scenario.expect}")
+    if scenario.act == "change_input":
+        if task.status_reason != "input_changed":
+            problems.append(f"paused for {task.status_reason!r}, expected input_changed")
+        if Operation.objects.filter(task=task, action="store.switch_reference").exists():
+            problems.append("the switch was sent after the source changed")
+    if task.status in ENDED:
+        left = TempResource.objects.filter(task=task).exclude(status=TempResourceStatus.DELETED).count()
+        if left:
+            problems.append(f"{left} temp resources not deleted")
+    problems += [f"verify_log: {p}" for p in find_problems(task)]
+    return problems
+
+
+# -- the table -------------------------------------------------------------------------------------------------
+
+HEADER = (
+    f"{'scenario':<24} {'tasks':>5} {'effects exp':>11} {'counted':>8} {'dups':>5} {'unknown':>8} "
+    f"{'skipped':>8} {'wrong':>6} {'kills':>6} {'secs':>6}  result"
+)
+
+
+def _format_row(row: Row) -> str:
+    return (
+        f"{row.scenario:<24} {row.tasks:>5} {row.expected:>11} {row.counted:>8} {row.duplicates:>5} "
+        f"{row.unknowns:>8} {row.skipped:>8} {row.wrong:>6} {row.kills:>6} {row.seconds:>6.1f}  "
+        f"{'ok' if row.ok else 'FAIL'}"
+    )
+
+
+def choose(names: list[str]) -> list[Scenario]:
+    if not names:
+        return list(SCENARIOS)
+    known = {s.name.replace(" ", "_"): s for s in SCENARIOS}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return [known[n] for n in names]
