@@ -31,6 +31,7 @@ INSTALLED_APPS = [
     "tasks",
     "leases",
     "audit",
+    "retention",
 ]
 
 AUTHENTICATION_BACKENDS = [
@@ -145,3 +146,23 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": os.environ.get("RECKON_LOG_LEVEL", "INFO")},
 }
+
+# Retention (DESIGN §3.8, §3.11): sensitive inputs, debug artifacts and temp material, sealed at rest
+# (AES-256-GCM) under DATA_DIR/retention, each with an expiry; checkpoints keep only {"retained": id, "version": n}.
+# RECKON_RETENTION_KEY: the base64 text of 32 random bytes, e.g.
+#   python -c "import base64, os; print(base64.b64encode(os.urandom(32)).decode())"
+# UNSET, the key is a DEVELOPMENT key derived from SECRET_KEY: whoever has SECRET_KEY can read every retained
+# object. Never run so in production (`manage.py check` warns when DEBUG is off). Changing the key makes every
+# stored object unreadable (RetentionKeyMismatch): they expire and are swept as usual.
+RECKON_RETENTION_KEY = os.environ.get("RECKON_RETENTION_KEY", "")
+RECKON_RETENTION_TTL = {
+    "sensitive_input": timedelta(days=7),
+    "debug_artifact": timedelta(days=3),
+    "temp_material": timedelta(days=1),
+}
+# Bounded extensions: an object lives at most this long after its creation, extended at most this many times.
+RECKON_RETENTION_MAX_EXTENSION = timedelta(days=int(os.environ.get("RECKON_RETENTION_MAX_EXTENSION_DAYS", "30")))
+RECKON_RETENTION_MAX_EXTENSIONS = 3
+RECKON_RETENTION_MAX_BYTES = 16 * 1024 * 1024
+RECKON_RETENTION_SWEEP_SECONDS = float(os.environ.get("RECKON_RETENTION_SWEEP_SECONDS", "300"))
+CELERY_BEAT_SCHEDULE["retention-sweep"] = {"task": "retention.sweep", "schedule": RECKON_RETENTION_SWEEP_SECONDS}
