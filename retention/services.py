@@ -437,14 +437,15 @@ def _remove_orphans(now: datetime, limit: int, report: SweepReport) -> None:
         return
     for folder in sorted(root.iterdir()):
         task_uid = _as_uuid(folder.name)
-        if task_uid is None or not folder.is_dir() or str(task_uid) != folder.name:
+        # A symlinked folder could lead anywhere (the attachments, say): never followed.
+        if task_uid is None or folder.is_symlink() or not folder.is_dir() or str(task_uid) != folder.name:
             report.unrecognised += 1
             continue
         files: list[tuple[Path, uuid.UUID, int, bool]] = []
         for path in sorted(folder.iterdir()):
             match = _FILE_NAME.fullmatch(path.name)
             uid = _as_uuid(match["uid"]) if match else None
-            if match is None or uid is None:
+            if match is None or uid is None or path.is_symlink() or not path.is_file():
                 report.unrecognised += 1
                 continue
             files.append((path, uid, int(match["version"]), bool(match["partial"])))

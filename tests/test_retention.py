@@ -275,16 +275,18 @@ def test_an_unusable_key_is_refused_by_name_and_nothing_is_written(
     ["same task, other name", "same name, other version", "other task, same name"],
 )
 def test_a_file_moved_to_another_object_does_not_decrypt(task, other_task, clock, target) -> None:
-    source = keep(task, content=b"the first object's content")
+    """Same content on both sides, so the digest cannot tell them apart: the associated data must."""
+    source = keep(task)
     victim = {
-        "same task, other name": lambda: keep(task, name="other", content=b"x"),
-        "same name, other version": lambda: keep(task, content=b"x"),
-        "other task, same name": lambda: keep(other_task, content=b"x"),
+        "same task, other name": lambda: keep(task, name="other"),
+        "same name, other version": lambda: keep(task),
+        "other task, same name": lambda: keep(other_task),
     }[target]()
+    assert row(victim).sha256 == row(source).sha256
     path_of(victim).write_bytes(path_of(source).read_bytes())
-    with pytest.raises(RetentionCorrupt):
+    with pytest.raises(RetentionCorrupt, match="does not authenticate"):
         fetch(victim)
-    assert fetch(source) == b"the first object's content"
+    assert fetch(source) == CONTEXT
 
 
 # --- what may be retained -----------------------------------------------------------------------------------------
@@ -620,6 +622,19 @@ def test_leftover_partials_are_removed_and_unknown_files_left_alone(task, clock)
     assert (report.orphans_removed, report.unrecognised) == (1, 2)
     assert not torn.exists() and fresh.exists() and stranger.exists()
     assert fetch(ref) == CONTEXT
+
+
+def test_the_sweep_follows_no_symlink_out_of_its_folder(task, clock, retention_settings) -> None:
+    elsewhere = retention_settings / "elsewhere"
+    elsewhere.mkdir()
+    bait = elsewhere / "00000000-0000-0000-0000-000000000000-v1.bin.1.partial"
+    bait.write_bytes(b"RKR")
+    os.utime(bait, (0, 0))
+    retention_root().mkdir(parents=True, exist_ok=True)
+    (retention_root() / "11111111-1111-1111-1111-111111111111").symlink_to(elsewhere, target_is_directory=True)
+    report = retention_sweep()
+    assert (report.orphans_removed, report.unrecognised) == (0, 1)
+    assert bait.exists()
 
 
 def test_a_purged_objects_file_that_reappears_is_removed(task, clock) -> None:
