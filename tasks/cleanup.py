@@ -147,7 +147,7 @@ def _record(op: Operation, temp: TempResource, outcome: Outcome, lease: Lease) -
 
         before_event = save
         event, fields = "cleanup_committed", {"status": OperationStatus.COMMITTED.value, "remote_id": outcome.remote_id}
-        data["removed"] = outcome.count
+        data["receipt"] = {"remote_id": outcome.remote_id, "remote_version": "", "count": outcome.count, "digest": ""}
     elif isinstance(outcome, NotFound):
         event, fields = "cleanup_not_found", {"status": OperationStatus.INTENT.value}  # never happened: send again
     elif isinstance(outcome, Unprovable):

@@ -41,6 +41,7 @@ from tasks.verification import find_problems
 
 ROOT = Path(settings.BASE_DIR)
 SCAN_EVERY = 2.0
+SABOTAGE_ENV = "RECKON_MATRIX_SABOTAGE"  # a fault (JSON) added to every scenario's store, for the matrix's own test
 OBJECTS, MAX_BATCH = 30, 10  # three copy batches per task
 KILL_POINTS = ("before_intent", "before_call", "after_call", "after_receipt", "after_advance", "mid_cleanup")
 
@@ -248,6 +249,8 @@ def run_scenario(scenario: Scenario, tasks: int, *, timeout: float, log: Callabl
             )
         for fault in scenario.faults:
             store.call("/_faults", fault)
+        if sabotage := os.environ.get(SABOTAGE_ENV):  # proves the matrix can fail: e.g. a store that stops deduping
+            store.call("/_faults", json.loads(sabotage))
         ids = [t.pk for t in created]
 
         def wake_all() -> None:
@@ -325,7 +328,7 @@ def _change_inputs_and_hand_back(ids: list[int], store: StoreProcess, wake_all: 
         claim = takeover_claim(actor=operator, task_id=task.pk)
         if claim.lease is None:
             return False  # a worker still holds it: try again on the next tick
-        source = task.input_refs["source"]
+        source = task.input_refs["prepare-target.source"]
         store.call("/_sources", {"locator": source["locator"], "version": "2", "digest": source["digest"]})
         takeover_submit(
             actor=operator,

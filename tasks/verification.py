@@ -77,7 +77,13 @@ def _spec_of(node: Node) -> NodeSpec:
 
 def _receipt_problems(task: Task) -> list[str]:
     logged: dict[str, Any] = {}
-    kinds = ["node_succeeded", "evidence_insufficient", "takeover_result_submitted"]
+    kinds = [
+        "node_succeeded",
+        "evidence_insufficient",
+        "takeover_result_submitted",
+        "compensation_committed",
+        "cleanup_committed",
+    ]
     for event in Event.objects.filter(task=task, type__in=kinds):
         data = event.payload.get("data", {})
         if "receipt" in data:

@@ -1,0 +1,62 @@
+"""The kill matrix in the test suite: ``manage.py verify_matrix`` at a reduced size, as its own process (it makes
+and drops a database of its own), with real Celery workers, the real simulator and real SIGKILLs.
+
+The full run (50 tasks per scenario) is ``./dev manage verify_matrix``; CI runs this reduced one on SQLite with the
+filesystem broker and on PostgreSQL with Redis (CELERY_BROKER_URL).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from tasks.killmatrix import SCENARIOS
+from tests.simulator_fixture import ROOT
+
+TASKS = int(os.environ.get("RECKON_MATRIX_TASKS", "2"))
+
+
+def test_every_scenario_of_the_kill_matrix_ends_clean() -> None:
+    run = subprocess.run(  # noqa: S603
+        [sys.executable, "manage.py", "verify_matrix", "--tasks", str(TASKS), "--timeout", "120"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    print(run.stdout)  # the table, for the CI log (pytest -s / -rA)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = [line for line in run.stdout.splitlines() if line.endswith(("ok", "FAIL"))]
+    assert len(rows) == len(SCENARIOS), run.stdout
+    assert all(line.endswith(" ok") for line in rows), run.stdout
+    # The kill scenarios killed a worker once per task at their point, and fresh workers finished the work.
+    for line in rows:
+        if line.startswith("kill "):
+            assert int(line.split()[-3]) >= TASKS, line
+
+
+def test_the_matrix_fails_when_the_store_breaks_its_contract() -> None:
+    """Not a check that cannot fail: a store that silently stops deduping by op key (and cannot be queried) turns
+    a worker killed after its call into a task paused as unprovable — reported, and the command exits non-zero."""
+    env = os.environ | {"RECKON_MATRIX_SABOTAGE": json.dumps({"mode": "no_idempotency"})}
+    run = subprocess.run(
+        [sys.executable, "manage.py", "verify_matrix", "--tasks", "1", "--scenario", "kill_after_call"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode != 0
+    assert "FAIL" in run.stdout and "unprovable" in run.stderr, run.stdout + run.stderr
+    bad = subprocess.run(
+        [sys.executable, "manage.py", "verify_matrix", "--scenario", "nope"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode != 0 and "unknown scenario" in bad.stderr
