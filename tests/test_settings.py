@@ -15,7 +15,7 @@ def test_the_default_broker_needs_no_server_and_carries_a_message(tmp_path) -> N
     assert settings.CELERY_BROKER_URL.startswith("filesystem://") or "CELERY_BROKER_URL" in os.environ
     folder = tmp_path / "broker"
     folder.mkdir()
-    options = {"data_folder_in": str(folder), "data_folder_out": str(folder)}
+    options = {"data_folder_in": str(folder), "data_folder_out": str(folder), "control_folder": str(folder)}
     queue = Queue("probe", Exchange("probe"), routing_key="probe")
     with Connection("filesystem://", transport_options=options) as conn:
         conn.Producer().publish({"task_id": 7}, exchange=queue.exchange, routing_key="probe", declare=[queue])
