@@ -6,15 +6,16 @@ its own. The plan: prepare the target, copy the objects in batches, verify every
 snapshot, switch the project's reference (irreversible; its compensation points it back). The temporary staging
 copies each batch leaves are recorded from the receipts and deleted once the task ends (``tasks/cleanup.py``).
 
-Batches are sized by the remote's transaction boundary (``max_batch``, the most objects one copy may span), never
-by what a model proposes: ``n`` objects are ``ceil(n / max_batch)`` batches, each its own operation and op key.
+Batches are sized by the remote's transaction boundary (``store.max_batch()``, the most objects one copy may span),
+never by what a model proposes: ``n`` objects are ``ceil(n / max_batch)`` batches, each its own operation and op key.
 
-    task = start(project="acme", objects=1200, source=source_ref, max_batch=500, created_by="agent:migrator")
+    task = start(project="acme", objects=1200, source=source_ref, store=connector, created_by="agent:migrator")
     run_task_once(task_id=task.pk, holder_id="worker-1", connector=connector)     # or drive_task.delay(task.pk)
 """
 
 from typing import Any
 
+from tasks.connectors.objectstore import ObjectStoreConnector
 from tasks.models import Task
 from tasks.plans import task_create
 
@@ -84,17 +85,29 @@ def plan(
     return {"nodes": nodes}
 
 
+class SourceMoved(ValueError):
+    """The source is no longer at the version the caller asked to migrate: plan against what is true now."""
+
+
 def start(
     *,
     project: str,
     objects: int,
     source: dict[str, Any],
-    max_batch: int,
+    store: ObjectStoreConnector,
     created_by: str,
+    max_batch: int | None = None,
     confirm_switch: bool = False,
 ) -> Task:
-    """Register the migration as a task; a worker (or ``tasks.runner.run_task_once``) runs it."""
-    document = plan(project, objects=objects, source=source, max_batch=max_batch, confirm_switch=confirm_switch)
+    """Register the migration of ``objects`` objects of ``source`` (a versioned ref) as a task; a worker (or
+    ``tasks.runner.run_task_once``) runs it. The batch size is the store's transaction boundary, or ``max_batch``
+    when that is smaller. The source must still be at the ref's version."""
+    now = store.current_version(source["locator"])
+    if now != source["version"]:
+        raise SourceMoved(f"{source['locator']} is at version {now}, not {source['version']}")
+    boundary = store.max_batch()
+    size = min(max_batch, boundary) if max_batch else boundary
+    document = plan(project, objects=objects, source=source, max_batch=size, confirm_switch=confirm_switch)
     return task_create(
         kind=KIND, title=f"Migrate project {project}", plan=document, created_by=created_by, project=project
     )

@@ -30,6 +30,7 @@ from django.contrib.auth.models import Group, User
 from agents import migrate_project
 from audit.principals import Principal
 from tasks.cleanup import ENDED
+from tasks.connectors.objectstore import ObjectStoreConnector
 from tasks.evidence import evidence_problems
 from tasks.failpoints import hits
 from tasks.jobs import drive_task, recovery_scan
@@ -242,6 +243,7 @@ def run_scenario(scenario: Scenario, tasks: int, *, timeout: float, log: Callabl
                     project=project,
                     objects=OBJECTS,
                     source=source,
+                    store=ObjectStoreConnector(store.url),
                     max_batch=MAX_BATCH,
                     created_by="matrix",
                     confirm_switch=scenario.act == "change_input",

@@ -91,6 +91,17 @@ class ObjectStoreConnector:
             raise ConnectionError(f"version of {locator}: HTTP {status}")
         return str(answer["version"])
 
+    def max_batch(self) -> int:
+        """The store's transaction boundary: the most objects one copy may span. Batches are sized by this."""
+        try:
+            status, answer = self._call("GET", "/limits")
+        except (_Unreachable, _Interrupted) as exc:
+            raise ConnectionError(f"limits: {exc}") from exc
+        limit = answer.get("max_batch")
+        if status != 200 or not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ConnectionError(f"limits: HTTP {status}")
+        return limit
+
     def _request(self, op_key: str, request: dict[str, Any]) -> Outcome:
         action = str(request.get("action", ""))
         if not action.startswith(ACTION_PREFIX):

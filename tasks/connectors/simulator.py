@@ -10,6 +10,7 @@ API (JSON bodies):
     GET  /ops/<op_key>          → the committed receipt, or 404 {"state": "not_found"} (501 without idempotency)
     GET  /ops-by-tag/<op_key>   → {"state": "committed", "receipt": <the latest>, "count": <how many commits>}, or
                                   404 {"state": "not_found"} (501 in ``no_idempotency_no_query``)
+    GET  /limits → {"max_batch"}: the most objects one copy may span (the store's transaction boundary)
     GET  /versions/<locator>, POST /_sources {"locator", "version", "digest"}
     POST /_faults {"mode", "times", "ms", "every", "action"}, GET /_stats, GET /_state, POST /_reset
 
@@ -417,6 +418,9 @@ class Handler(BaseHTTPRequestHandler):
                 self._send(HTTPStatus.NOT_FOUND, {"state": "not_found"})
             else:
                 self._send(HTTPStatus.OK, {"state": "committed", **entry})
+            return
+        if path == "/limits" and method == "GET":
+            self._send(HTTPStatus.OK, {"max_batch": MAX_BATCH})
             return
         if path.startswith("/versions/") and method == "GET":
             locator = unquote(path[len("/versions/") :])

@@ -1,0 +1,150 @@
+"""The reference agent (agents/migrate_project.py) against the real simulator process: batches sized by the store's
+transaction boundary, a run to completion with its temp copies deleted as operations of their own, a cancel in the
+middle, and cleanup that survives a crash half-way and never touches evidence or another task's objects."""
+
+import pytest
+
+from agents import migrate_project
+from audit.principals import Principal
+from leases.services import lease_acquire, lease_release
+from tasks.cleanup import cleanup_temp_resources
+from tasks.connectors.objectstore import ObjectStoreConnector
+from tasks.failpoints import FailpointHit, configure
+from tasks.lifecycle import OperationStatus, TaskStatus
+from tasks.models import Operation, OperationPurpose, Receipt, Task, TempResource, TempResourceStatus
+from tasks.protocol import task_request_cancel
+from tasks.runner import run_steps, run_task_once
+from tasks.verification import find_problems
+from tests.conftest import snapshot
+
+pytestmark = pytest.mark.django_db
+
+SOURCE = {"source": "store", "locator": "projects/acme", "version": "7", "digest": "sha256:" + "ab" * 32}
+
+
+def start(store, objects: int = 30, max_batch: int | None = 10, project: str = "acme") -> Task:
+    source = SOURCE | {"locator": f"projects/{project}"}
+    store.set_source(source["locator"], "7", SOURCE["digest"])
+    return migrate_project.start(
+        project=project,
+        objects=objects,
+        source=source,
+        store=ObjectStoreConnector(store.url),
+        max_batch=max_batch,
+        created_by="agent:migrator",
+    )
+
+
+def test_batches_never_exceed_the_boundary_and_cover_every_object() -> None:
+    assert migrate_project.batches(1200, 500) == [500, 500, 200]
+    assert migrate_project.batches(30, 10) == [10, 10, 10]
+    assert migrate_project.batches(1, 500) == [1]
+    for objects, limit in ((0, 10), (5, 0), (-1, 3)):
+        with pytest.raises(ValueError):
+            migrate_project.batches(objects, limit)
+
+
+def test_the_batch_size_is_the_stores_transaction_boundary(store) -> None:
+    task = start(store, objects=1200, max_batch=None)  # the store says 500
+    limits = [n.input["limit"] for n in task.nodes.filter(action="store.copy_batch").order_by("position")]
+    assert limits == [500, 500, 200]
+    smaller = start(store, objects=1200, max_batch=400, project="beta")
+    assert [n.input["limit"] for n in smaller.nodes.filter(action="store.copy_batch")] == [400, 400, 400]
+    larger = start(store, objects=1200, max_batch=10_000, project="gamma")  # never beyond what the store allows
+    assert max(n.input["limit"] for n in larger.nodes.filter(action="store.copy_batch")) == 500
+
+
+def test_a_source_that_moved_is_refused_and_nothing_is_written(store) -> None:
+    store.set_source("projects/acme", "8", SOURCE["digest"])
+    before = snapshot()
+    with pytest.raises(migrate_project.SourceMoved, match="version 8, not 7"):
+        migrate_project.start(
+            project="acme", objects=5, source=SOURCE, store=ObjectStoreConnector(store.url), created_by="agent:m"
+        )
+    assert snapshot() == before
+
+
+def test_a_run_completes_and_deletes_each_temp_copy_once_keeping_every_receipt(store) -> None:
+    task = start(store)
+    wake = run_task_once(task_id=task.pk, holder_id="worker-1", connector=ObjectStoreConnector(store.url))
+    task.refresh_from_db()
+    assert task.status == TaskStatus.COMPLETED, wake.summary
+    temps = list(TempResource.objects.filter(task=task))
+    assert len(temps) == 3 and {t.status for t in temps} == {TempResourceStatus.DELETED}
+    assert all(t.cleanup_receipt is not None for t in temps)
+    effects = store.stats()["by_op_key"]
+    assert len(effects) == 6 + 3 and set(effects.values()) == {1}
+    state = store.control("/_state")
+    assert not [key for key in state["objects"] if "/tmp/" in key]  # staging copies gone
+    assert len([key for key in state["objects"] if "/objects/" in key]) == 30  # the migrated objects stay
+    effect_receipts = Receipt.objects.filter(operation__task=task, operation__purpose=OperationPurpose.EFFECT)
+    assert effect_receipts.count() == 6  # evidence of every effect is kept
+    assert find_problems(task) == []
+    # Waking the ended task again does nothing: no new side effect, nothing written.
+    version = Task.objects.get(pk=task.pk).version
+    run_task_once(task_id=task.pk, holder_id="worker-2", connector=ObjectStoreConnector(store.url))
+    assert store.stats()["side_effects"] == 9 and Task.objects.get(pk=task.pk).version == version
+
+
+def test_cleanup_never_deletes_another_tasks_objects(store) -> None:
+    mine, other = start(store), start(store, project="other")
+    run_task_once(task_id=other.pk, holder_id="w", connector=ObjectStoreConnector(store.url))
+    lease = lease_acquire(task_id=mine.pk, holder_kind="agent", holder_id="w")
+    report = run_steps(task_id=mine.pk, lease=lease, connector=ObjectStoreConnector(store.url), max_steps=10)
+    lease_release(lease=report.lease)  # a copy or two made; the worker stops
+    objects_before = {k for k in store.control("/_state")["objects"] if k.startswith("tgt-acme")}
+    task_request_cancel(actor=Principal.agent("migrator"), task_id=mine.pk, reason="stop the acme migration")
+    run_task_once(task_id=mine.pk, holder_id="w2", connector=ObjectStoreConnector(store.url))
+    mine.refresh_from_db()
+    assert mine.status == TaskStatus.STOPPED
+    deleted = {t.locator for t in TempResource.objects.filter(task=mine, status=TempResourceStatus.DELETED)}
+    assert deleted and all(locator.startswith("tgt-acme") for locator in deleted)
+    after = set(store.control("/_state")["objects"])
+    assert after >= objects_before - deleted  # only its own temp copies went
+    assert not [k for k in after if k.startswith("tgt-other") and "/tmp/" in k]  # other's were its own to delete
+    assert len([k for k in after if k.startswith("tgt-other") and "/objects/" in k]) == 30
+
+
+def test_a_cancel_mid_run_stops_new_effects_then_deletes_the_temp_copies_already_made(store) -> None:
+    task = start(store)
+    lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="w")
+    report = run_steps(task_id=task.pk, lease=lease, connector=ObjectStoreConnector(store.url), max_steps=7)
+    lease_release(lease=report.lease)
+    copies_before = store.stats()["by_action"].get("copy_batch", 0)
+    assert copies_before >= 1
+    task_request_cancel(actor=Principal.agent("migrator"), task_id=task.pk, reason="stop: wrong target region")
+    wake = run_task_once(task_id=task.pk, holder_id="w2", connector=ObjectStoreConnector(store.url))
+    task.refresh_from_db()
+    assert task.status == TaskStatus.STOPPED, wake.summary
+    stats = store.stats()["by_action"]
+    assert stats.get("copy_batch", 0) == copies_before and "switch_reference" not in stats
+    assert stats.get("delete") == copies_before == TempResource.objects.filter(task=task).count()
+    assert find_problems(task) == []
+
+
+def test_cleanup_crashed_half_way_is_finished_by_the_next_run_without_a_second_delete(store) -> None:
+    task = start(store)
+    lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="w")
+    run_steps(task_id=task.pk, lease=lease, connector=ObjectStoreConnector(store.url))
+    assert Task.objects.get(pk=task.pk).status == TaskStatus.COMPLETED
+    with configure("mid_cleanup", "raise"), pytest.raises(FailpointHit):
+        cleanup_temp_resources(task_id=task.pk, lease=lease, connector=ObjectStoreConnector(store.url))
+    # The first delete committed remotely; its operation is still "dispatched" here.
+    half = Operation.objects.get(task=task, purpose=OperationPurpose.CLEANUP)
+    assert half.status == OperationStatus.DISPATCHED and store.stats()["by_action"]["delete"] == 1
+    report = cleanup_temp_resources(task_id=task.pk, lease=lease, connector=ObjectStoreConnector(store.url))
+    assert (report.deleted, report.remaining, report.stopped_by) == (3, 0, "")
+    assert store.stats()["by_action"]["delete"] == 3  # the crashed one was looked up by op key, not resent
+    assert Operation.objects.get(pk=half.pk).status == OperationStatus.COMMITTED
+    assert find_problems(Task.objects.get(pk=task.pk)) == []
+
+
+def test_cleanup_waits_while_the_task_may_still_need_its_temp_copies(store) -> None:
+    task = start(store)
+    lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="w")
+    run_steps(task_id=task.pk, lease=lease, connector=ObjectStoreConnector(store.url), max_steps=8)
+    assert Task.objects.get(pk=task.pk).status == TaskStatus.RUNNING
+    assert TempResource.objects.filter(task=task).exists()
+    report = cleanup_temp_resources(task_id=task.pk, lease=lease, connector=ObjectStoreConnector(store.url))
+    assert (report.deleted, report.remaining) == (0, 0)
+    assert "delete" not in store.stats()["by_action"]
