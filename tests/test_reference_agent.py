@@ -9,6 +9,7 @@ from audit.principals import Principal
 from leases.services import lease_acquire, lease_release
 from tasks.cleanup import cleanup_temp_resources
 from tasks.connectors.objectstore import ObjectStoreConnector
+from tasks.connectors.simulator import STAGING_PREFIX
 from tasks.failpoints import FailpointHit, configure
 from tasks.lifecycle import OperationStatus, TaskStatus
 from tasks.models import Operation, OperationPurpose, Receipt, Task, TempResource, TempResourceStatus
@@ -75,7 +76,7 @@ def test_a_run_completes_and_deletes_each_temp_copy_once_keeping_every_receipt(s
     effects = store.stats()["by_op_key"]
     assert len(effects) == 6 + 3 and set(effects.values()) == {1}
     state = store.control("/_state")
-    assert not [key for key in state["objects"] if "/tmp/" in key]  # staging copies gone
+    assert not [key for key in state["objects"] if f"/{STAGING_PREFIX}" in key]  # staging copies gone
     assert len([key for key in state["objects"] if "/objects/" in key]) == 30  # the migrated objects stay
     effect_receipts = Receipt.objects.filter(operation__task=task, operation__purpose=OperationPurpose.EFFECT)
     assert effect_receipts.count() == 6  # evidence of every effect is kept
@@ -101,7 +102,9 @@ def test_cleanup_never_deletes_another_tasks_objects(store) -> None:
     assert deleted and all(locator.startswith("tgt-acme") for locator in deleted)
     after = set(store.control("/_state")["objects"])
     assert after >= objects_before - deleted  # only its own temp copies went
-    assert not [k for k in after if k.startswith("tgt-other") and "/tmp/" in k]  # other's were its own to delete
+    assert not [
+        k for k in after if k.startswith("tgt-other") and f"/{STAGING_PREFIX}" in k
+    ]  # other's were its own to delete
     assert len([k for k in after if k.startswith("tgt-other") and "/objects/" in k]) == 30
 
 
