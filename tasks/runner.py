@@ -16,6 +16,7 @@ from leases.services import lease_acquire, lease_release, lease_renew
 from tasks.cleanup import ENDED, cleanup_temp_resources, temp_resources_due
 from tasks.connectors.base import Connector
 from tasks.errors import TaskError
+from tasks.facts import latest_receipts, receipts_confirm
 from tasks.failpoints import failpoint
 from tasks.lifecycle import FailureClass, OperationStatus
 from tasks.models import OperationPurpose
@@ -94,6 +95,15 @@ def _later(delay: timedelta) -> datetime:
     return clock.now() + delay
 
 
+def recheck_receipts(*, task_id: int, lease: Lease, connector: Connector) -> None:
+    """Resume from facts: ask the remote again for the newest receipts (tasks/facts.py); a contradiction pauses."""
+    version = get_task(task_id).version
+    ops = latest_receipts(task_id)
+    if ops:
+        findings = {op.op_key: connector.lookup(op.op_key) for op in ops}
+        receipts_confirm(task_id=task_id, findings=findings, expected_version=version, lease=lease)
+
+
 @dataclass(frozen=True)
 class WakeUp:
     summary: str
@@ -102,13 +112,16 @@ class WakeUp:
 
 def run_task_once(*, task_id: int, holder_id: str, connector: Connector, max_steps: int = 500) -> WakeUp:
     """One wake-up of a worker for one task: take the agent lease, run its ready work in one loop (one message
-    per wake-up, not per step), delete the temp resources of a task that has ended, give the lease back.
+    per wake-up, not per step) after re-checking its newest receipts with the remote, delete the temp
+    resources of a task that has ended, give the lease back.
     Another holder, a reservation for a person, or a task with nothing to do make it a no-op — so a
     duplicated or late message is harmless."""
     try:
         lease = lease_acquire(task_id=task_id, holder_kind=HolderKind.AGENT, holder_id=holder_id)
     except LeaseError as refusal:
         return WakeUp(f"skipped: {refusal.code}")
+    with contextlib.suppress(TaskError, LeaseError):  # moved meanwhile: run_steps reads it afresh, names refusals
+        recheck_receipts(task_id=task_id, lease=lease, connector=connector)
     report = run_steps(task_id=task_id, lease=lease, connector=connector, max_steps=max_steps)
     cleaned = ""
     if get_task(task_id).status in ENDED and temp_resources_due(get_task(task_id)).exists():

@@ -14,7 +14,7 @@ from tasks.failpoints import FailpointHit, configure
 from tasks.lifecycle import OperationStatus, TaskStatus
 from tasks.models import Operation, OperationPurpose, Receipt, Task, TempResource, TempResourceStatus
 from tasks.protocol import task_request_cancel
-from tasks.runner import run_steps, run_task_once
+from tasks.runner import recheck_receipts, run_steps, run_task_once
 from tasks.verification import find_problems
 from tests.conftest import snapshot
 
@@ -151,3 +151,34 @@ def test_cleanup_waits_while_the_task_may_still_need_its_temp_copies(store) -> N
     report = cleanup_temp_resources(task_id=task.pk, lease=lease, connector=ObjectStoreConnector(store.url))
     assert (report.deleted, report.remaining) == (0, 0)
     assert "delete" not in store.stats()["by_action"]
+
+
+def test_a_wake_up_rechecks_the_newest_receipts_and_pauses_when_the_remote_lost_them(store) -> None:
+    """Recovery from facts: the store was restored from an older backup while the task was between wake-ups. The
+    next wake-up asks for the newest receipts by op key, finds no trace, and pauses instead of building on them."""
+    task = start(store)
+    lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="w")
+    report = run_steps(task_id=task.pk, lease=lease, connector=ObjectStoreConnector(store.url), max_steps=10)
+    lease_release(lease=report.lease)
+    consistent = run_task_once(task_id=task.pk, holder_id="w2", connector=ObjectStoreConnector(store.url), max_steps=1)
+    assert Task.objects.get(pk=task.pk).status == TaskStatus.RUNNING, consistent.summary  # consistent: went on
+    store.control("/_reset", {})
+    store.set_source("projects/acme", "7", SOURCE["digest"])
+    run_task_once(task_id=task.pk, holder_id="w3", connector=ObjectStoreConnector(store.url))
+    task.refresh_from_db()
+    assert (task.status, task.status_reason) == (TaskStatus.PAUSED, "needs_replan")
+    assert "no trace" in task.status_detail
+    assert store.stats()["side_effects"] == 0  # nothing new was sent on facts that no longer hold
+    assert find_problems(task) == []
+
+
+def test_an_unreachable_or_unqueryable_remote_is_not_a_contradiction(store) -> None:
+    task = start(store)
+    lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="w")
+    report = run_steps(task_id=task.pk, lease=lease, connector=ObjectStoreConnector(store.url), max_steps=10)
+    version = Task.objects.get(pk=task.pk).version
+    recheck_receipts(task_id=task.pk, lease=report.lease, connector=ObjectStoreConnector("http://127.0.0.1:9"))
+    store.fault("no_idempotency_no_query")
+    recheck_receipts(task_id=task.pk, lease=report.lease, connector=ObjectStoreConnector(store.url))
+    task.refresh_from_db()
+    assert task.status == TaskStatus.RUNNING and task.version == version  # nothing proven, nothing written
