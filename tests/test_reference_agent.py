@@ -182,3 +182,24 @@ def test_an_unreachable_or_unqueryable_remote_is_not_a_contradiction(store) -> N
     recheck_receipts(task_id=task.pk, lease=report.lease, connector=ObjectStoreConnector(store.url))
     task.refresh_from_db()
     assert task.status == TaskStatus.RUNNING and task.version == version  # nothing proven, nothing written
+
+
+def test_an_accepted_operation_is_observed_until_it_commits_and_never_sent_again(store) -> None:
+    """The store accepts the copy and runs it for a while: the wake-up records ``accepted`` (task observing) and
+    asks for its next wake-up; that one finds it committed by op key and goes on. One side effect."""
+    import time
+
+    task = start(store)
+    store.fault("run_async", times=1, ms=1500, action="copy_batch")
+    first = run_task_once(task_id=task.pk, holder_id="w", connector=ObjectStoreConnector(store.url))
+    task.refresh_from_db()
+    assert task.status == TaskStatus.OBSERVING and first.wake_at is not None, first.summary
+    accepted = Operation.objects.get(task=task, status=OperationStatus.ACCEPTED)
+    early = run_task_once(task_id=task.pk, holder_id="w2", connector=ObjectStoreConnector(store.url))
+    assert early.wake_at is not None and Operation.objects.get(pk=accepted.pk).status == OperationStatus.ACCEPTED
+    time.sleep(1.6)
+    last = run_task_once(task_id=task.pk, holder_id="w3", connector=ObjectStoreConnector(store.url))
+    task.refresh_from_db()
+    assert task.status == TaskStatus.COMPLETED, last.summary
+    assert store.stats()["by_op_key"][accepted.op_key] == 1
+    assert find_problems(task) == []

@@ -22,8 +22,9 @@ Every committed write is journalled under its op key as a tag, with or without i
 that does not dedupe can still ask what became of an op key.
 
 Faults apply to the next ``times`` requests outside ``/_*`` (``accept_then_drop`` to the next ``times`` writes: a
-query has nothing to accept). ``every: n`` makes a fault hit only every n-th request it applies to; ``action``
-limits it to writes of that action (``"switch_reference"``). ``no_idempotency`` (no dedupe by op key, ``GET /ops``
+query has nothing to accept; ``run_async`` makes the next writes answer ``accepted`` and report themselves running,
+to ``GET /ops`` and the tag query, for ``ms`` more, then committed). ``every: n`` makes a fault hit only every
+n-th request it applies to; ``action`` limits it to writes of that action (``"switch_reference"``). ``no_idempotency`` (no dedupe by op key, ``GET /ops``
 answers 501) and ``no_idempotency_no_query`` (no dedupe, and both queries answer 501) hold for the whole run,
 until reset or ``{"mode": "clear"}``.
 """
@@ -54,11 +55,12 @@ FAULT_MODES = frozenset(
         "invalid_params",
         "version_conflict",
         "accept_then_drop",
+        "run_async",
         "no_idempotency",
         "no_idempotency_no_query",
     }
 )
-_WRITE_ONLY_FAULTS = frozenset({"accept_then_drop"})
+_WRITE_ONLY_FAULTS = frozenset({"accept_then_drop", "run_async"})
 _FAULT_STATUS = {
     "dependency_unavailable": HTTPStatus.SERVICE_UNAVAILABLE,
     "permission_revoked": HTTPStatus.FORBIDDEN,
@@ -169,6 +171,18 @@ class Store:
         with self.lock:
             self.state["sources"][locator] = {"version": version, "digest": str(body.get("digest", ""))}
             self.persist()
+
+    def run_async(self, op_key: str, ms: int) -> None:
+        """The write under ``op_key`` is accepted and reported as running for ``ms`` more milliseconds."""
+        with self.lock:
+            self.state.setdefault("running", {})[op_key] = time.time() + ms / 1000
+            self.persist()
+
+    def state_of(self, op_key: str) -> str:
+        """``accepted`` while a write started in ``run_async`` mode is still running, then ``committed``."""
+        with self.lock:
+            ready_at = self.state.get("running", {}).get(op_key)
+        return "accepted" if ready_at is not None and time.time() < ready_at else "committed"
 
     def lookup(self, op_key: str) -> dict[str, Any] | None:
         with self.lock:
@@ -375,6 +389,11 @@ class Handler(BaseHTTPRequestHandler):
         except Refused as refused:
             self._send(refused.status, {"error": refused.error, "detail": refused.detail})
 
+    def _answer(self, op_key: str, receipt: dict[str, Any]) -> dict[str, Any]:
+        if self.server.store.state_of(op_key) == "accepted":
+            return {"state": "accepted", "receipt": {"remote_id": receipt.get("remote_id", "")}}
+        return {"state": "committed", "receipt": receipt}
+
     def _route(self, method: str) -> None:
         store = self.server.store
         path = self.path.split("?", 1)[0]
@@ -398,7 +417,9 @@ class Handler(BaseHTTPRequestHandler):
                 if mode == "accept_then_drop":
                     self._drop()
                     return
-                self._send(HTTPStatus.OK, {"state": "committed", "receipt": receipt})
+                if mode == "run_async" and fault is not None:
+                    store.run_async(op_key, fault["ms"])
+                self._send(HTTPStatus.OK, self._answer(op_key, receipt))
                 return
             if store.no_idempotency:
                 self._send(HTTPStatus.NOT_IMPLEMENTED, {"error": "unprovable", "detail": "no lookup by op key"})
@@ -407,7 +428,7 @@ class Handler(BaseHTTPRequestHandler):
             if found is None:
                 self._send(HTTPStatus.NOT_FOUND, {"state": "not_found"})
             else:
-                self._send(HTTPStatus.OK, {"state": "committed", "receipt": found})
+                self._send(HTTPStatus.OK, self._answer(op_key, found))
             return
         if path.startswith("/ops-by-tag/") and len(path) > len("/ops-by-tag/") and method == "GET":
             if store.no_query:
@@ -417,7 +438,7 @@ class Handler(BaseHTTPRequestHandler):
             if entry is None:
                 self._send(HTTPStatus.NOT_FOUND, {"state": "not_found"})
             else:
-                self._send(HTTPStatus.OK, {"state": "committed", **entry})
+                self._send(HTTPStatus.OK, self._answer(unquote(path[len("/ops-by-tag/") :]), entry["receipt"]) | entry)
             return
         if path == "/limits" and method == "GET":
             self._send(HTTPStatus.OK, {"max_batch": MAX_BATCH})
