@@ -23,10 +23,10 @@ that does not dedupe can still ask what became of an op key.
 
 Faults apply to the next ``times`` requests outside ``/_*`` (``accept_then_drop`` to the next ``times`` writes: a
 query has nothing to accept; ``run_async`` makes the next writes answer ``accepted`` and report themselves running,
-to ``GET /ops`` and the tag query, for ``ms`` more, then committed). ``every: n`` makes a fault hit only every
-n-th request it applies to; ``action`` limits it to writes of that action (``"switch_reference"``). ``no_idempotency`` (no dedupe by op key, ``GET /ops``
-answers 501) and ``no_idempotency_no_query`` (no dedupe, and both queries answer 501) hold for the whole run,
-until reset or ``{"mode": "clear"}``.
+to ``GET /ops`` and the tag query, for ``ms`` more, then committed). ``every: n`` makes a fault hit only every n-th
+request it applies to; ``action`` limits it to writes of that action (``"switch_reference"``). ``no_idempotency``
+(no dedupe by op key, ``GET /ops`` answers 501) and ``no_idempotency_no_query`` (no dedupe, and both queries answer
+501) hold for the whole run, until reset or ``{"mode": "clear"}``.
 """
 
 import argparse
