@@ -75,6 +75,11 @@ SCENARIOS = [
         faults=({"mode": "accept_then_drop", "times": 10**6, "every": 3},),
     ),
     Scenario(
+        "accepted, observed",
+        "every third write is accepted and runs 1 s remotely; observed by op key until it commits",
+        faults=({"mode": "run_async", "times": 10**6, "ms": 1000, "every": 3},),
+    ),
+    Scenario(
         "cancel in delayed call",
         "cancel while the remote call is delayed 1.5 s",
         faults=({"mode": "latency", "times": 10**6, "ms": 1500},),
