@@ -41,7 +41,17 @@ def test_the_matrix_fails_when_the_store_breaks_its_contract() -> None:
     a worker killed after its call into a task paused as unprovable — reported, and the command exits non-zero."""
     env = os.environ | {"RECKON_MATRIX_SABOTAGE": json.dumps({"mode": "no_idempotency"})}
     run = subprocess.run(
-        [sys.executable, "manage.py", "verify_matrix", "--tasks", "1", "--scenario", "kill_after_call"],
+        [
+            sys.executable,
+            "manage.py",
+            "verify_matrix",
+            "--tasks",
+            "1",
+            "--scenario",
+            "kill_after_call",
+            "--timeout",
+            "25",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
