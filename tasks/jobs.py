@@ -28,8 +28,8 @@ def connector() -> ObjectStoreConnector:
 
 
 @shared_task(name="tasks.drive_task", acks_late=True, ignore_result=True, bind=True)
-def drive_task(self: Task[Any, Any], task_id: int) -> str:
-    wake = run_task_once(task_id=task_id, holder_id=_holder_id(), connector=connector())
+def drive_task(self: Task[Any, Any], task_id: int, seen_version: int | None = None) -> str:
+    wake = run_task_once(task_id=task_id, holder_id=_holder_id(), connector=connector(), seen_version=seen_version)
     if wake.wake_at is not None:
         # Backoff or an accepted operation to observe: ask for the next wake-up. Losing this message costs only
         # latency (the scan finds the task); a duplicate finds nothing to do.
@@ -45,11 +45,13 @@ def drive_task(self: Task[Any, Any], task_id: int) -> str:
 
 @shared_task(name="tasks.recovery_scan", ignore_result=True)
 def recovery_scan(queue: str = "") -> int:
-    """Wake a worker for every task that needs one. Running it twice, or on two workers, is harmless."""
-    ids = list(tasks_needing_work().values_list("pk", flat=True))
-    for task_id in ids:
+    """Wake a worker for every task that needs one, naming the version seen. Running it twice, or on two workers,
+    dispatches nothing twice: wake-ups are deduplicated on (task id, version) — once one worker has moved the task
+    on, the other message finds its version stale and does nothing — and the lease serialises the rest."""
+    seen = list(tasks_needing_work().values_list("pk", "version"))
+    for task_id, version in seen:
         if queue:
-            drive_task.apply_async((task_id,), queue=queue)
+            drive_task.apply_async((task_id, version), queue=queue)
         else:
-            drive_task.delay(task_id)
-    return len(ids)
+            drive_task.delay(task_id, version)
+    return len(seen)

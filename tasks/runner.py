@@ -110,12 +110,17 @@ class WakeUp:
     wake_at: datetime | None = None  # ask for another wake-up then (a lost request is made good by the scan)
 
 
-def run_task_once(*, task_id: int, holder_id: str, connector: Connector, max_steps: int = 500) -> WakeUp:
+def run_task_once(
+    *, task_id: int, holder_id: str, connector: Connector, max_steps: int = 500, seen_version: int | None = None
+) -> WakeUp:
     """One wake-up of a worker for one task: take the agent lease, run its ready work in one loop (one message
     per wake-up, not per step) after re-checking its newest receipts with the remote, delete the temp
     resources of a task that has ended, give the lease back.
     Another holder, a reservation for a person, or a task with nothing to do make it a no-op — so a
-    duplicated or late message is harmless."""
+    duplicated or late message is harmless. ``seen_version``: the version the sender saw (the recovery scan); if
+    the task has moved on since, another wake-up already did this one's work and it does nothing."""
+    if seen_version is not None and get_task(task_id).version != seen_version:
+        return WakeUp(f"skipped: stale wake-up (version {seen_version} seen, task moved on)")
     try:
         lease = lease_acquire(task_id=task_id, holder_kind=HolderKind.AGENT, holder_id=holder_id)
     except LeaseError as refusal:

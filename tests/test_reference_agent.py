@@ -6,6 +6,7 @@ import pytest
 
 from agents import migrate_project
 from audit.principals import Principal
+from leases.models import Lease
 from leases.services import lease_acquire, lease_release
 from tasks.cleanup import cleanup_temp_resources
 from tasks.connectors.objectstore import ObjectStoreConnector
@@ -14,6 +15,7 @@ from tasks.failpoints import FailpointHit, configure
 from tasks.lifecycle import OperationStatus, TaskStatus
 from tasks.models import Operation, OperationPurpose, Receipt, Task, TempResource, TempResourceStatus
 from tasks.protocol import task_request_cancel
+from tasks.recovery import tasks_needing_work
 from tasks.runner import recheck_receipts, run_steps, run_task_once
 from tasks.verification import find_problems
 from tests.conftest import snapshot
@@ -203,3 +205,30 @@ def test_an_accepted_operation_is_observed_until_it_commits_and_never_sent_again
     assert task.status == TaskStatus.COMPLETED, last.summary
     assert store.stats()["by_op_key"][accepted.op_key] == 1
     assert find_problems(task) == []
+
+
+def test_two_scans_that_saw_the_same_version_run_one_wake_up(store) -> None:
+    """Dedupe on (task id, version): the first wake-up moves the task on; the second finds its version stale and
+    does nothing — it does not even take the lease."""
+    task = start(store)
+    seen = Task.objects.get(pk=task.pk).version
+    first = run_task_once(task_id=task.pk, holder_id="w1", connector=ObjectStoreConnector(store.url), seen_version=seen)
+    assert Task.objects.get(pk=task.pk).status == TaskStatus.COMPLETED, first.summary
+    version = Task.objects.get(pk=task.pk).version
+    second = run_task_once(
+        task_id=task.pk, holder_id="w2", connector=ObjectStoreConnector(store.url), seen_version=seen
+    )
+    assert second.summary.startswith("skipped: stale wake-up")
+    assert Task.objects.get(pk=task.pk).version == version and store.stats()["side_effects"] == 9
+    assert not Lease.objects.filter(task=task, holder_id="w2").exists()
+
+
+def test_the_scan_finds_an_ended_task_with_temp_copies_left_and_only_until_they_are_gone(store) -> None:
+    task = start(store)
+    lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="w")
+    report = run_steps(task_id=task.pk, lease=lease, connector=ObjectStoreConnector(store.url))
+    lease_release(lease=report.lease)
+    assert Task.objects.get(pk=task.pk).status == TaskStatus.COMPLETED
+    assert task.pk in set(tasks_needing_work().values_list("pk", flat=True))  # 3 temp copies to delete
+    run_task_once(task_id=task.pk, holder_id="w2", connector=ObjectStoreConnector(store.url))
+    assert task.pk not in set(tasks_needing_work().values_list("pk", flat=True))
