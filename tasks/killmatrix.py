@@ -31,6 +31,7 @@ from agents import migrate_project
 from audit.principals import Principal
 from tasks.cleanup import ENDED
 from tasks.connectors.objectstore import ObjectStoreConnector
+from tasks.errors import TaskError
 from tasks.evidence import evidence_problems
 from tasks.failpoints import hits
 from tasks.jobs import drive_task, recovery_scan
@@ -75,7 +76,7 @@ SCENARIOS = [
         faults=({"mode": "accept_then_drop", "times": 10**6, "every": 3},),
     ),
     Scenario(
-        "accepted, observed",
+        "accepted then observed",
         "every third write is accepted and runs 1 s remotely; observed by op key until it commits",
         faults=({"mode": "run_async", "times": 10**6, "ms": 1000, "every": 3},),
     ),
@@ -265,6 +266,10 @@ def run_scenario(scenario: Scenario, tasks: int, *, timeout: float, log: Callabl
                 for task_id in ids:
                     drive_task.apply_async((task_id,), queue=queue)
 
+        def wake_one(task_id: int) -> None:
+            drive_task.apply_async((task_id,), queue=queue)
+
+        handed: set[int] = set()
         wake_all()
         deadline = time.monotonic() + timeout
         last_scan, acted = time.monotonic(), False
@@ -273,7 +278,7 @@ def run_scenario(scenario: Scenario, tasks: int, *, timeout: float, log: Callabl
             if scenario.act == "cancel" and not acted:
                 acted = _cancel_in_flight(ids)
             if scenario.act == "change_input" and not acted:
-                acted = _change_inputs_and_hand_back(ids, store, wake_all)
+                acted = _change_inputs_and_hand_back(ids, store, handed, wake_one)
             if _finished(ids, scenario):
                 break
             if time.monotonic() - last_scan >= SCAN_EVERY:
@@ -323,30 +328,39 @@ def _operator() -> Principal:
     return Principal.of_user(user)
 
 
-def _change_inputs_and_hand_back(ids: list[int], store: StoreProcess, wake_all: Callable[[], None]) -> bool:
-    """Once every task waits at its confirmation point: the source moves to version 2 while a person holds the
-    task; the person approves and hands it back. The agent must re-read the source and pause input_changed."""
-    waiting = Node.objects.filter(task_id__in=ids, key="approve-switch", status=NodeStatus.PENDING)
-    ready = Node.objects.filter(task_id__in=ids, key="verify-digests", status=NodeStatus.SUCCEEDED)
-    if ready.count() < len(ids) or waiting.count() < len(ids):
-        return False
+def _change_inputs_and_hand_back(
+    ids: list[int], store: StoreProcess, handed: set[int], wake: Callable[[int], None]
+) -> bool:
+    """Once a task waits at its confirmation point: a person claims it, the source moves to version 2 meanwhile, the
+    person approves and hands it back. The agent must re-read the source and pause input_changed. A claim that
+    races a worker's wake-up is refused by name (the lease moved): it is tried again on the next tick."""
     operator = _operator()
-    for task in Task.objects.filter(pk__in=ids):
-        claim = takeover_claim(actor=operator, task_id=task.pk)
-        if claim.lease is None:
-            return False  # a worker still holds it: try again on the next tick
-        source = task.input_refs["prepare-target.source"]
-        store.call("/_sources", {"locator": source["locator"], "version": "2", "digest": source["digest"]})
-        takeover_submit(
-            actor=operator,
-            lease=claim.lease,
-            based_on_version=Task.objects.get(pk=task.pk).version,
-            decision="resume_agent",
-            results=[NodeResult(node_key="approve-switch", remote_id=f"approval:{operator.id}:{task.pk}")],
-            note="approved in the kill matrix",
+    ready = Node.objects.filter(task_id__in=ids, key="approve-switch", status=NodeStatus.PENDING)
+    verified = set(
+        Node.objects.filter(task_id__in=ids, key="verify-digests", status=NodeStatus.SUCCEEDED).values_list(
+            "task_id", flat=True
         )
-    wake_all()
-    return True
+    )
+    for task_id in ready.filter(task_id__in=verified).exclude(task_id__in=handed).values_list("task_id", flat=True):
+        try:
+            claim = takeover_claim(actor=operator, task_id=task_id)
+            if claim.lease is None:
+                continue  # reserved: granted once the worker lets go
+            source = Task.objects.get(pk=task_id).input_refs["prepare-target.source"]
+            store.call("/_sources", {"locator": source["locator"], "version": "2", "digest": source["digest"]})
+            takeover_submit(
+                actor=operator,
+                lease=claim.lease,
+                based_on_version=Task.objects.get(pk=task_id).version,
+                decision="resume_agent",
+                results=[NodeResult(node_key="approve-switch", remote_id=f"approval:{operator.id}:{task_id}")],
+                note="approved in the kill matrix",
+            )
+        except TaskError:
+            continue
+        handed.add(task_id)
+        wake(task_id)
+    return len(handed) == len(ids)
 
 
 # -- judging ---------------------------------------------------------------------------------------------------
