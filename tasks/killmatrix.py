@@ -60,12 +60,20 @@ class Scenario:
     lease_grace: int = 1
     expect: str = TaskStatus.COMPLETED.value
     act: str = ""  # what the driver does meanwhile: "cancel" or "change_input"
+    idempotency: str = "remote"  # "tag": the store does not dedupe; the connector queries by the op-key tag
 
 
 SCENARIOS = [
     *(
         Scenario(f"kill {point}", f"SIGKILL once per task at {point}", failpoints=f"{point}=kill_once")
         for point in KILL_POINTS
+    ),
+    Scenario(
+        "kill after_call no-dedupe",
+        "the store does not dedupe by op key (local registry + query by tag); SIGKILL once per task after the call",
+        failpoints="after_call=kill_once",
+        faults=({"mode": "no_idempotency"},),
+        idempotency="tag",
     ),
     Scenario("messages twice", "every wake-up and every scan delivered twice", copies_per_message=2),
     Scenario("2 workers", "two workers, every task woken on both", workers=2, copies_per_message=2),
@@ -218,6 +226,7 @@ def _running(scenario: Scenario, workdir: Path) -> Iterator[tuple[StoreProcess, 
         "RECKON_LEASE_TTL_SECONDS": str(scenario.lease_ttl),
         "RECKON_LEASE_GRACE_SECONDS": str(scenario.lease_grace),
         "RECKON_LOG_LEVEL": "WARNING",
+        "RECKON_OBJECTSTORE_IDEMPOTENCY": scenario.idempotency,
     }
     workers: Workers | None = None
     try:
@@ -249,7 +258,9 @@ def run_scenario(scenario: Scenario, tasks: int, *, timeout: float, log: Callabl
                     project=project,
                     objects=OBJECTS,
                     source=source,
-                    store=ObjectStoreConnector(store.url),
+                    store=ObjectStoreConnector(
+                        store.url, idempotency="tag" if scenario.idempotency == "tag" else "remote"
+                    ),
                     max_batch=MAX_BATCH,
                     created_by="matrix",
                     confirm_switch=scenario.act == "change_input",
@@ -454,14 +465,14 @@ def _wrong_final_state(task: Task, scenario: Scenario) -> list[str]:
 # -- the table -------------------------------------------------------------------------------------------------
 
 HEADER = (
-    f"{'scenario':<24} {'tasks':>5} {'effects exp':>11} {'counted':>8} {'dups':>5} {'unknown':>8} "
+    f"{'scenario':<27} {'tasks':>5} {'effects exp':>11} {'counted':>8} {'dups':>5} {'unknown':>8} "
     f"{'skipped':>8} {'wrong':>6} {'kills':>6} {'secs':>6}  result"
 )
 
 
 def _format_row(row: Row) -> str:
     return (
-        f"{row.scenario:<24} {row.tasks:>5} {row.expected:>11} {row.counted:>8} {row.duplicates:>5} "
+        f"{row.scenario:<27} {row.tasks:>5} {row.expected:>11} {row.counted:>8} {row.duplicates:>5} "
         f"{row.unknowns:>8} {row.skipped:>8} {row.wrong:>6} {row.kills:>6} {row.seconds:>6.1f}  "
         f"{'ok' if row.ok else 'FAIL'}"
     )
