@@ -404,14 +404,7 @@ def _compensation_refused(current: Task, op: Operation, outcome: Failed, data: d
 def _record_compensation(op: Operation, outcome: Committed, expected_version: int, lease: Lease) -> Operation:
     """The remote committed a compensation: its receipt is kept as evidence; the node it undoes keeps its own
     receipt too (both happened). The task goes on as the person who chose the compensation decided."""
-    receipt = Receipt(
-        operation=op,
-        remote_id=outcome.remote_id,
-        remote_version=outcome.remote_version,
-        count=outcome.count,
-        digest=outcome.digest,
-        data=outcome.data,
-    )
+    receipt = _receipt_of(op, outcome)
 
     def build(current: Task, now: datetime) -> Change:
         receipt.received_at = now
@@ -431,6 +424,18 @@ def _record_compensation(op: Operation, outcome: Committed, expected_version: in
         op.task_id, expected_version, build, lease=lease, before_event=lambda _t, _n: receipt.save(force_insert=True)
     )
     return Operation.objects.get(pk=op.pk)
+
+
+def _receipt_of(op: Operation, outcome: Committed) -> Receipt:
+    """The receipt row for what the remote committed (saved inside the recording transaction)."""
+    return Receipt(
+        operation=op,
+        remote_id=outcome.remote_id,
+        remote_version=outcome.remote_version,
+        count=outcome.count,
+        digest=outcome.digest,
+        data=outcome.data,
+    )
 
 
 def _receipt_summary(receipt: Receipt) -> dict[str, Any]:
@@ -508,14 +513,7 @@ def _record_committed(
     op: Operation, outcome: Committed, expected_version: int, lease: Lease, settled_by: str = ""
 ) -> Operation:
     node = op.node
-    receipt = Receipt(
-        operation=op,
-        remote_id=outcome.remote_id,
-        remote_version=outcome.remote_version,
-        count=outcome.count,
-        digest=outcome.digest,
-        data=outcome.data,
-    )
+    receipt = _receipt_of(op, outcome)
     problems = evidence_problems(node, op, receipt)
     temp_locators = _temp_locators(outcome)
 

@@ -9,8 +9,8 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from agents.demo import migration_plan
 from leases.services import lease_acquire, lease_renew
-from tasks.demo import migration_plan
 from tasks.lifecycle import NodeStatus, TaskStatus
 from tasks.models import Node, Task
 from tasks.outcomes import Committed, Outcome

@@ -3,10 +3,10 @@
 import pytest
 from django.contrib.auth.models import Group, User
 
+from agents.demo import migration_plan
 from audit.principals import Principal
 from leases.services import lease_acquire
 from tasks.connectors.objectstore import ObjectStoreConnector
-from tasks.demo import migration_plan
 from tasks.lifecycle import OperationStatus, TaskStatus
 from tasks.models import Operation, Task
 from tasks.plans import task_create

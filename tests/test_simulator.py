@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from agents.demo import migration_plan
 from leases.services import lease_acquire, lease_renew
 from tasks.connectors.base import Connector, SourceNotFound
 from tasks.connectors.objectstore import ObjectStoreConnector
-from tasks.demo import migration_plan
 from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, TaskStatus
 from tasks.models import Node, Operation, Receipt, Task
 from tasks.outcomes import Committed, Failed, NotFound, Unprovable

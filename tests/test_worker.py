@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 from django.db import connection
 
-from tasks.demo import migration_plan
+from agents.demo import migration_plan
 from tasks.jobs import drive_task, recovery_scan
 from tasks.lifecycle import NodeStatus
 from tasks.models import Node, Task

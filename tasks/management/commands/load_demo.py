@@ -2,7 +2,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from tasks.demo import migration_plan
+from agents.demo import migration_plan
 from tasks.models import Task
 from tasks.plans import task_create
 
