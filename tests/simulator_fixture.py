@@ -11,7 +11,17 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from tasks.lifecycle import FailureClass
+
 ROOT = Path(__file__).resolve().parent.parent
+
+# The store's refusal fault modes and the failure class (DESIGN §6) a connector must give each.
+REFUSALS = [
+    ("dependency_unavailable", FailureClass.DEPENDENCY_UNAVAILABLE),
+    ("permission_revoked", FailureClass.PERMISSION_REVOKED),
+    ("invalid_params", FailureClass.INVALID_PARAMS),
+    ("version_conflict", FailureClass.CONFLICT),
+]
 
 
 class Simulator:

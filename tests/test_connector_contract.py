@@ -12,7 +12,7 @@ from tasks.connectors.objectstore import Idempotency, ObjectStoreConnector
 from tasks.connectors.simulator import STAGING_PREFIX
 from tasks.lifecycle import FailureClass
 from tasks.outcomes import Committed, Failed, NotFound, Outcome, Unprovable
-from tests.simulator_fixture import Simulator
+from tests.simulator_fixture import REFUSALS, Simulator
 
 SOURCE = {"source": "store", "locator": "projects/acme", "version": "7", "digest": "sha256:" + "ab" * 32}
 
@@ -125,15 +125,7 @@ def test_a_malformed_locator_is_refused_by_name_and_changes_nothing(simulator: S
     assert store.lookup("op-delete") == NotFound()
 
 
-@pytest.mark.parametrize(
-    ("mode", "failure_class"),
-    [
-        ("dependency_unavailable", FailureClass.DEPENDENCY_UNAVAILABLE),
-        ("permission_revoked", FailureClass.PERMISSION_REVOKED),
-        ("invalid_params", FailureClass.INVALID_PARAMS),
-        ("version_conflict", FailureClass.CONFLICT),
-    ],
-)
+@pytest.mark.parametrize(("mode", "failure_class"), REFUSALS)
 def test_delete_refusals_map_to_their_failure_classes(
     simulator: Simulator, mode: str, failure_class: FailureClass
 ) -> None:

@@ -67,6 +67,7 @@ from tasks.outcomes import Committed
 from tasks.permissions import PermissionDenied, permission_grant
 from tests.conftest import snapshot
 from tests.steps import record, send
+from tests.test_races_postgres import run_threads
 
 TICK = timedelta(microseconds=1)  # the finest step both databases store
 KEY = base64.b64encode(bytes(range(32))).decode()
@@ -697,36 +698,11 @@ def test_the_checks_warn_about_the_development_key_and_refuse_a_bad_one(settings
 
 THREADS = 6
 READERS = frozenset(range(2, THREADS, 3))  # these threads play the recovery path; the others sweep
-BARRIER_TIMEOUT = 20.0
 needs_postgres = pytest.mark.skipif(
     connection.vendor != "postgresql",
     reason=f"needs PostgreSQL for real concurrent sweepers (database vendor is {connection.vendor}); "
     "set DATABASE_URL=postgres://…",
 )
-
-
-def run_threads(count: int, work: Callable[[int, threading.Barrier], None]) -> None:
-    barrier = threading.Barrier(count, timeout=BARRIER_TIMEOUT)
-    failures: list[BaseException] = []
-
-    def body(index: int) -> None:
-        try:
-            work(index, barrier)
-        except BaseException as exc:
-            failures.append(exc)
-            barrier.abort()
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=BARRIER_TIMEOUT * 2)
-    assert not [t for t in threads if t.is_alive()], "threads did not finish"
-    real = [f for f in failures if not isinstance(f, threading.BrokenBarrierError)]
-    if real or failures:
-        raise (real or failures)[0]
 
 
 @pytest.mark.postgres

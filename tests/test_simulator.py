@@ -16,7 +16,7 @@ from tasks.models import Node, Operation, Receipt, Task
 from tasks.outcomes import Committed, Failed, NotFound, Unprovable
 from tasks.plans import task_create
 from tasks.protocol import next_directive, operation_dispatch, record_outcome, register_intent
-from tests.simulator_fixture import Simulator
+from tests.simulator_fixture import REFUSALS, Simulator
 
 SOURCE = {"source": "store", "locator": "projects/acme", "version": "7", "digest": "sha256:" + "ab" * 32}
 
@@ -83,15 +83,7 @@ def test_latency_within_the_timeout_only_delays(simulator: Simulator) -> None:
     assert isinstance(connect(simulator).submit("op-1", prepare()), Committed)
 
 
-@pytest.mark.parametrize(
-    ("mode", "failure_class"),
-    [
-        ("dependency_unavailable", FailureClass.DEPENDENCY_UNAVAILABLE),
-        ("permission_revoked", FailureClass.PERMISSION_REVOKED),
-        ("invalid_params", FailureClass.INVALID_PARAMS),
-        ("version_conflict", FailureClass.CONFLICT),
-    ],
-)
+@pytest.mark.parametrize(("mode", "failure_class"), REFUSALS)
 def test_each_refusal_maps_to_its_failure_class_and_writes_nothing(
     simulator: Simulator, mode: str, failure_class: FailureClass
 ) -> None:
