@@ -20,7 +20,7 @@ import hashlib
 import os
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -283,6 +283,21 @@ def fetch(ref: Ref, *, task_id: int | None = None) -> bytes:
     if len(plaintext) != row.size or hashlib.sha256(plaintext).hexdigest() != row.sha256:
         raise RetentionCorrupt(f"{_describe(row)}: the content does not match its digest", retained=row.pk)
     return plaintext
+
+
+def fetch_or_recreate(ref: Ref, *, task_id: int, recreate: Callable[[], bytes]) -> tuple[bytes, Ref]:
+    """The retained content, or — when retention already removed it — content re-created from external facts.
+
+    ``recreate`` reads what is true now (e.g. the source snapshot by its versioned ref) and returns the bytes; they
+    are retained again as the next version of the same name, and the caller keeps the new ref in its checkpoint.
+    A checkpoint never points at a file that is gone: an expired object is re-created, a corrupt one is refused
+    (RetentionCorrupt: something is wrong that re-creating would hide)."""
+    try:
+        return fetch(ref, task_id=task_id), ref
+    except RetentionExpired:
+        row = _row(ref, task_id)
+        content = recreate()
+        return content, retain(task_id=task_id, kind=row.kind, name=row.name, content=content)
 
 
 # --- extend -----------------------------------------------------------------------------------------------------

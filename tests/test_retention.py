@@ -52,6 +52,7 @@ from retention.services import (
     Ref,
     SweepReport,
     fetch,
+    fetch_or_recreate,
     object_path,
     resolve,
     retain,
@@ -408,6 +409,33 @@ def test_an_object_a_sweep_is_purging_reads_as_expired_not_corrupt(task, clock) 
     path_of(ref).unlink()
     with pytest.raises(RetentionExpired):
         fetch(ref)
+
+
+def test_an_expired_input_is_recreated_from_external_facts_and_never_read_from_a_missing_file(task, clock) -> None:
+    ref = keep(task, ttl=timedelta(hours=1))
+    calls: list[int] = []
+
+    def from_the_source() -> bytes:  # what the agent re-reads from the real system, by its versioned ref
+        calls.append(1)
+        return b"manifest of projects/acme@7, re-read"
+
+    assert fetch_or_recreate(ref, task_id=task.pk, recreate=from_the_source) == (CONTEXT, ref)
+    assert calls == []  # live: read as kept, nothing re-created
+    clock.advance(timedelta(hours=1))
+    retention_sweep()  # the file is gone now
+    content, new = fetch_or_recreate(ref, task_id=task.pk, recreate=from_the_source)
+    assert content == b"manifest of projects/acme@7, re-read" and calls == [1]
+    assert (new.id != ref.id, new.version) == (True, 2)
+    assert fetch(new) == content and resolve(new.as_checkpoint(), task_id=task.pk) == new
+    with pytest.raises(RetentionExpired):
+        fetch(ref)  # the old checkpoint still names an expired object, never a path
+
+
+def test_a_corrupt_input_is_refused_not_silently_recreated(task) -> None:
+    ref = keep(task)
+    path_of(ref).write_bytes(b"RKR1" + b"\0" * 60)
+    with pytest.raises(RetentionCorrupt):
+        fetch_or_recreate(ref, task_id=task.pk, recreate=lambda: b"should not be used")
 
 
 # --- extension ----------------------------------------------------------------------------------------------------
