@@ -132,7 +132,8 @@ RECKON_LEASE_TTL = timedelta(seconds=int(os.environ.get("RECKON_LEASE_TTL_SECOND
 RECKON_LEASE_GRACE = timedelta(seconds=int(os.environ.get("RECKON_LEASE_GRACE_SECONDS", "15")))
 # A person's takeover lease: renewed by the open console page; the grace covers a dropped connection.
 RECKON_OPERATOR_LEASE_TTL = timedelta(seconds=int(os.environ.get("RECKON_OPERATOR_LEASE_TTL_SECONDS", "120")))
-# Temp resources a task's effects leave behind are deleted once the task ends, or at the latest after this.
+# Temp resources a task's effects leave behind are deleted once the task ends (tasks/cleanup.py); this bound is
+# recorded with each (TempResource.retention_until) for operators to see how long one is expected to live.
 RECKON_TEMP_RETENTION = timedelta(hours=int(os.environ.get("RECKON_TEMP_RETENTION_HOURS", "24")))
 # Budgets and backoff (DESIGN §6): persisted per node and per task.
 RECKON_DEFAULT_NODE_ATTEMPTS = 3
