@@ -232,3 +232,29 @@ def test_the_scan_finds_an_ended_task_with_temp_copies_left_and_only_until_they_
     assert task.pk in set(tasks_needing_work().values_list("pk", flat=True))  # 3 temp copies to delete
     run_task_once(task_id=task.pk, holder_id="w2", connector=ObjectStoreConnector(store.url))
     assert task.pk not in set(tasks_needing_work().values_list("pk", flat=True))
+
+
+def test_a_refused_delete_is_tried_again_under_a_new_op_key_and_stops_for_a_person_after_three(store) -> None:
+    task = start(store)
+    lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="w")
+    lease = run_steps(task_id=task.pk, lease=lease, connector=ObjectStoreConnector(store.url)).lease
+    store.fault("dependency_unavailable", times=1, action="delete")
+    first = cleanup_temp_resources(task_id=task.pk, lease=lease, connector=ObjectStoreConnector(store.url))
+    assert (first.deleted, first.remaining, first.stopped_by) == (0, 3, "remote_unavailable")
+    second = cleanup_temp_resources(task_id=task.pk, lease=lease, connector=ObjectStoreConnector(store.url))
+    assert (second.deleted, second.remaining, second.stopped_by) == (3, 0, "")
+    keys = list(Operation.objects.filter(task=task, purpose=OperationPurpose.CLEANUP).values_list("op_key", "status"))
+    assert len(keys) == 4 and sum(status == OperationStatus.REJECTED for _, status in keys) == 1
+
+    other = start(store, project="beta")
+    lease = lease_acquire(task_id=other.pk, holder_kind="agent", holder_id="w")
+    lease = run_steps(task_id=other.pk, lease=lease, connector=ObjectStoreConnector(store.url)).lease
+    store.fault("permission_revoked", times=10, action="delete")
+    reports = [
+        cleanup_temp_resources(task_id=other.pk, lease=lease, connector=ObjectStoreConnector(store.url))
+        for _ in range(2)
+    ]
+    assert [r.stopped_by for r in reports] == ["needs_person", "needs_person"]
+    sent = Operation.objects.filter(task=other, purpose=OperationPurpose.CLEANUP)
+    assert sent.count() == 3 and set(sent.values_list("status", flat=True)) == {OperationStatus.REJECTED}
+    assert find_problems(Task.objects.get(pk=other.pk)) == []
