@@ -403,17 +403,19 @@ def _compensation_refused(current: Task, op: Operation, outcome: Failed, data: d
 
 def _record_compensation(op: Operation, outcome: Committed, expected_version: int, lease: Lease) -> Operation:
     """The remote committed a compensation: its receipt is kept as evidence; the node it undoes keeps its own
-    receipt too (both happened). The task goes on as the person who chose the compensation decided."""
+    receipt too (both happened). The plan no longer describes what is true, so the task pauses ``needs_replan``
+    for a person to re-plan or end it (a recorded cancel goes on to stopped instead)."""
     receipt = _receipt_of(op, outcome)
 
     def build(current: Task, now: datetime) -> Change:
         receipt.received_at = now
         receipt.committed_after_cancel_request = current.cancel_requested_at is not None
+        undone = f"compensation {op.op_key} committed: node {op.node.key} is undone; re-plan or end the task"
         return Change(
             event="compensation_committed",
             task=_after_settling(current, op, OperationStatus.COMMITTED)
             if current.cancel_requested_at is not None
-            else {},
+            else _pause(current, PauseReason.NEEDS_REPLAN, undone),
             operations=[
                 (op, {"status": OperationStatus.COMMITTED.value, "remote_id": receipt.remote_id, "settled_at": now})
             ],

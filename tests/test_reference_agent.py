@@ -2,7 +2,10 @@
 transaction boundary, a run to completion with its temp copies deleted as operations of their own, a cancel in the
 middle, and cleanup that survives a crash half-way and never touches evidence or another task's objects."""
 
+from typing import Any
+
 import pytest
+from django.contrib.auth.models import Group, User
 
 from agents import migrate_project
 from audit.principals import Principal
@@ -12,11 +15,13 @@ from tasks.cleanup import cleanup_temp_resources
 from tasks.connectors.objectstore import ObjectStoreConnector
 from tasks.connectors.simulator import STAGING_PREFIX
 from tasks.failpoints import FailpointHit, configure
-from tasks.lifecycle import OperationStatus, TaskStatus
+from tasks.lifecycle import FailureClass, OperationStatus, TaskStatus
 from tasks.models import Operation, OperationPurpose, Receipt, Task, TempResource, TempResourceStatus
+from tasks.outcomes import Committed, Failed, Outcome
 from tasks.protocol import task_request_cancel
 from tasks.recovery import tasks_needing_work
 from tasks.runner import recheck_receipts, run_steps, run_task_once
+from tasks.takeover import operation_resolve_by_person, takeover_claim, takeover_submit
 from tasks.verification import find_problems
 from tests.conftest import snapshot
 
@@ -258,3 +263,67 @@ def test_a_refused_delete_is_tried_again_under_a_new_op_key_and_stops_for_a_pers
     sent = Operation.objects.filter(task=other, purpose=OperationPurpose.CLEANUP)
     assert sent.count() == 3 and set(sent.values_list("status", flat=True)) == {OperationStatus.REJECTED}
     assert find_problems(Task.objects.get(pk=other.pk)) == []
+
+
+class _LookupsFail:
+    """The store's answers to lookups are lost: an operation stays unknown until a person settles it."""
+
+    def __init__(self, inner: ObjectStoreConnector) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def lookup(self, op_key: str) -> Outcome:
+        return Failed(FailureClass.CONNECTION_INTERRUPTED, "lookup lost")
+
+
+def test_a_compensation_chosen_by_a_person_is_sent_once_under_its_own_op_key_and_kept_as_evidence(store) -> None:
+    task = start(store)
+    store.fault("accept_then_drop", times=1, action="switch_reference")
+    lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="w")
+    report = run_steps(task_id=task.pk, lease=lease, connector=_LookupsFail(ObjectStoreConnector(store.url)))
+    assert report.stopped_by == "remote_unreachable"
+    lease_release(lease=report.lease)
+    switch = Operation.objects.get(task=task, action="store.switch_reference")
+    assert switch.status == OperationStatus.UNKNOWN
+    person = _admin()
+    claim = takeover_claim(actor=person, task_id=task.pk)
+    assert claim.lease is not None
+    operation_resolve_by_person(
+        actor=person,
+        lease=claim.lease,
+        op_key=switch.op_key,
+        expected_version=Task.objects.get(pk=task.pk).version,
+        resolution="compensate",
+        receipt=Committed(remote_id="ref:projects/acme", remote_version="7", count=1),
+        note="the switch went through; point the reference back",
+    )
+    takeover_submit(
+        actor=person,
+        lease=claim.lease,
+        based_on_version=Task.objects.get(pk=task.pk).version,
+        decision="resume_agent",
+        note="agent: send the compensation",
+    )
+    wake = run_task_once(task_id=task.pk, holder_id="w2", connector=ObjectStoreConnector(store.url))
+    compensation = Operation.objects.get(task=task, purpose=OperationPurpose.COMPENSATION)
+    assert compensation.status == OperationStatus.COMMITTED, wake.summary
+    assert compensation.compensates_id == switch.pk and compensation.op_key != switch.op_key
+    assert Receipt.objects.filter(operation=compensation).exists()
+    assert Receipt.objects.filter(operation=switch).exists()  # both happened: both receipts stay
+    stats = store.stats()["by_action"]
+    assert stats["switch_reference"] == 1 and stats["restore_reference"] == 1
+    assert store.control("/_state")["references"]["projects/acme"]["target"] == ""  # pointed back
+    task.refresh_from_db()
+    assert (task.status, task.status_reason) == (TaskStatus.PAUSED, "needs_replan"), task.status_detail
+    # Waking it again sends nothing more: a compensation is never retried by the system.
+    run_task_once(task_id=task.pk, holder_id="w3", connector=ObjectStoreConnector(store.url))
+    assert store.stats()["by_action"]["restore_reference"] == 1
+    assert find_problems(task) == []
+
+
+def _admin() -> Principal:
+    user = User.objects.create(username="olga")
+    user.groups.add(Group.objects.get(name="admin"))
+    return Principal.of_user(user)
