@@ -5,7 +5,8 @@ intent is registered before the call, the call goes through ``connector.delete(o
 resource is marked deleted only together with the cleanup receipt. A crash anywhere is finished by the next run: a
 dispatched or unknown cleanup is first looked up by its op key, never sent again blindly. Only the task's own temp
 resources are ever named, one exact locator at a time; receipts of the effects are evidence and are never touched.
-A cleanup the remote keeps refusing stops after ``MAX_CLEANUP_ATTEMPTS`` op keys and waits for a person.
+A cleanup the remote keeps refusing stops after ``MAX_CLEANUP_ATTEMPTS`` op keys: the temp resource is marked
+``stuck`` (an event records it) and waits for a person; no scan wakes the task for it again.
 """
 
 from dataclasses import dataclass
@@ -63,6 +64,7 @@ def _clean_one(temp: TempResource, lease: Lease, connector: Connector) -> str:
         if op is None or op.status == OperationStatus.REJECTED:
             tries = Operation.objects.filter(task_id=temp.task_id, op_key__startswith=_key_prefix(temp)).count()
             if tries >= MAX_CLEANUP_ATTEMPTS:
+                _give_up(temp, tries, lease)
                 return "needs_person"
             op = _register(temp, tries, lease)
         if op.status == OperationStatus.INTENT:
@@ -81,6 +83,18 @@ def _clean_one(temp: TempResource, lease: Lease, connector: Connector) -> str:
         if op.status == OperationStatus.REJECTED and op.failure_class == FailureClass.DEPENDENCY_UNAVAILABLE:
             return "remote_unavailable"  # a later wake-up tries again, under a new op key
     return "needs_person"
+
+
+def _give_up(temp: TempResource, tries: int, lease: Lease) -> None:
+    """Every delete was refused: mark the temp resource stuck (an event says so) so that no scan wakes the task
+    for it again; a person decides (delete it by hand, grant the permission back and reset it)."""
+    task = get_task(temp.task_id)
+
+    def mark_stuck(_task: Task, _now: datetime) -> None:
+        TempResource.objects.filter(pk=temp.pk).update(status=TempResourceStatus.STUCK.value)
+
+    change = Change(event="cleanup_needs_person", data={"temp": temp.locator, "attempts": tries})
+    compare_and_set(task.pk, task.version, change, lease=lease, before_event=mark_stuck)
 
 
 def _key_prefix(temp: TempResource) -> str:

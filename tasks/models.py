@@ -253,6 +253,7 @@ class TempResourceStatus(models.TextChoices):
     ACTIVE = "active"
     CLEANING = "cleaning"
     DELETED = "deleted"
+    STUCK = "stuck"  # the remote refused every delete (tasks/cleanup.py): a person must look; no more wake-ups
 
 
 class TempResource(models.Model):

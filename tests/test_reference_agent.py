@@ -16,7 +16,7 @@ from tasks.connectors.objectstore import ObjectStoreConnector
 from tasks.connectors.simulator import STAGING_PREFIX
 from tasks.failpoints import FailpointHit, configure
 from tasks.lifecycle import FailureClass, OperationStatus, TaskStatus
-from tasks.models import Operation, OperationPurpose, Receipt, Task, TempResource, TempResourceStatus
+from tasks.models import Event, Operation, OperationPurpose, Receipt, Task, TempResource, TempResourceStatus
 from tasks.outcomes import Committed, Failed, Outcome
 from tasks.protocol import task_request_cancel
 from tasks.recovery import tasks_needing_work
@@ -254,14 +254,24 @@ def test_a_refused_delete_is_tried_again_under_a_new_op_key_and_stops_for_a_pers
     other = start(store, project="beta")
     lease = lease_acquire(task_id=other.pk, holder_kind="agent", holder_id="w")
     lease = run_steps(task_id=other.pk, lease=lease, connector=ObjectStoreConnector(store.url)).lease
-    store.fault("permission_revoked", times=10, action="delete")
+    store.fault("permission_revoked", times=9, action="delete")
     reports = [
         cleanup_temp_resources(task_id=other.pk, lease=lease, connector=ObjectStoreConnector(store.url))
-        for _ in range(2)
+        for _ in range(4)
     ]
-    assert [r.stopped_by for r in reports] == ["needs_person", "needs_person"]
+    # Each run stops at the first temp resource every delete was refused for; that one is then stuck, not retried.
+    assert [(r.deleted, r.remaining, r.stopped_by) for r in reports] == [
+        (0, 2, "needs_person"),
+        (0, 1, "needs_person"),
+        (0, 0, "needs_person"),
+        (0, 0, ""),
+    ]
     sent = Operation.objects.filter(task=other, purpose=OperationPurpose.CLEANUP)
-    assert sent.count() == 3 and set(sent.values_list("status", flat=True)) == {OperationStatus.REJECTED}
+    assert sent.count() == 9 and set(sent.values_list("status", flat=True)) == {OperationStatus.REJECTED}
+    assert TempResource.objects.filter(task=other, status=TempResourceStatus.STUCK).count() == 3
+    assert Event.objects.filter(task=other, type="cleanup_needs_person").count() == 3
+    lease_release(lease=lease)
+    assert other.pk not in set(tasks_needing_work().values_list("pk", flat=True))  # no wake-up loop
     assert find_problems(Task.objects.get(pk=other.pk)) == []
 
 
