@@ -16,8 +16,8 @@ from django.db import connection
 
 from agents.demo import migration_plan
 from tasks.jobs import drive_task, recovery_scan
-from tasks.lifecycle import NodeStatus
-from tasks.models import Node, Task
+from tasks.lifecycle import NodeStatus, OperationStatus
+from tasks.models import Node, Operation, Task
 from tasks.plans import task_create
 from tests.simulator_fixture import ROOT, Simulator
 
@@ -90,3 +90,18 @@ def test_a_lost_message_is_made_good_by_the_recovery_scan(store: Simulator, queu
     assert recovery_scan(queue=queue) >= 1
     wait_for(task, EFFECT_NODES)
     assert set(store.stats()["by_op_key"].values()) == {1}
+
+
+def test_a_refused_call_is_retried_after_its_backoff_by_the_worker_asking_for_its_own_next_wake_up(
+    store: Simulator, queue: str
+) -> None:
+    """The store answers 503 once: the node backs off (2 s ± jitter on the database clock) and the wake-up asks the
+    broker for another one with that countdown. No scan runs here: only that message can finish the task."""
+    task = demo_task()
+    store.fault("dependency_unavailable", times=1, action="copy_batch")
+    drive_task.apply_async((task.pk,), queue=queue)
+    wait_for(task, EFFECT_NODES, seconds=90)
+    rejected = Operation.objects.filter(task=task, status=OperationStatus.REJECTED)
+    assert [op.failure_class for op in rejected] == ["dependency_unavailable"]
+    effects = store.stats()["by_op_key"]
+    assert len(effects) == EFFECT_NODES and set(effects.values()) == {1}
