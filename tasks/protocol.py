@@ -276,7 +276,8 @@ def _after_settling(current: Task, op: Operation, op_status: OperationStatus, al
     if op_status == OperationStatus.COMMITTED and current.attempts_used >= current.attempt_budget:
         return _pause(current, PauseReason.BUDGET_EXHAUSTED, "the task's attempt budget is used up; work remains")
     if _unprovable_settled(current, op):
-        return {"status": TaskStatus.RUNNING.value, "status_reason": "", "status_detail": ""}
+        # Out of a pause: before any node runs again, its inputs are read again from their sources.
+        return {"status": TaskStatus.RUNNING.value, "status_reason": "", "status_detail": ""} | _RECHECK
     if current.status in (TaskStatus.OBSERVING, TaskStatus.BACKING_OFF):
         return {"status": TaskStatus.RUNNING.value}
     return {}
@@ -293,9 +294,14 @@ def _unprovable_settled(current: Task, op: Operation) -> bool:
 def _after_accepted(current: Task, op: Operation) -> dict[str, Any]:
     if current.cancel_requested_at is not None:
         return _cancel_status(current, op, OperationStatus.ACCEPTED)
-    if _unprovable_settled(current, op) or current.status in (TaskStatus.RUNNING, TaskStatus.BACKING_OFF):
+    if _unprovable_settled(current, op):
+        return {"status": TaskStatus.OBSERVING.value, "status_reason": "", "status_detail": ""} | _RECHECK
+    if current.status in (TaskStatus.RUNNING, TaskStatus.BACKING_OFF):
         return {"status": TaskStatus.OBSERVING.value, "status_reason": "", "status_detail": ""}
     return {}
+
+
+_RECHECK = {"inputs_recheck_required": True}
 
 
 def _pause(current: Task, reason: PauseReason, detail: str) -> dict[str, Any]:

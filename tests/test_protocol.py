@@ -19,6 +19,7 @@ from tasks.errors import (
     BudgetExhausted,
     CancelRequested,
     EvidenceInsufficient,
+    InputsRecheckRequired,
     InvalidTransition,
     NodeNotReady,
     OperationsOpen,
@@ -753,6 +754,21 @@ def test_an_unprovable_operation_is_still_settled_when_its_outcome_is_learned(ma
     record(op, Committed(remote_id="r-a"), lease)
     assert fresh_op(op).status == OperationStatus.COMMITTED
     assert fresh_node(task, "a").status == NodeStatus.SUCCEEDED
+
+
+def test_a_task_leaving_an_unprovable_pause_rereads_its_inputs_before_any_node_runs(
+    make_task, agent_lease, clock
+) -> None:
+    """DESIGN §4: before a node runs after a pause, its input refs are checked again with the real source."""
+    task = make_task(chain_plan("a", "b"))
+    lease = agent_lease(task)
+    op = record(send(task, lease, "a"), Unprovable("no lookup"), lease)
+    assert fresh_task(task).status == TaskStatus.PAUSED
+    record(op, Committed(remote_id="r-a"), lease)  # the remote became queryable and proved it
+    resumed = fresh_task(task)
+    assert (resumed.status, resumed.inputs_recheck_required) == (TaskStatus.RUNNING, True)
+    assert next_directive(task_id=task.pk, lease=lease).reason == "recheck_inputs"
+    assert_refused(InputsRecheckRequired, lambda: register(task, lease, "b"))
 
 
 # --- 5. cancel -----------------------------------------------------------------------------------------------------
