@@ -303,7 +303,7 @@ def test_the_store_refuses_a_malformed_delete_by_name(simulator: Simulator, loca
 
 
 def test_a_fault_can_be_limited_to_one_action_and_to_every_nth_request(simulator) -> None:
-    store = simulator.start()
+    store = simulator
     store.fault("dependency_unavailable", times=2, action="prepare_target", every=2)
     statuses = []
     for n in range(5):
