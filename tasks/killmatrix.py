@@ -205,13 +205,14 @@ class Workers:
 # -- a scenario ------------------------------------------------------------------------------------------------
 
 
-def database_url() -> str:
+def database_url(name: str = "") -> str:
+    """A DATABASE_URL for another process: the configured database, or ``name`` on the same server."""
     from django.db import connection
 
     db = connection.settings_dict
     if connection.vendor == "sqlite":
-        return f"sqlite:///{db['NAME']}"
-    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+        return f"sqlite:///{name or db['NAME']}"
+    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{name or db['NAME']}"
 
 
 @contextmanager

@@ -2,15 +2,13 @@
 
 import json
 import os
-import select
 import signal
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+from tasks.killmatrix import StoreProcess
 from tasks.lifecycle import FailureClass
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,44 +23,31 @@ REFUSALS = [
 
 
 class Simulator:
+    """The store's process (tasks/killmatrix.py's StoreProcess), restartable on the same state file."""
+
     def __init__(self, state: Path) -> None:
         self.state = state
-        self.process: subprocess.Popen[str] | None = None
+        self.running: StoreProcess | None = None
         self.url = ""
 
     def start(self) -> "Simulator":
-        command = [sys.executable, "-m", "tasks.connectors.simulator", "--port", "0", "--state", str(self.state)]
-        self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)  # noqa: S603
-        assert self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], 10)
-        line = self.process.stdout.readline() if ready else ""
-        assert line.startswith("listening on "), f"the simulator did not start: {line!r}"
-        self.url = line.removeprefix("listening on ").strip()
+        self.running = StoreProcess(self.state)
+        self.url = self.running.url
         return self
 
     def kill(self) -> None:
         """SIGKILL: no chance to flush anything the store did not already persist."""
-        assert self.process is not None
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait(5)
+        assert self.running is not None
+        os.kill(self.running.process.pid, signal.SIGKILL)
+        self.running.process.wait(5)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
-        if self.process is not None and self.process.stdout is not None:
-            self.process.stdout.close()
+        if self.running is not None:
+            self.running.stop()
 
     def control(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.url + path, data=data, method="POST" if data is not None else "GET")  # noqa: S310
-        with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310
-            answer: dict[str, Any] = json.loads(response.read())
-            return answer
+        assert self.running is not None
+        return self.running.call(path, body)
 
     def fault(self, mode: str, times: int = 1, **extra: Any) -> None:
         self.control("/_faults", {"mode": mode, "times": times, **extra})

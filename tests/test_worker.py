@@ -12,10 +12,10 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from django.db import connection
 
 from agents.demo import migration_plan
 from tasks.jobs import drive_task, recovery_scan
+from tasks.killmatrix import database_url
 from tasks.lifecycle import NodeStatus, OperationStatus
 from tasks.models import Node, Operation, Task
 from tasks.plans import task_create
@@ -24,13 +24,6 @@ from tests.simulator_fixture import ROOT, Simulator
 pytestmark = pytest.mark.django_db(transaction=True)
 
 EFFECT_NODES = 6  # the demo plan's nodes before its confirmation point
-
-
-def database_url() -> str:
-    db = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{db['NAME']}"
-    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
 @pytest.fixture

@@ -72,11 +72,9 @@ class Command(BaseCommand):
         name = f"reckon_matrix_{uuid.uuid4().hex[:8]}"
         drop = None
         if connection.vendor == "sqlite":
-            tmp = tempfile.mkdtemp(prefix="reckon-matrix-db-")
-            url = f"sqlite:///{Path(tmp) / (name + '.sqlite3')}"
+            url = killmatrix.database_url(str(Path(tempfile.mkdtemp(prefix="reckon-matrix-db-")) / f"{name}.sqlite3"))
         else:
-            db = connection.settings_dict
-            url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{name}"
+            url = killmatrix.database_url(name)
             with connection.cursor() as cursor:
                 cursor.execute(f'CREATE DATABASE "{name}"')
             drop = name
