@@ -20,9 +20,10 @@ from tasks.cas import Change, compare_and_set
 from tasks.connectors.base import Connector
 from tasks.failpoints import failpoint
 from tasks.lifecycle import OPEN_OPERATION_STATUSES, FailureClass, OperationStatus, TaskStatus
-from tasks.models import Operation, OperationPurpose, Receipt, Task, TempResource, TempResourceStatus
+from tasks.models import Operation, OperationPurpose, Task, TempResource, TempResourceStatus
 from tasks.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
 from tasks.plans import digest_of
+from tasks.protocol import receipt_of, receipt_summary
 from tasks.queries import get_task
 
 ENDED = (TaskStatus.COMPLETED.value, TaskStatus.STOPPED.value, TaskStatus.FAILED.value)
@@ -34,7 +35,7 @@ _UNDONE = (TempResourceStatus.ACTIVE.value, TempResourceStatus.CLEANING.value)
 class CleanupReport:
     deleted: int
     remaining: int
-    stopped_by: str = ""  # remote_unreachable, unprovable, needs_person, or a refusal's code
+    stopped_by: str = ""  # remote_unreachable, remote_unavailable, unprovable or needs_person
 
 
 def temp_resources_due(task: Task) -> QuerySet[TempResource]:
@@ -47,15 +48,14 @@ def temp_resources_due(task: Task) -> QuerySet[TempResource]:
 def cleanup_temp_resources(*, task_id: int, lease: Lease, connector: Connector) -> CleanupReport:
     """Delete every temp resource of an ended task, each as its own operation. Idempotent; safe to re-run after a
     crash at any point; stops at the first answer that leaves an outcome unknown (the next run asks again)."""
-    deleted = 0
+    deleted, stopped_by = 0, ""
     for temp in list(temp_resources_due(get_task(task_id))):
-        outcome_of_run = _clean_one(temp, lease, connector)
-        if outcome_of_run == "deleted":
-            deleted += 1
-        elif outcome_of_run != "skipped":
-            remaining = temp_resources_due(get_task(task_id)).count()
-            return CleanupReport(deleted, remaining, stopped_by=outcome_of_run)
-    return CleanupReport(deleted, temp_resources_due(get_task(task_id)).count())
+        result = _clean_one(temp, lease, connector)
+        if result != "deleted":
+            stopped_by = result
+            break
+        deleted += 1
+    return CleanupReport(deleted, temp_resources_due(get_task(task_id)).count(), stopped_by)
 
 
 def _clean_one(temp: TempResource, lease: Lease, connector: Connector) -> str:
@@ -150,7 +150,7 @@ def _record(op: Operation, temp: TempResource, outcome: Outcome, lease: Lease) -
     data: dict[str, Any] = {"op_key": op.op_key, "temp": temp.locator, "outcome": type(outcome).__name__.lower()}
     before_event = None
     if isinstance(outcome, Committed) and outcome.remote_id:
-        receipt = Receipt(operation=op, remote_id=outcome.remote_id, count=outcome.count, data={})
+        receipt = receipt_of(op, outcome)
 
         def save(_task: Task, now: datetime) -> None:
             receipt.received_at = now
@@ -161,7 +161,7 @@ def _record(op: Operation, temp: TempResource, outcome: Outcome, lease: Lease) -
 
         before_event = save
         event, fields = "cleanup_committed", {"status": OperationStatus.COMMITTED.value, "remote_id": outcome.remote_id}
-        data["receipt"] = {"remote_id": outcome.remote_id, "remote_version": "", "count": outcome.count, "digest": ""}
+        data["receipt"] = receipt_summary(receipt)
     elif isinstance(outcome, NotFound):
         event, fields = "cleanup_not_found", {"status": OperationStatus.INTENT.value}  # never happened: send again
     elif isinstance(outcome, Unprovable):

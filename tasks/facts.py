@@ -57,12 +57,15 @@ def _contradiction(receipt: Receipt, outcome: Outcome) -> str:
 
 
 def receipts_confirm(*, task_id: int, findings: dict[str, Outcome], expected_version: int, lease: Lease) -> Task:
-    """Compare what the remote says now with the receipts recorded; pause on a contradiction (see module doc).
-    Consistent or inconclusive findings write nothing."""
+    """Compare what the remote says now (``findings``, by op key, for the operations ``latest_receipts`` named)
+    with the receipts recorded; pause on a contradiction (see module doc). Consistent or inconclusive findings
+    write nothing."""
+    asked = Operation.objects.filter(
+        task_id=task_id, op_key__in=findings, status=OperationStatus.COMMITTED, receipt__isnull=False
+    ).select_related("receipt", "node")
     conflicts: dict[str, str] = {}
-    for op in latest_receipts(task_id):
-        outcome = findings.get(op.op_key)
-        if outcome is not None and (problem := _contradiction(op.receipt, outcome)):
+    for op in asked.order_by("pk"):
+        if problem := _contradiction(op.receipt, findings[op.op_key]):
             conflicts[op.op_key] = f"node {op.node.key}: {problem}"
     if not conflicts:
         return get_task(task_id)

@@ -385,14 +385,19 @@ def record_outcome(*, op_key: str, outcome: Outcome, expected_version: int, leas
     return Operation.objects.get(pk=op.pk)
 
 
+def _after_compensation(current: Task, op: Operation, op_status: OperationStatus, detail: str) -> dict[str, Any]:
+    """Whatever became of a compensation, a person decides what is next (a recorded cancel goes on to stopped)."""
+    if current.cancel_requested_at is not None:
+        return _after_settling(current, op, op_status)
+    return _pause(current, PauseReason.NEEDS_REPLAN, detail)
+
+
 def _compensation_refused(current: Task, op: Operation, outcome: Failed, data: dict[str, Any]) -> Change:
     """A compensation the remote refused is never retried by the system: a person decides what is next."""
     detail = f"compensation {op.op_key} refused ({outcome.failure_class}): {outcome.detail}"
     return Change(
         event="compensation_rejected",
-        task=_after_settling(current, op, OperationStatus.REJECTED)
-        if current.cancel_requested_at is not None
-        else _pause(current, PauseReason.NEEDS_REPLAN, detail),
+        task=_after_compensation(current, op, OperationStatus.REJECTED, detail),
         operations=[
             (
                 op,
@@ -411,7 +416,7 @@ def _record_compensation(op: Operation, outcome: Committed, expected_version: in
     """The remote committed a compensation: its receipt is kept as evidence; the node it undoes keeps its own
     receipt too (both happened). The plan no longer describes what is true, so the task pauses ``needs_replan``
     for a person to re-plan or end it (a recorded cancel goes on to stopped instead)."""
-    receipt = _receipt_of(op, outcome)
+    receipt = receipt_of(op, outcome)
 
     def build(current: Task, now: datetime) -> Change:
         receipt.received_at = now
@@ -419,13 +424,11 @@ def _record_compensation(op: Operation, outcome: Committed, expected_version: in
         undone = f"compensation {op.op_key} committed: node {op.node.key} is undone; re-plan or end the task"
         return Change(
             event="compensation_committed",
-            task=_after_settling(current, op, OperationStatus.COMMITTED)
-            if current.cancel_requested_at is not None
-            else _pause(current, PauseReason.NEEDS_REPLAN, undone),
+            task=_after_compensation(current, op, OperationStatus.COMMITTED, undone),
             operations=[
                 (op, {"status": OperationStatus.COMMITTED.value, "remote_id": receipt.remote_id, "settled_at": now})
             ],
-            data={"op_key": op.op_key, "receipt": _receipt_summary(receipt)},
+            data={"op_key": op.op_key, "receipt": receipt_summary(receipt)},
         )
 
     compare_and_set(
@@ -434,7 +437,7 @@ def _record_compensation(op: Operation, outcome: Committed, expected_version: in
     return Operation.objects.get(pk=op.pk)
 
 
-def _receipt_of(op: Operation, outcome: Committed) -> Receipt:
+def receipt_of(op: Operation, outcome: Committed) -> Receipt:
     """The receipt row for what the remote committed (saved inside the recording transaction)."""
     return Receipt(
         operation=op,
@@ -446,7 +449,8 @@ def _receipt_of(op: Operation, outcome: Committed) -> Receipt:
     )
 
 
-def _receipt_summary(receipt: Receipt) -> dict[str, Any]:
+def receipt_summary(receipt: Receipt) -> dict[str, Any]:
+    """The receipt as the log records it (tasks/verification.py compares the rows with this)."""
     return {
         "remote_id": receipt.remote_id,
         "remote_version": receipt.remote_version,
@@ -521,14 +525,14 @@ def _record_committed(
     op: Operation, outcome: Committed, expected_version: int, lease: Lease, settled_by: str = ""
 ) -> Operation:
     node = op.node
-    receipt = _receipt_of(op, outcome)
+    receipt = receipt_of(op, outcome)
     problems = evidence_problems(node, op, receipt)
     temp_locators = _temp_locators(outcome)
 
     def build(current: Task, now: datetime) -> Change:
         receipt.received_at = now
         receipt.committed_after_cancel_request = current.cancel_requested_at is not None
-        data: dict[str, Any] = {"op_key": op.op_key, "receipt": _receipt_summary(receipt)}
+        data: dict[str, Any] = {"op_key": op.op_key, "receipt": receipt_summary(receipt)}
         if temp_locators:
             data["temp"] = temp_locators
         op_fields = {

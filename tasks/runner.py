@@ -13,7 +13,7 @@ from leases import clock
 from leases.errors import LeaseError
 from leases.models import HolderKind, Lease
 from leases.services import lease_acquire, lease_release, lease_renew
-from tasks.cleanup import ENDED, cleanup_temp_resources, temp_resources_due
+from tasks.cleanup import cleanup_temp_resources, temp_resources_due
 from tasks.connectors.base import Connector
 from tasks.errors import TaskError
 from tasks.facts import latest_receipts, receipts_confirm
@@ -129,7 +129,7 @@ def run_task_once(
         recheck_receipts(task_id=task_id, lease=lease, connector=connector)
     report = run_steps(task_id=task_id, lease=lease, connector=connector, max_steps=max_steps)
     cleaned = ""
-    if get_task(task_id).status in ENDED and temp_resources_due(get_task(task_id)).exists():
+    if temp_resources_due(get_task(task_id)).exists():  # none unless the task has ended
         try:
             cleanup = cleanup_temp_resources(task_id=task_id, lease=report.lease, connector=connector)
             cleaned = f"; cleanup: {cleanup.deleted} deleted, {cleanup.remaining} left {cleanup.stopped_by}".rstrip()
