@@ -4,9 +4,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import Group, User
 from django.db import connection
 from hypothesis import settings as hypothesis_settings
 
+from audit.principals import Principal
 from leases.clock import ControllableClock, use_clock
 from leases.models import Lease
 from leases.services import lease_acquire
@@ -88,3 +90,12 @@ def store(simulator: Simulator) -> Simulator:
     """The simulator with the demo plan's source (agents/demo.py) registered at version 7."""
     simulator.set_source("projects/acme", "7", "sha256:" + "ab" * 32)
     return simulator
+
+
+def person(name: str, *roles: str, superuser: bool = False, staff: bool = False) -> Principal:
+    """A user in the given role groups, as a principal. The groups come from a migration; a transactional test
+    flushes them, so they are made again when missing."""
+    user = User.objects.create_user(name, is_superuser=superuser, is_staff=staff)
+    for role in roles:
+        user.groups.add(Group.objects.get_or_create(name=role)[0])
+    return Principal.of_user(user)

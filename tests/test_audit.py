@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 
@@ -34,7 +34,7 @@ from tasks.takeover import (
     takeover_renew,
     takeover_submit,
 )
-from tests.conftest import chain_plan, snapshot
+from tests.conftest import chain_plan, person, snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -43,13 +43,6 @@ IMPACT = "its in-flight copy is reconciled by op key afterwards"
 REVIEW_NOTE = "agreed: the worker was stuck and nothing was lost"
 GITHUB_TOKEN = "ghp_" + "a1B2c3D4e5" * 3
 URL_WITH_PASSWORD = "https://deploy:hunter2@store.example/bucket"
-
-
-def person(name: str, *roles: str) -> Principal:
-    user = User.objects.create_user(name)
-    for role in roles:
-        user.groups.add(Group.objects.get(name=role))
-    return Principal.of_user(user)
 
 
 def current(task: Task) -> Task:

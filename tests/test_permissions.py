@@ -6,7 +6,7 @@ from collections.abc import Callable
 from functools import partial
 
 import pytest
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 
 from audit.models import AuditEvent
 from audit.principals import Principal
@@ -23,20 +23,13 @@ from tasks.takeover import (
     takeover_release,
     takeover_submit,
 )
-from tests.conftest import chain_plan, snapshot
+from tests.conftest import chain_plan, person, snapshot
 
 pytestmark = pytest.mark.django_db
 
 JUSTIFICATION = "agent worker-7 has been wedged for an hour"
 IMPACT = "its in-flight copy is reconciled by op key afterwards"
 REVIEW_NOTE = "agreed: the worker was stuck and nothing was lost"
-
-
-def person(name: str, *roles: str, superuser: bool = False, staff: bool = False) -> Principal:
-    user = User.objects.create_user(name, is_superuser=superuser, is_staff=staff)
-    for role in roles:
-        user.groups.add(Group.objects.get(name=role))
-    return Principal.of_user(user)
 
 
 def deactivate(who: Principal) -> None:

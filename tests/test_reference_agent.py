@@ -5,7 +5,6 @@ middle, and cleanup that survives a crash half-way and never touches evidence or
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Group, User
 
 from agents import migrate_project
 from audit.principals import Principal
@@ -23,6 +22,7 @@ from tasks.recovery import tasks_needing_work
 from tasks.runner import recheck_receipts, run_steps, run_task_once
 from tasks.takeover import operation_resolve_by_person, takeover_claim, takeover_submit
 from tasks.verification import find_problems
+from tests.conftest import person as make_person
 from tests.conftest import snapshot
 
 pytestmark = pytest.mark.django_db
@@ -297,7 +297,7 @@ def test_a_compensation_chosen_by_a_person_is_sent_once_under_its_own_op_key_and
     lease_release(lease=report.lease)
     switch = Operation.objects.get(task=task, action="store.switch_reference")
     assert switch.status == OperationStatus.UNKNOWN
-    person = _admin()
+    person = make_person("olga", "admin")
     claim = takeover_claim(actor=person, task_id=task.pk)
     assert claim.lease is not None
     operation_resolve_by_person(
@@ -331,9 +331,3 @@ def test_a_compensation_chosen_by_a_person_is_sent_once_under_its_own_op_key_and
     run_task_once(task_id=task.pk, holder_id="w3", connector=ObjectStoreConnector(store.url))
     assert store.stats()["by_action"]["restore_reference"] == 1
     assert find_problems(task) == []
-
-
-def _admin() -> Principal:
-    user = User.objects.create(username="olga")
-    user.groups.add(Group.objects.get(name="admin"))
-    return Principal.of_user(user)

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Group, User
 from django.core.management import call_command
 from django.db import connection
 from pytest_django.fixtures import Settings
@@ -66,7 +65,7 @@ from tasks.hygiene import canonical_json, check_payload
 from tasks.models import Receipt, Task
 from tasks.outcomes import Committed
 from tasks.permissions import PermissionDenied, permission_grant
-from tests.conftest import snapshot
+from tests.conftest import person, snapshot
 from tests.steps import record, send
 from tests.test_races_postgres import run_threads
 
@@ -88,13 +87,6 @@ def retention_settings(settings: Settings, tmp_path: Path) -> Path:
 
 
 # --- helpers ----------------------------------------------------------------------------------------------------
-
-
-def person(name: str, *roles: str) -> Principal:
-    user = User.objects.create_user(name)
-    for role in roles:
-        user.groups.add(Group.objects.get(name=role))
-    return Principal.of_user(user)
 
 
 @pytest.fixture

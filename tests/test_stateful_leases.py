@@ -25,7 +25,6 @@ from typing import Any, ClassVar
 
 import pytest
 from django.conf import settings
-from django.contrib.auth.models import Group, User
 from django.db import transaction
 from hypothesis import HealthCheck
 from hypothesis import settings as hsettings
@@ -58,7 +57,7 @@ from tasks.takeover import (
     takeover_renew,
     takeover_submit,
 )
-from tests.conftest import chain_plan
+from tests.conftest import chain_plan, person
 
 KIND = "stateful-leases"
 AGENTS = ("a", "b")
@@ -75,13 +74,6 @@ REACHED: Counter[str] = Counter()
 
 class Rollback(Exception):
     """Raised inside a savepoint to undo a probe write."""
-
-
-def person(name: str, role: str) -> Principal:
-    group, _ = Group.objects.get_or_create(name=role)
-    user = User.objects.create_user(name)
-    user.groups.add(group)
-    return Principal.of_user(user)
 
 
 class LeaseMachine(RuleBasedStateMachine):

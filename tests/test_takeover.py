@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings as django_settings
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 from django.utils import timezone
 from pytest_django.fixtures import Settings
 
@@ -65,7 +65,7 @@ from tasks.takeover import (
     takeover_withdraw,
 )
 from tasks.verification import find_problems, task_quarantine
-from tests.conftest import chain_plan, effect_node, snapshot
+from tests.conftest import chain_plan, effect_node, person, snapshot
 from tests.steps import dispatch, record, register, send, version
 
 TICK = timedelta(microseconds=1)  # the finest step both databases store
@@ -118,13 +118,6 @@ def good_copy_result(**changes: Any) -> NodeResult:
 
 
 # --- personas and helpers ---------------------------------------------------------------------------------------
-
-
-def person(name: str, *roles: str) -> Principal:
-    user = User.objects.create_user(name)
-    for role in roles:
-        user.groups.add(Group.objects.get(name=role))
-    return Principal.of_user(user)
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import pytest
-from django.contrib.auth.models import Group, User
 from django.db import IntegrityError, connection, transaction
 from pytest_django.fixtures import Settings
 
@@ -36,7 +35,7 @@ from tasks.outcomes import Committed
 from tasks.permissions import ADMIN, OPERATOR, permission_grant
 from tasks.protocol import next_directive, operation_dispatch, record_outcome, register_intent
 from tasks.takeover import Claim, takeover_claim, takeover_release, takeover_submit
-from tests.conftest import chain_plan
+from tests.conftest import chain_plan, person
 from tests.test_races_postgres import run_threads
 
 pytestmark = [
@@ -63,14 +62,6 @@ AGENT_TTL = timedelta(milliseconds=400)
 AGENT_GRACE = timedelta(milliseconds=200)
 AGENT_CRASH_EVERY = 9  # one lease in nine is never released: it lapses and the next grant closes it
 CLAIM_DEADLINE = 20.0
-
-
-def person(name: str, role: str) -> Principal:
-    """A user in one role group. A transactional test flushes the tables, the migration's groups included."""
-    group, _ = Group.objects.get_or_create(name=role)
-    user = User.objects.create_user(name)
-    user.groups.add(group)
-    return Principal.of_user(user)
 
 
 def current_version(task_id: int) -> int:

@@ -1,10 +1,8 @@
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import Group, User
 
 from audit.models import AuditEvent
-from audit.principals import Principal
 from audit.services import verify_audit
 from leases.services import lease_release
 from tasks.lifecycle import TaskStatus
@@ -19,14 +17,7 @@ from tasks.takeover import (
     takeover_claim,
     takeover_submit,
 )
-from tests.conftest import chain_plan
-
-
-def person(name: str, *roles: str) -> Principal:
-    user = User.objects.create_user(name)
-    for role in roles:
-        user.groups.add(Group.objects.get(name=role))
-    return Principal.of_user(user)
+from tests.conftest import chain_plan, person
 
 
 @pytest.mark.django_db
