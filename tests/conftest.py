@@ -99,3 +99,21 @@ def person(name: str, *roles: str, superuser: bool = False, staff: bool = False)
     for role in roles:
         user.groups.add(Group.objects.get_or_create(name=role)[0])
     return Principal.of_user(user)
+
+
+SOURCE_REF = {"source": "store", "locator": "projects/acme", "version": "7", "digest": "sha256:" + "ab" * 32}
+
+
+def copy_node(**extra: Any) -> dict[str, Any]:
+    """Reads a versioned source; its receipt must show 100 objects, the source digest and the source version."""
+    return effect_node(
+        "copy",
+        input={"source": {"ref": SOURCE_REF}, "limit": 100},
+        evidence={
+            "remote_id": True,
+            "count": 100,
+            "digest": {"input": "source", "field": "digest"},
+            "remote_version": {"input": "source", "field": "version"},
+        },
+        **extra,
+    )

@@ -39,11 +39,8 @@ from tasks.protocol import (
     register_intent,
     task_request_cancel,
 )
-from tests.conftest import chain_plan, effect_node, snapshot
+from tests.conftest import SOURCE_REF, chain_plan, copy_node, effect_node, snapshot
 from tests.steps import dispatch, record, register, send, version
-
-SOURCE_REF = {"source": "store", "locator": "projects/acme", "version": "7", "digest": "sha256:" + "ab" * 32}
-
 
 # --- helpers: each step reads the task version afresh, as a well-behaved agent does ---------------------------------
 
@@ -75,17 +72,7 @@ def parallel_plan(*keys: str, **extra: Any) -> dict[str, Any]:
 
 def evidence_plan() -> dict[str, Any]:
     """One copy node whose receipt must show a remote id, 100 objects, the source digest and the source version."""
-    node = effect_node(
-        "copy",
-        input={"source": {"ref": SOURCE_REF}, "limit": 100},
-        evidence={
-            "remote_id": True,
-            "count": 100,
-            "digest": {"input": "source", "field": "digest"},
-            "remote_version": {"input": "source", "field": "version"},
-        },
-    )
-    return {"nodes": [node]}
+    return {"nodes": [copy_node()]}
 
 
 def satisfying_receipt(**changes: Any) -> Committed:

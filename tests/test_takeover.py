@@ -65,32 +65,16 @@ from tasks.takeover import (
     takeover_withdraw,
 )
 from tasks.verification import find_problems, task_quarantine
-from tests.conftest import chain_plan, effect_node, person, snapshot
+from tests.conftest import SOURCE_REF, chain_plan, copy_node, effect_node, person, snapshot
 from tests.steps import dispatch, record, register, send, version
 
 TICK = timedelta(microseconds=1)  # the finest step both databases store
-SOURCE_REF = {"source": "store", "locator": "projects/acme", "version": "7", "digest": "sha256:" + "ab" * 32}
 JUSTIFICATION = "agent worker-7 has been wedged for an hour"
 IMPACT = "its in-flight switch is reconciled by op key by the next holder"
 REVIEW_NOTE = "checked the worker logs: it was stuck, release was right"
 
 
 # --- plans ------------------------------------------------------------------------------------------------------
-
-
-def copy_node(**extra: Any) -> dict[str, Any]:
-    """Reads a versioned source; its receipt must show 100 objects, the source digest and the source version."""
-    return effect_node(
-        "copy",
-        input={"source": {"ref": SOURCE_REF}, "limit": 100},
-        evidence={
-            "remote_id": True,
-            "count": 100,
-            "digest": {"input": "source", "field": "digest"},
-            "remote_version": {"input": "source", "field": "version"},
-        },
-        **extra,
-    )
 
 
 def evidence_plan() -> dict[str, Any]:
