@@ -30,7 +30,7 @@ from django.contrib.auth.models import Group, User
 from agents import migrate_project
 from audit.principals import Principal
 from tasks.cleanup import ENDED
-from tasks.connectors.objectstore import ObjectStoreConnector
+from tasks.connectors.objectstore import Idempotency, ObjectStoreConnector
 from tasks.errors import TaskError
 from tasks.evidence import evidence_problems
 from tasks.failpoints import hits
@@ -60,7 +60,7 @@ class Scenario:
     lease_grace: int = 1
     expect: str = TaskStatus.COMPLETED.value
     act: str = ""  # what the driver does meanwhile: "cancel" or "change_input"
-    idempotency: str = "remote"  # "tag": the store does not dedupe; the connector queries by the op-key tag
+    idempotency: Idempotency = "remote"  # "tag": the store does not dedupe; the connector queries by the op-key tag
 
 
 SCENARIOS = [
@@ -249,6 +249,7 @@ def run_scenario(scenario: Scenario, tasks: int, *, timeout: float, log: Callabl
     with tempfile.TemporaryDirectory(prefix="reckon-matrix-") as tmp, _running(scenario, Path(tmp)) as running:
         store, workers, queue = running
         run = uuid.uuid4().hex[:6]
+        connector = ObjectStoreConnector(store.url, idempotency=scenario.idempotency)
         created = []
         for n in range(tasks):
             project = f"m{run}-{n}"
@@ -259,9 +260,7 @@ def run_scenario(scenario: Scenario, tasks: int, *, timeout: float, log: Callabl
                     project=project,
                     objects=OBJECTS,
                     source=source,
-                    store=ObjectStoreConnector(
-                        store.url, idempotency="tag" if scenario.idempotency == "tag" else "remote"
-                    ),
+                    store=connector,
                     max_batch=MAX_BATCH,
                     created_by="matrix",
                     confirm_switch=scenario.act == "change_input",
