@@ -32,6 +32,7 @@ INSTALLED_APPS = [
     "leases",
     "audit",
     "retention",
+    "harness",
 ]
 
 AUTHENTICATION_BACKENDS = [

@@ -35,6 +35,8 @@ class Lease(models.Model):
     granted_at = models.DateTimeField()
     expires_at = models.DateTimeField()
     renewal_seq = models.PositiveIntegerField(default=0)
+    # How long each renewal (and each write, a heartbeat) extends the lease from the database's now.
+    ttl = models.DurationField(null=True, blank=True)
     epoch = models.PositiveBigIntegerField()
     released_at = models.DateTimeField(null=True, blank=True)
     release_reason = models.CharField(max_length=16, choices=ReleaseReason.choices, blank=True)

@@ -87,9 +87,12 @@ def append_event(*, task: Task, seq: int, type: str, payload: dict[str, Any], at
         prev = Event.objects.filter(task=task, seq=seq - 1).values_list("digest", flat=True).first() or GENESIS_DIGEST
     created_at = at.isoformat()
     digest = event_digest(task_uid=str(task.uid), seq=seq, type=type, payload=payload, created_at=created_at, prev=prev)
-    return Event.objects.create(
+    event = Event.objects.create(
         task=task, seq=seq, type=type, payload=payload, prev_digest=prev, digest=digest, created_at=at
     )
+    Task.objects.filter(pk=task.pk).update(log_head=digest)
+    task.log_head = digest
+    return event
 
 
 @dataclass

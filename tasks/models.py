@@ -28,6 +28,8 @@ class Task(models.Model):
     status_reason = models.CharField(max_length=30, choices=_choices(PauseReason), blank=True)
     status_detail = models.CharField(max_length=500, blank=True)
     version = models.PositiveBigIntegerField(default=1)
+    # The digest of the event at seq == version: the next append chains to it without reading the log.
+    log_head = models.CharField(max_length=64, default="0" * 64)
     plan_version = models.PositiveIntegerField(default=0)
     input_refs = models.JSONField(default=dict, blank=True)
     attempt_budget = models.PositiveIntegerField()

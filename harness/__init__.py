@@ -1,0 +1,1 @@
+"""What only tests and benchmarks use: the simulator, the kill matrix, the benchmark. The domain never imports it."""
