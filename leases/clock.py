@@ -17,18 +17,17 @@ class Clock(Protocol):
 
 
 class DatabaseClock:
-    """Reads the current time from the database server, once per call."""
+    """The database server's time. PostgreSQL is asked (once per call); SQLite has no server — the database is a
+    file on this host and its ``'now'`` is this host's clock, so that clock is read without a round trip."""
 
     def now(self) -> datetime:
+        if connection.vendor != "postgresql":
+            return datetime.now(UTC)
         with connection.cursor() as cursor:
-            if connection.vendor == "postgresql":
-                # clock_timestamp(), not now(): now() is frozen at transaction start.
-                cursor.execute("SELECT clock_timestamp()")
-                value: datetime = cursor.fetchone()[0]
-                return value.astimezone(UTC)
-            cursor.execute("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")
-            text = cursor.fetchone()[0]
-            return datetime.fromisoformat(text).replace(tzinfo=UTC)
+            # clock_timestamp(), not now(): now() is frozen at transaction start.
+            cursor.execute("SELECT clock_timestamp()")
+            value: datetime = cursor.fetchone()[0]
+            return value.astimezone(UTC)
 
 
 class ControllableClock:
@@ -53,6 +52,15 @@ _clock: Clock = DatabaseClock()
 
 def now() -> datetime:
     return _clock.now()
+
+
+def now_sql() -> tuple[str, list[datetime]]:
+    """The current time as an SQL expression and its parameters, for a statement that judges time itself (one
+    round trip instead of a clock read and a write). On PostgreSQL with the database clock it is the statement's
+    own timestamp; otherwise (SQLite, or a test clock) the clock's value as a parameter."""
+    if isinstance(_clock, DatabaseClock) and connection.vendor == "postgresql":
+        return "statement_timestamp()", []
+    return "%s", [_clock.now()]
 
 
 @contextmanager

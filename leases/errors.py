@@ -46,3 +46,13 @@ class RenewalOutOfOrder(LeaseError):
     def __init__(self, expected: int, actual: int) -> None:
         super().__init__(f"renewal carried renewal_seq {expected}, the lease is at {actual}")
         self.expected, self.actual = expected, actual
+
+
+class LeaseRefused(LeaseError):
+    """The task is in a status in which this kind of holder gets no lease (an agent while people hold it)."""
+
+    code = "lease_refused"
+
+    def __init__(self, task_id: int, status: str) -> None:
+        super().__init__(f"task {task_id} is {status}: no agent lease is granted in that status")
+        self.task_id, self.status = task_id, status

@@ -4,16 +4,17 @@ Times come from ``leases.clock`` (the database server's clock). Human takeover a
 build on the same rows in the next issue.
 """
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Max
 
 from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
-from leases.errors import LeaseExpired, LeaseHeld, LeaseLost, LeaseReserved, RenewalOutOfOrder
+from leases.errors import LeaseError, LeaseExpired, LeaseHeld, LeaseLost, LeaseRefused, LeaseReserved, RenewalOutOfOrder
 from leases.models import HolderKind, Lease, LeaseReservation, ReleaseReason
 
 
@@ -35,14 +36,24 @@ def lease_grace() -> timedelta:
     return grace
 
 
-def _task_version(task_id: int) -> int:
+def _task_state(task_id: int) -> tuple[int, str]:
     task_model = Lease._meta.get_field("task").related_model
     if task_model is None or isinstance(task_model, str):  # pragma: no cover - apps not loaded
         raise LookupError("the task model is not loaded")
-    version = task_model._default_manager.filter(pk=task_id).values_list("version", flat=True).first()
-    if version is None:
+    row = task_model._default_manager.filter(pk=task_id).values_list("version", "status").first()
+    if row is None:
         raise LookupError(f"task {task_id} does not exist")
-    return int(version)
+    return int(row[0]), str(row[1])
+
+
+# The task statuses in which an agent may not be granted a lease. leases knows nothing of task statuses: the
+# tasks app sets this at start-up from its one table (tasks.lifecycle.AGENT_LEASABLE).
+_agent_barred: frozenset[str] = frozenset()
+
+
+def bar_agents_in(statuses: frozenset[str]) -> None:
+    global _agent_barred
+    _agent_barred = frozenset(statuses)
 
 
 def lease_acquire(*, task_id: int, holder_kind: str, holder_id: str, ttl: timedelta | None = None) -> Lease:
@@ -70,13 +81,18 @@ def lease_acquire(*, task_id: int, holder_kind: str, holder_id: str, ttl: timede
             # release it follows, and it lasts its full ttl.
             now = clock.now()
             last_epoch = Lease.objects.filter(task_id=task_id).aggregate(m=Max("epoch"))["m"] or 0
+            version, status = _task_state(task_id)
+            if holder_kind == HolderKind.AGENT and status in _agent_barred:
+                # People hold the task (or it is quarantined): an agent lease would only block their way back.
+                raise LeaseRefused(task_id, status)
             return Lease.objects.create(
                 task_id=task_id,
                 holder_kind=holder_kind,
                 holder_id=holder_id,
-                task_version_at_grant=_task_version(task_id),
+                task_version_at_grant=version,
                 granted_at=now,
                 expires_at=now + ttl,
+                ttl=ttl,
                 epoch=last_epoch + 1,
             )
     except IntegrityError as exc:
@@ -154,7 +170,7 @@ def lease_renew(*, lease: Lease, expected_renewal_seq: int, ttl: timedelta | Non
                 renewal_seq=expected_renewal_seq,
                 expires_at__gt=now - lease_grace(),
             )
-            .update(renewal_seq=F("renewal_seq") + 1, expires_at=now + ttl)
+            .update(renewal_seq=F("renewal_seq") + 1, expires_at=now + ttl, ttl=ttl)
         )
         if updated != 1:
             _raise_renew_refusal(lease, expected_renewal_seq, now)
@@ -186,3 +202,65 @@ def lease_release(*, lease: Lease) -> Lease:
 
 def lease_open(task_id: int) -> Lease | None:
     return Lease.objects.open().filter(task_id=task_id).first()
+
+
+class LeaseRef(Protocol):
+    """What a write needs of the caller's lease: a Lease row, or a token carried by an agent."""
+
+    @property
+    def pk(self) -> int: ...
+    @property
+    def task_id(self) -> int: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def holder_kind(self) -> str: ...
+    @property
+    def ttl(self) -> timedelta | None: ...
+
+
+def lease_heartbeat(*, lease: LeaseRef, task_id: int) -> tuple[datetime, datetime] | None:
+    """Inside the caller's transaction, in ONE statement: lock the lease row, check that it is still ``task_id``'s
+    open lease at this epoch and not expired on the database clock, extend it by its ttl (a write is a heartbeat)
+    and return the database time the check was made at and the new expiry. None when the lease is not live (the
+    caller names why).
+
+    The row lock makes a concurrent forced release or re-grant wait for the caller's commit, or the caller for
+    theirs: the check never judges a lease that changes under the write."""
+    now_expr, now_params = clock.now_sql()
+    if connection.vendor == "postgresql":
+        # now_expr is "statement_timestamp()" or "%s" (leases.clock.now_sql): never text from outside.
+        sql = (
+            "UPDATE leases_lease SET expires_at = GREATEST(expires_at, :now + COALESCE(ttl, interval '0')) "
+            "WHERE id = %s AND task_id = %s AND epoch = %s AND released_at IS NULL AND expires_at > :now "
+            "RETURNING :now, expires_at"
+        ).replace(":now", now_expr)
+        params: list[Any] = [*now_params, lease.pk, task_id, lease.epoch, *now_params, *now_params]
+    else:
+        now = now_params[0]
+        until = now + lease.ttl if lease.ttl else now
+        adapt = connection.ops.adapt_datetimefield_value
+        sql = (
+            "UPDATE leases_lease SET expires_at = MAX(expires_at, %s) WHERE id = %s AND task_id = %s AND epoch = %s"
+            " AND released_at IS NULL AND expires_at > %s RETURNING expires_at"
+        )
+        params = [adapt(until), lease.pk, task_id, lease.epoch, adapt(now)]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    if connection.vendor == "postgresql":
+        moment, expires_at = row
+        return moment.astimezone(UTC), expires_at.astimezone(UTC)
+    stored = row[0] if isinstance(row[0], datetime) else datetime.fromisoformat(row[0])  # the column's converter
+    return now_params[0], stored.replace(tzinfo=UTC)
+
+
+def lease_refusal(*, lease: LeaseRef, task_id: int) -> LeaseError:
+    """Why ``lease`` may not write to ``task_id`` now: lost (released, forced, superseded, another task's) or
+    expired."""
+    row = Lease.objects.filter(pk=lease.pk).first()
+    if row is None or row.task_id != task_id or row.epoch != lease.epoch or row.released_at is not None:
+        return LeaseLost(task_id, lease.epoch, row.release_reason if row and row.released_at else "")
+    return LeaseExpired(task_id, lease.epoch, row.expires_at)

@@ -3,3 +3,9 @@ from django.apps import AppConfig
 
 class TasksConfig(AppConfig):
     name = "tasks"
+
+    def ready(self) -> None:
+        from leases.services import bar_agents_in
+        from tasks.lifecycle import AGENT_LEASABLE, TaskStatus
+
+        bar_agents_in(frozenset(s.value for s in set(TaskStatus) - AGENT_LEASABLE))

@@ -1,66 +1,110 @@
-"""compare_and_set: the only way a task's state changes.
+"""compare_and_set: the only way a task's state changes. It applies a change; it decides nothing.
 
-One conditional UPDATE on the task row, guarded by the expected version, the caller's lease epoch and
-the lease's expiry on the database server's clock, plus any guards of the change (no cancel, budget
-left…); then the node/operation rows of the change and the event, all in one transaction.
+One transaction:
+1. the caller's lease, in one ``UPDATE … RETURNING`` (tasks with a lease): locked, checked — open, this epoch, not
+   expired on the database clock — and extended (a write is a heartbeat); it returns the database time;
+2. the task row, in one conditional UPDATE: at the expected version, in a status in which this actor may make this
+   kind of change (``tasks.lifecycle.PERMITS``, the one table), with the change's own field conditions; it moves
+   the version by one and the event chain's head;
+3. the node, operation, receipt and temp-resource rows of the change (each update conditional on the status the
+   caller read), then the event, chained to the head the task row held.
+On refusal it names the condition that failed (VersionConflict, LeaseLost/LeaseExpired, TaskNotRunnable, …) and
+nothing is written. Given the snapshot the change was computed on, it returns the snapshot of the new version.
 """
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Exists, F, OuterRef, Q
 
 from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
-from leases.errors import LeaseExpired, LeaseLost
 from leases.models import Lease
-from tasks.errors import InvalidTransition, TaskError, TaskNotFound, VersionConflict
-from tasks.events import NODE_DEFAULTS, NODE_FIELDS, OPERATION_FIELDS, append_event, jsonable, node_ref
-from tasks.lifecycle import node_can_move, operation_can_move, task_can_move
-from tasks.models import Node, Operation, Task
+from leases.services import LeaseRef, lease_grace, lease_heartbeat, lease_refusal
+from tasks.errors import (
+    BudgetExhausted,
+    CancelRequested,
+    InputsRecheckRequired,
+    InvalidTransition,
+    TaskError,
+    TaskNotFound,
+    TaskNotRunnable,
+    VersionConflict,
+)
+from tasks.events import NODE_DEFAULTS, NODE_FIELDS, OPERATION_FIELDS, chain_event, jsonable, node_ref
+from tasks.failpoints import failpoint
+from tasks.lifecycle import (
+    NEEDS_FREE_TASK,
+    Actor,
+    ChangeKind,
+    node_can_move,
+    operation_can_move,
+    permitted,
+    task_can_move,
+)
+from tasks.models import Node, Operation, Receipt, Task, TempResource
+from tasks.snapshot import Snapshot, after_write
 
 
 @dataclass(frozen=True)
-class Guard:
-    """An extra condition on the task row; ``error`` builds the refusal when it does not hold."""
+class AtCommit:
+    """A time the change cannot know: the database time of the write, plus ``offset``. The compare-and-set puts
+    the value in (a decision is pure: it never reads a clock)."""
 
-    condition: Q
-    error: Callable[[], TaskError]
+    offset: timedelta = timedelta(0)
+
+
+# Field conditions a change may add to the task row's UPDATE, each with the refusal it names when it fails.
+# Keys are Task fields; values the required value (or an F() comparison spelled as a lookup below).
+REQUIRES_ERRORS: dict[str, Callable[[], TaskError]] = {
+    "cancel_requested_at__isnull": lambda: CancelRequested("a cancel is recorded: no new side effect"),
+    "inputs_recheck_required": lambda: InputsRecheckRequired(
+        "the task was handed back by a person: confirm the inputs' versions first"
+    ),
+    "attempts_used__lt": lambda: BudgetExhausted("the task's attempt budget is used up", scope="task"),
+}
 
 
 @dataclass
 class Change:
     event: str
+    kind: ChangeKind = ChangeKind.SETTLE
     task: dict[str, Any] = field(default_factory=dict)
-    # (row, fields) pairs: unsaved rows are inserted, saved ones updated.
+    # (row, fields) pairs: unsaved rows are inserted, saved ones updated if their status is still the one read.
     nodes: list[tuple[Node, dict[str, Any]]] = field(default_factory=list)
     operations: list[tuple[Operation, dict[str, Any]]] = field(default_factory=list)
+    receipts: list[Receipt] = field(default_factory=list)  # inserted; their operation is in ``operations``
+    temp_resources: list[TempResource] = field(default_factory=list)  # inserted unless already registered
     data: dict[str, Any] = field(default_factory=dict)
-    guards: list[Guard] = field(default_factory=list)
+    # Conditions on the task row besides version and status (keys of REQUIRES_ERRORS).
+    requires: dict[str, Any] = field(default_factory=dict)
+    # Node conditions: node pk → (field lookup → value), e.g. {"attempts__lt": F("max_attempts")}.
+    node_requires: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Applied:
     version: int
     at: datetime
-
-
-def lease_guard(lease: Lease, now: datetime) -> Q:
-    live = Lease.objects.filter(
-        task_id=OuterRef("pk"),
-        pk=lease.pk,
-        epoch=lease.epoch,
-        released_at__isnull=True,
-        expires_at__gt=now,
-    )
-    return Q(Exists(live))
+    snapshot: Snapshot | None = None  # the new version's snapshot, when the change was computed on one
+    operations: tuple[Operation, ...] = ()  # the operation rows as the change left them, in the change's order
 
 
 type ChangeBuilder = Callable[[Task, datetime], Change]
+
+
+def _resolve(value: Any, now: datetime) -> Any:
+    return now + value.offset if isinstance(value, AtCommit) else value
+
+
+def _resolved(fields: dict[str, Any], now: datetime) -> dict[str, Any]:
+    return {name: _resolve(value, now) for name, value in fields.items()}
 
 
 def compare_and_set(
@@ -68,94 +112,202 @@ def compare_and_set(
     expected_version: int,
     change: Change | ChangeBuilder,
     *,
-    lease: Lease | None,
+    lease: LeaseRef | None,
+    actor: Actor | None = None,
+    snapshot: Snapshot | None = None,
     before_event: Callable[[Task, datetime], None] | None = None,
 ) -> Applied:
-    """Apply ``change`` if the task is still at ``expected_version`` and ``lease`` is still the live lease.
+    """Apply ``change`` if the task is still at ``expected_version``, ``lease`` is still its live lease and the
+    table allows this actor this kind of change in the task's status.
 
-    ``change`` may be a builder called with the task row (at ``expected_version``) and the database
-    server's time, for changes that depend on either (backoff, counters). Unsaved nodes and operations
-    in the change are inserted; saved ones are updated only if their status is still the one the
-    caller read. ``lease=None`` is only for changes any principal may make whoever
-    holds the task (a cancel request, quarantine). ``before_event`` runs inside the transaction once the
-    task row is won, for rows outside the projection (a receipt). On refusal it raises a named error
-    and writes nothing.
+    ``actor`` is the lease holder's kind when there is a lease; without one it must be given (a person or the
+    system). ``change`` may be a builder called with the task row and the database time (paths that are not
+    the step's hot path); ``snapshot``, when the change was computed on one, spares the task read and is returned
+    for the new version. ``before_event`` runs inside the transaction once the task row is won, for rows outside
+    the projection. On refusal it raises a named error and writes nothing.
     """
+    actor = _actor(lease, actor)
     with transaction.atomic():
+        lease_expires_at: datetime | None = None
         if lease is not None:
-            # Lock the lease row first: a concurrent force-release or re-grant waits for us, or we for it,
-            # so the EXISTS below never judges a lease that changed under our statement.
-            locked = Lease.objects.select_for_update().filter(pk=lease.pk).first()
-        now = clock.now()
-        task = Task.objects.filter(pk=task_id).first()
-        if task is None:
-            raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
-        if task.version != expected_version:
-            raise VersionConflict(
-                f"task {task_id} is at version {task.version}, not {expected_version}",
-                expected=expected_version,
-                actual=task.version,
-            )
-        if lease is not None:
-            _check_lease(task_id, lease, locked, now)  # a lost lease is the first thing its holder must hear
+            beat = lease_heartbeat(lease=lease, task_id=task_id)
+            if beat is None:
+                _raise_version_conflict_if_moved(task_id, expected_version)
+                raise lease_refusal(lease=lease, task_id=task_id)
+            now, lease_expires_at = beat
+        else:
+            now = clock.now()
+        if snapshot is not None:
+            if snapshot.version != expected_version:
+                raise _conflict(task_id, expected_version, snapshot.version)
+            task = copy.copy(snapshot.task)  # the caller's snapshot stays as it was read
+        else:
+            task = _task_at(task_id, expected_version)
         if not isinstance(change, Change):
             change = change(task, now)
-        try:
-            _check_transitions(task, change)
-        except InvalidTransition:
-            # A failing guard names the reason better ("a cancel is recorded" beats "stopped → running").
-            _raise_failing_guard(task_id, change)
-            raise
-        condition = Q(pk=task_id, version=expected_version)
-        if lease is not None:
-            condition &= lease_guard(lease, now)
-        for guard in change.guards:
-            condition &= guard.condition
-        fields = {**change.task, "version": F("version") + 1, "updated_at": now}
-        if Task.objects.filter(condition).update(**fields) != 1:
-            _raise_refusal(task_id, expected_version, change, lease, now)
+        statuses = permitted(change.kind, actor)
+        if task.status not in statuses:
+            raise _not_permitted(task_id, task.status, change.kind, actor)
+        _check_transitions(task, change)
+        task_fields = _resolved(change.task, now)
+        node_fields = [(node, _resolved(fields, now)) for node, fields in change.nodes]
+        op_fields = [(op, _resolved(fields, now)) for op, fields in change.operations]
+        version = expected_version + 1
+        # The payload is known before any row is written, so the task row's UPDATE — the point where concurrent
+        # writers serialise — comes first and carries the new head of the event chain.
         payload: dict[str, Any] = {}
-        if change.task:
-            payload["task"] = jsonable(change.task)
-        if change.nodes:
-            payload["nodes"] = {node_ref(node): _write_node(task_id, node, f) for node, f in change.nodes}
-        if change.operations:
-            payload["operations"] = {op.op_key: _write_operation(task_id, op, f) for op, f in change.operations}
-        for name, value in change.task.items():  # the row as the UPDATE left it, without reading it again
+        if task_fields:
+            payload["task"] = jsonable(task_fields)
+        if node_fields:
+            payload["nodes"] = {node_ref(node): _logged_node(node, fields) for node, fields in node_fields}
+        if op_fields:
+            payload["operations"] = {op.op_key: _logged_operation(op, fields) for op, fields in op_fields}
+        if change.data:
+            payload["data"] = jsonable(_resolved(change.data, now))
+        event = chain_event(task=task, seq=version, type=change.event, payload=payload, at=now)
+        condition = Q(pk=task_id, version=expected_version, status__in=[s.value for s in statuses])
+        condition &= Q(**change.requires)
+        if (change.kind, actor) in NEEDS_FREE_TASK:
+            condition &= ~Q(Exists(_held(now)))
+        update = {**task_fields, "version": F("version") + 1, "updated_at": now, "log_head": event.digest}
+        if Task.objects.filter(condition).update(**update) != 1:
+            _raise_refusal(task_id, expected_version, change, lease, actor, now)
+        for name, value in task_fields.items():  # the row as the UPDATE left it, without reading it again
             setattr(task, name, value)
-        task.version, task.updated_at = expected_version + 1, now
+        task.version, task.updated_at, task.log_head = version, now, event.digest
+        inserted: list[Operation] = []
+        for node, fields in node_fields:
+            _write_node(task_id, node, fields, change.node_requires.get(node.pk, {}))
+        for op, fields in op_fields:
+            if op.pk is None:
+                inserted.append(op)
+            _write_operation(task_id, op, fields, now)
+        if change.receipts:
+            for receipt in change.receipts:
+                receipt.received_at = now
+            Receipt.objects.bulk_create(change.receipts)
+        if change.temp_resources:
+            retention: timedelta = settings.RECKON_TEMP_RETENTION
+            for temp in change.temp_resources:
+                temp.created_at, temp.retention_until = now, now + retention
+            TempResource.objects.bulk_create(change.temp_resources, ignore_conflicts=True)
+        if change.receipts:
+            failpoint("after_receipt", task_id=task_id)
         if before_event is not None:
             before_event(task, now)
-        if change.data:
-            payload["data"] = jsonable(change.data)
-        append_event(task=task, seq=task.version, type=change.event, payload=payload, at=now)
-        return Applied(version=task.version, at=now)
+        event.save(force_insert=True)
+    new_snapshot = None
+    if snapshot is not None:
+        new_snapshot = after_write(
+            snapshot,
+            task_fields=task_fields,
+            nodes={node.pk: fields for node, fields in node_fields if node.pk is not None},
+            inserted=inserted,
+            operations={op.pk: fields for op, fields in op_fields if op not in inserted},
+            version=version,
+            log_head=event.digest,
+            now=now,
+            lease_expires_at=lease_expires_at,
+        )
+    written = []
+    for op, fields in op_fields:
+        if op not in inserted:
+            op = copy.copy(op)
+            for name, value in fields.items():
+                setattr(op, name, value)
+        written.append(op)
+    return Applied(version=version, at=now, snapshot=new_snapshot, operations=tuple(written))
 
 
-def _write_node(task_id: int, node: Node, fields: dict[str, Any]) -> dict[str, Any]:
-    """Insert a new node (all projected fields go to the log) or update an existing one (the changed fields)."""
+def _actor(lease: LeaseRef | None, actor: Actor | None) -> Actor:
+    if lease is not None:
+        holder = Actor(lease.holder_kind)
+        if actor is not None and actor != holder:
+            raise InvalidTransition(f"a {lease.holder_kind} lease cannot write as {actor}")
+        return holder
+    if actor not in (Actor.PERSON, Actor.SYSTEM):
+        raise InvalidTransition("a write without a lease is made by a person or the system, named as such")
+    return actor
+
+
+def _held(now: datetime) -> Any:
+    """Someone holds the task: an open lease not yet lapsed past its grace."""
+    return Lease.objects.filter(task_id=OuterRef("pk"), released_at__isnull=True, expires_at__gt=now - lease_grace())
+
+
+def _task_at(task_id: int, expected_version: int) -> Task:
+    task = Task.objects.filter(pk=task_id).first()
+    if task is None:
+        raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
+    if task.version != expected_version:
+        raise _conflict(task_id, expected_version, task.version)
+    return task
+
+
+def _conflict(task_id: int, expected: int, actual: int | None) -> VersionConflict:
+    return VersionConflict(f"task {task_id} is at version {actual}, not {expected}", expected=expected, actual=actual)
+
+
+def _raise_version_conflict_if_moved(task_id: int, expected_version: int) -> None:
+    current = Task.objects.filter(pk=task_id).values_list("version", flat=True).first()
+    if current is None:
+        raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
+    if current != expected_version:
+        raise _conflict(task_id, expected_version, current)
+
+
+def _not_permitted(task_id: int, status: str, kind: ChangeKind, actor: Actor) -> TaskError:
+    return TaskNotRunnable(
+        f"task {task_id} is {status}: {'an' if actor.value[0] in 'aeiou' else 'a'} {actor} may not {kind} in that"
+        " status",
+        status=status,
+        change=kind.value,
+        actor=actor.value,
+    )
+
+
+def _logged_node(node: Node, fields: dict[str, Any]) -> dict[str, Any]:
+    """What the log records of a node write: a new node's projected fields that differ from the defaults (its
+    definition is in the plan revision), or the fields an update changes."""
+    if node.pk is None:
+        logged = {name: jsonable(fields.get(name, getattr(node, name))) for name in NODE_FIELDS}
+        return {name: value for name, value in logged.items() if value != NODE_DEFAULTS[name]}
+    return {name: jsonable(value) for name, value in fields.items()}
+
+
+def _logged_operation(op: Operation, fields: dict[str, Any]) -> dict[str, Any]:
+    if op.pk is None:
+        return {
+            "node": node_ref(op.node),
+            **{name: jsonable(fields.get(name, getattr(op, name))) for name in OPERATION_FIELDS[1:]},
+        }
+    return {name: jsonable(value) for name, value in fields.items()}
+
+
+def _write_node(task_id: int, node: Node, fields: dict[str, Any], requires: dict[str, Any]) -> None:
     if node.pk is None:
         for name, value in fields.items():
             setattr(node, name, value)
         node.task_id = task_id
         node.save(force_insert=True)
-        logged = {name: jsonable(getattr(node, name)) for name in NODE_FIELDS}
-        return {name: value for name, value in logged.items() if value != NODE_DEFAULTS[name]}
-    if Node.objects.filter(pk=node.pk, task_id=task_id, status=node.status).update(**fields) != 1:
+        return
+    if Node.objects.filter(pk=node.pk, task_id=task_id, status=node.status, **requires).update(**fields) != 1:
+        if "attempts__lt" in requires:
+            raise BudgetExhausted(f"node {node.key} used its {node.max_attempts} attempts", scope="node", node=node.key)
         raise VersionConflict(f"node {node.key} changed under the task version", node=node.key)
-    return {name: jsonable(value) for name, value in fields.items()}
 
 
-def _write_operation(task_id: int, op: Operation, fields: dict[str, Any]) -> dict[str, Any]:
+def _write_operation(task_id: int, op: Operation, fields: dict[str, Any], now: datetime) -> None:
     if op.pk is None:
         for name, value in fields.items():
             setattr(op, name, value)
         op.task_id = task_id
+        if op.registered_at is None:
+            op.registered_at = now
         op.save(force_insert=True)
-        return {"node": node_ref(op.node), **{name: jsonable(getattr(op, name)) for name in OPERATION_FIELDS[1:]}}
+        return
     if Operation.objects.filter(pk=op.pk, task_id=task_id, status=op.status).update(**fields) != 1:
         raise VersionConflict(f"operation {op.op_key} changed under the task version", op_key=op.op_key)
-    return {name: jsonable(value) for name, value in fields.items()}
 
 
 def _check_transitions(task: Task, change: Change) -> None:
@@ -172,30 +324,26 @@ def _check_transitions(task: Task, change: Change) -> None:
             raise InvalidTransition(f"operation {op.op_key} cannot go from {op.status} to {target}")
 
 
-def _raise_refusal(task_id: int, expected_version: int, change: Change, lease: Lease | None, now: datetime) -> None:
-    """The conditional UPDATE matched nothing: find out which condition failed and name it."""
-    current = Task.objects.filter(pk=task_id).values_list("version", flat=True).first()
-    if current != expected_version:
-        raise VersionConflict(
-            f"task {task_id} is at version {current}, not {expected_version}", expected=expected_version, actual=current
+def _raise_refusal(
+    task_id: int, expected_version: int, change: Change, lease: LeaseRef | None, actor: Actor, now: datetime
+) -> None:
+    """The task row's conditional UPDATE matched nothing: find out which condition failed and name it."""
+    row = Task.objects.filter(pk=task_id).first()
+    if row is None:
+        raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
+    if row.version != expected_version:
+        raise _conflict(task_id, expected_version, row.version)
+    if row.status not in permitted(change.kind, actor):
+        raise _not_permitted(task_id, row.status, change.kind, actor)
+    for lookup, value in change.requires.items():
+        if not Task.objects.filter(Q(pk=task_id) & Q(**{lookup: value})).exists():
+            named = REQUIRES_ERRORS.get(lookup)
+            raise named() if named else TaskNotRunnable(f"task {task_id}: {lookup} does not hold")
+    if (change.kind, actor) in NEEDS_FREE_TASK:
+        raise TaskNotRunnable(
+            f"task {task_id} is held by a lease: its holder makes this change, or it is released first"
         )
-    if lease is not None:
-        _check_lease(task_id, lease, Lease.objects.filter(pk=lease.pk).first(), now)
-    _raise_failing_guard(task_id, change)
     raise VersionConflict(f"task {task_id} changed concurrently", expected=expected_version)
-
-
-def _check_lease(task_id: int, lease: Lease, row: Lease | None, now: datetime) -> None:
-    if row is None or row.task_id != task_id or row.epoch != lease.epoch or row.released_at is not None:
-        raise LeaseLost(task_id, lease.epoch, row.release_reason if row and row.released_at else "")
-    if row.expires_at <= now:
-        raise LeaseExpired(task_id, lease.epoch, row.expires_at)
-
-
-def _raise_failing_guard(task_id: int, change: Change) -> None:
-    for guard in change.guards:
-        if not Task.objects.filter(Q(pk=task_id) & guard.condition).exists():
-            raise guard.error()
 
 
 @dataclass(frozen=True)
@@ -215,13 +363,16 @@ def audited_compare_and_set(
     expected_version: int,
     change: Change | ChangeBuilder,
     *,
-    lease: Lease | None,
+    lease: LeaseRef | None,
     audit: Audit,
+    actor: Actor | None = None,
     before_event: Callable[[Task, datetime], None] | None = None,
 ) -> Applied:
     """compare_and_set and its audit row, in one transaction: both land or neither does."""
     with transaction.atomic():
-        applied = compare_and_set(task_id, expected_version, change, lease=lease, before_event=before_event)
+        applied = compare_and_set(
+            task_id, expected_version, change, lease=lease, actor=actor, before_event=before_event
+        )
         audit_append(
             actor=audit.actor,
             action=audit.action,

@@ -16,14 +16,15 @@ from typing import Any
 from django.db.models import QuerySet
 
 from leases.models import Lease
+from tasks import opkeys
 from tasks.cas import Change, compare_and_set
 from tasks.connectors.base import Connector
+from tasks.decisions import receipt_of, receipt_summary
 from tasks.failpoints import failpoint
-from tasks.lifecycle import OPEN_OPERATION_STATUSES, FailureClass, OperationStatus, TaskStatus
+from tasks.lifecycle import OPEN_OPERATION_STATUSES, ChangeKind, FailureClass, OperationStatus, TaskStatus
 from tasks.models import Operation, OperationPurpose, Task, TempResource, TempResourceStatus
 from tasks.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
 from tasks.plans import digest_of
-from tasks.protocol import receipt_of, receipt_summary
 from tasks.queries import get_task
 
 ENDED = (TaskStatus.COMPLETED.value, TaskStatus.STOPPED.value, TaskStatus.FAILED.value)
@@ -62,7 +63,7 @@ def _clean_one(temp: TempResource, lease: Lease, connector: Connector) -> str:
     op = temp.cleanup_operation
     for _round in range(MAX_CLEANUP_ATTEMPTS * 2 + 2):
         if op is None or op.status == OperationStatus.REJECTED:
-            tries = Operation.objects.filter(task_id=temp.task_id, op_key__startswith=_key_prefix(temp)).count()
+            tries = Operation.objects.filter(task_id=temp.task_id, op_key__startswith=_key(temp, 0)[:-1]).count()
             if tries >= MAX_CLEANUP_ATTEMPTS:
                 _give_up(temp, tries, lease)
                 return "needs_person"
@@ -93,12 +94,14 @@ def _give_up(temp: TempResource, tries: int, lease: Lease) -> None:
     def mark_stuck(_task: Task, _now: datetime) -> None:
         TempResource.objects.filter(pk=temp.pk).update(status=TempResourceStatus.STUCK.value)
 
-    change = Change(event="cleanup_needs_person", data={"temp": temp.locator, "attempts": tries})
+    change = Change(
+        event="cleanup_needs_person", kind=ChangeKind.CLEANUP, data={"temp": temp.locator, "attempts": tries}
+    )
     compare_and_set(task.pk, task.version, change, lease=lease, before_event=mark_stuck)
 
 
-def _key_prefix(temp: TempResource) -> str:
-    return f"rk-{temp.task.uid.hex}-cleanup-{temp.pk}-"
+def _key(temp: TempResource, tries: int) -> str:
+    return opkeys.cleanup(temp.task.uid, temp.pk, tries)
 
 
 def _register(temp: TempResource, tries: int, lease: Lease) -> Operation:
@@ -112,7 +115,7 @@ def _register(temp: TempResource, tries: int, lease: Lease) -> Operation:
         op = Operation(
             task=current,
             node_id=node_id,
-            op_key=f"{_key_prefix(temp)}{tries}",
+            op_key=_key(temp, tries),
             action="delete",
             target=temp.locator[:300],
             request=request,
@@ -122,22 +125,24 @@ def _register(temp: TempResource, tries: int, lease: Lease) -> Operation:
         )
         return Change(
             event="cleanup_registered",
+            kind=ChangeKind.CLEANUP,
             operations=[(op, {"status": OperationStatus.INTENT.value})],
             data={"op_key": op.op_key, "temp": temp.locator},
         )
 
     def mark_cleaning(_task: Task, _now: datetime) -> None:
-        op = Operation.objects.get(op_key=f"{_key_prefix(temp)}{tries}")
+        op = Operation.objects.get(op_key=_key(temp, tries))
         TempResource.objects.filter(pk=temp.pk).update(status=TempResourceStatus.CLEANING.value, cleanup_operation=op)
 
     compare_and_set(task.pk, task.version, build, lease=lease, before_event=mark_cleaning)
-    return Operation.objects.get(op_key=f"{_key_prefix(temp)}{tries}")
+    return Operation.objects.get(op_key=_key(temp, tries))
 
 
 def _dispatch(op: Operation, lease: Lease) -> Operation:
     task = get_task(op.task_id)
     change = Change(
         event="cleanup_dispatched",
+        kind=ChangeKind.CLEANUP,
         operations=[(op, {"status": OperationStatus.DISPATCHED.value, "dispatch_count": op.dispatch_count + 1})],
         data={"op_key": op.op_key},
     )
@@ -186,6 +191,6 @@ def _record(op: Operation, temp: TempResource, outcome: Outcome, lease: Lease) -
         event, fields = "cleanup_unknown", {"status": OperationStatus.UNKNOWN.value, "failure_class": "no_receipt"}
     if fields["status"] == op.status and len(fields) == 1:
         return op
-    change = Change(event=event, operations=[(op, fields)], data=data)
+    change = Change(event=event, kind=ChangeKind.CLEANUP, operations=[(op, fields)], data=data)
     compare_and_set(task.pk, task.version, change, lease=lease, before_event=before_event)
     return Operation.objects.get(pk=op.pk)

@@ -76,22 +76,23 @@ def event_digest(*, task_uid: str, seq: int, type: str, payload: dict[str, Any],
     return hashlib.sha256((prev + body).encode()).hexdigest()
 
 
-def append_event(*, task: Task, seq: int, type: str, payload: dict[str, Any], at: datetime) -> Event:
-    """Append event ``seq`` after ``seq - 1``. Callers hold the task row (the version CAS) in this transaction."""
+def chain_event(*, task: Task, seq: int, type: str, payload: dict[str, Any], at: datetime) -> Event:
+    """Event ``seq``, chained to the task row's head (the digest of event ``seq - 1``), not saved yet: the
+    compare-and-set moves the head in the task row's UPDATE and then inserts it. Checked for hygiene here."""
     payload = jsonable(payload)
     check_payload(payload, what=f"event {type}")
-    if seq == 1:
-        prev = GENESIS_DIGEST
-    else:
-        # A missing predecessor (a tampered log being quarantined) chains to genesis; verification flags it.
-        prev = Event.objects.filter(task=task, seq=seq - 1).values_list("digest", flat=True).first() or GENESIS_DIGEST
+    prev = GENESIS_DIGEST if seq == 1 else task.log_head
     created_at = at.isoformat()
     digest = event_digest(task_uid=str(task.uid), seq=seq, type=type, payload=payload, created_at=created_at, prev=prev)
-    event = Event.objects.create(
-        task=task, seq=seq, type=type, payload=payload, prev_digest=prev, digest=digest, created_at=at
-    )
-    Task.objects.filter(pk=task.pk).update(log_head=digest)
-    task.log_head = digest
+    return Event(task_id=task.pk, seq=seq, type=type, payload=payload, prev_digest=prev, digest=digest, created_at=at)
+
+
+def append_event(*, task: Task, seq: int, type: str, payload: dict[str, Any], at: datetime) -> Event:
+    """Append event ``seq`` outside a compare-and-set (the task's first event) and move the task row's head."""
+    event = chain_event(task=task, seq=seq, type=type, payload=payload, at=at)
+    event.save(force_insert=True)
+    Task.objects.filter(pk=task.pk).update(log_head=event.digest)
+    task.log_head = event.digest
     return event
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from leases.models import Lease
 from tasks.cas import Change, compare_and_set
-from tasks.lifecycle import RUNNABLE_TASK_STATUSES, NodeStatus, OperationStatus, PauseReason, TaskStatus
+from tasks.lifecycle import RUNNABLE_TASK_STATUSES, ChangeKind, NodeStatus, OperationStatus, PauseReason, TaskStatus
 from tasks.models import Node, Operation, OperationPurpose, Receipt, Task
 from tasks.outcomes import Committed, NotFound, Outcome
 from tasks.queries import get_task
@@ -79,7 +79,9 @@ def receipts_confirm(*, task_id: int, findings: dict[str, Outcome], expected_ver
                 "status_reason": PauseReason.NEEDS_REPLAN.value,
                 "status_detail": detail[:500],
             }
-        return Change(event="receipts_contradicted", task=fields, data={"conflicts": conflicts})
+        return Change(
+            event="receipts_contradicted", kind=ChangeKind.CONFIRM, task=fields, data={"conflicts": conflicts}
+        )
 
     compare_and_set(task_id, expected_version, build, lease=lease)
     return get_task(task_id)

@@ -62,6 +62,8 @@ TERMINAL_TASK_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, Tas
 RUNNABLE_TASK_STATUSES = frozenset({TaskStatus.PENDING, TaskStatus.RUNNING, TaskStatus.BACKING_OFF})
 # Operations that block anything new until a query by op key settles them (safe handover).
 OPEN_OPERATION_STATUSES = frozenset({OperationStatus.DISPATCHED, OperationStatus.ACCEPTED, OperationStatus.UNKNOWN})
+# Registered and not settled: an intent waiting to be sent (again, with the same op key), or an open operation.
+UNSETTLED_OPERATION_STATUSES = OPEN_OPERATION_STATUSES | {OperationStatus.INTENT}
 
 _T = TaskStatus
 TASK_TRANSITIONS: frozenset[tuple[TaskStatus, TaskStatus]] = frozenset(
@@ -166,3 +168,72 @@ def node_can_move(source: NodeStatus | str, target: NodeStatus | str) -> bool:
 
 def operation_can_move(source: OperationStatus | str, target: OperationStatus | str) -> bool:
     return (OperationStatus(source), OperationStatus(target)) in OPERATION_TRANSITIONS
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Who may make which change in which task status: one table, enforced inside the compare-and-set (tasks/cas.py)
+# as a condition of its UPDATE, so no caller's ordering of directives can get around it.
+
+
+class Actor(StrEnum):
+    """Who makes a change, as the compare-and-set sees it."""
+
+    AGENT = "agent"  # holds an agent lease on the task
+    OPERATOR = "operator"  # holds the takeover lease on the task
+    PERSON = "person"  # a person (operator, admin) without the task's lease: cancel, takeover request, force release
+    SYSTEM = "system"  # the scheduler or the verifier, without a lease
+
+
+class ChangeKind(StrEnum):
+    CREATE = "create"  # task_create: the first event
+    START = "start"  # an operation registered and marked sent, or an intent re-sent: a side effect follows
+    SETTLE = "settle"  # what the remote (or a person holding the takeover) said about an open operation
+    CONFIRM = "confirm"  # inputs' or receipts' versions read again from the real sources
+    CLEANUP = "cleanup"  # temp resources deleted once the task has ended
+    CANCEL = "cancel"
+    TAKEOVER = "takeover"  # a person asks for, or is granted, the takeover
+    DECIDE = "decide"  # a person's result and decision, a settlement by hand, a compensation registered
+    PROPOSE = "propose"  # a new plan proposed (changes nothing that runs)
+    ACCEPT = "accept"  # a proposed plan becomes the task's plan
+    FORCE_RELEASE = "force_release"
+    QUARANTINE = "quarantine"
+
+
+_ACTIVE = frozenset({_T.PENDING, _T.RUNNING, _T.OBSERVING, _T.BACKING_OFF})
+_SETTLING = frozenset({_T.STOPPING, _T.STOPPED_PENDING})
+NOT_ENDED = frozenset(set(_T) - TERMINAL_TASK_STATUSES - {_T.QUARANTINED})
+
+PERMITS: dict[tuple[ChangeKind, Actor], frozenset[TaskStatus]] = {
+    # Nothing new starts unless the task is runnable: never paused, with people, stopping or quarantined.
+    (ChangeKind.START, Actor.AGENT): RUNNABLE_TASK_STATUSES,
+    # Open operations settle whatever else happened (pause, cancel); never on a quarantined or ended task.
+    (ChangeKind.SETTLE, Actor.AGENT): _ACTIVE | _SETTLING | {_T.PAUSED},
+    (ChangeKind.SETTLE, Actor.OPERATOR): _SETTLING | {_T.HUMAN},
+    (ChangeKind.CONFIRM, Actor.AGENT): _ACTIVE,
+    (ChangeKind.CLEANUP, Actor.AGENT): TERMINAL_TASK_STATUSES,
+    # A cancel by the lease holder, or by a person allowed to operate the task (tasks.permissions).
+    (ChangeKind.CANCEL, Actor.AGENT): _ACTIVE | {_T.PAUSED},
+    (ChangeKind.CANCEL, Actor.OPERATOR): frozenset({_T.HUMAN}),
+    (ChangeKind.CANCEL, Actor.PERSON): _ACTIVE | {_T.PAUSED, _T.HUMAN},
+    (ChangeKind.CANCEL, Actor.SYSTEM): _ACTIVE | {_T.PAUSED, _T.HUMAN},  # the agent or system that created it
+    (ChangeKind.TAKEOVER, Actor.PERSON): NOT_ENDED,
+    (ChangeKind.TAKEOVER, Actor.OPERATOR): NOT_ENDED,
+    (ChangeKind.DECIDE, Actor.OPERATOR): _SETTLING | {_T.HUMAN},
+    (ChangeKind.PROPOSE, Actor.AGENT): _ACTIVE | {_T.PAUSED},
+    (ChangeKind.PROPOSE, Actor.OPERATOR): frozenset({_T.HUMAN}),
+    # Accepted only while nobody advances the old plan; without a lease only when nobody holds the task.
+    (ChangeKind.ACCEPT, Actor.AGENT): frozenset({_T.PENDING, _T.PAUSED}),
+    (ChangeKind.ACCEPT, Actor.OPERATOR): frozenset({_T.HUMAN}),
+    (ChangeKind.ACCEPT, Actor.SYSTEM): frozenset({_T.PENDING, _T.PAUSED, _T.HUMAN}),
+    (ChangeKind.FORCE_RELEASE, Actor.PERSON): frozenset(_T),
+    (ChangeKind.QUARANTINE, Actor.SYSTEM): frozenset(set(_T) - {_T.QUARANTINED}),
+}
+# Changes made without a lease that must find nobody holding the task (the holder would be overruled silently).
+NEEDS_FREE_TASK = frozenset({(ChangeKind.ACCEPT, Actor.SYSTEM)})
+# A lease for an agent is granted only in these: never while people hold the task, never once it is quarantined.
+AGENT_LEASABLE = frozenset(set(_T) - {_T.HUMAN, _T.QUARANTINED})
+
+
+def permitted(kind: ChangeKind, actor: Actor) -> frozenset[TaskStatus]:
+    """The task statuses in which ``actor`` may make a change of ``kind`` (empty: never)."""
+    return PERMITS.get((kind, actor), frozenset())

@@ -58,11 +58,19 @@ def require_admin(principal: Principal, what: str) -> None:
         raise PermissionDenied(f"{principal} is not an admin: only admins may {what}")
 
 
-def require_cancel(principal: Principal, task: Task) -> None:
-    """An agent may cancel its own work; a person needs the right to operate the task."""
-    if principal.kind in ("agent", "system"):
+def require_cancel(principal: Principal, task: Task, *, lease: Any = None) -> None:
+    """A person needs the right to operate the task. An agent or a system process cancels only its own work: a
+    task whose lease it holds (``lease``, checked live by the compare-and-set) or a task it created."""
+    if principal.kind == "user":
+        require_operate(principal, task)
         return
-    require_operate(principal, task)
+    holds = lease is not None and lease.task_id == task.pk and lease.holder_id == principal.id
+    created = task.created_by in (principal.id, str(principal))
+    if not (holds or created):
+        raise PermissionDenied(
+            f"{principal} may cancel only a task it created or holds the lease of, not task {task.pk}",
+            task_id=task.pk,
+        )
 
 
 def permission_grant(

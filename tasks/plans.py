@@ -5,14 +5,21 @@ A plan document::
     {"nodes": [{"key": "copy-1", "action": "store.copy_batch", "depends_on": ["prepare"],
                 "input": {"source": {"ref": {"source": "store", "locator": "proj/a", "version": "7", "digest": "…"}},
                           "target": {"from": "prepare", "field": "remote_id"}, "limit": 100},
-                "evidence": {"count": 100, "digest": {"input": "source", "field": "digest"},
+                "evidence": {"remote_id": true, "count": 100, "digest": {"input": "source", "field": "digest"},
                              "remote_version": {"input": "source", "field": "version"}},
                 "on_failure": {"invalid_params": "fail_task"}, "irreversible": false, "compensation": "",
                 "rerun": "idempotent by op key", "max_attempts": 3}]}
 
 Input values are literals, versioned references to external snapshots (``ref``: version required), or an
 earlier node's structured output (``from`` an ancestor, ``field`` of its receipt) resolved by the
-scheduler — never re-extracted from text.
+scheduler — never re-extracted from text. A node's input is capped (``NODE_INPUT_CAP_BYTES``): a reference,
+not the content.
+
+Every node states its evidence spec, ``"remote_id": true`` at least — approval nodes too: an approval's
+receipt is the person's approval record (submitted with ``takeover_submit``), its remote id names that
+record, and the spec may also pin what was approved (e.g. the source's version). ``on_failure`` may be left
+out: the accepted node stores, for every failure class, the destination that applies — the node's own choice
+or the default of ``tasks/failures.py``.
 """
 
 import hashlib
@@ -27,15 +34,14 @@ from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
 from leases.models import Lease
-from tasks import guards as guards_
 from tasks.actions import get_action
 from tasks.cas import Change, compare_and_set
-from tasks.errors import InvalidTransition, PlanInvalid, TaskNotFound
+from tasks.errors import InvalidTransition, OperationsOpen, PlanInvalid, TaskNotFound
 from tasks.events import append_event
-from tasks.failures import ALLOWED_DESTINATIONS
-from tasks.hygiene import PLAN_CAP_BYTES, canonical_json, check_payload
-from tasks.lifecycle import FailureClass, NodeStatus, TaskStatus
-from tasks.models import Node, PlanRevision, ProposalStatus, Task
+from tasks.failures import ALLOWED_DESTINATIONS, resolved_destinations
+from tasks.hygiene import NODE_INPUT_CAP_BYTES, PLAN_CAP_BYTES, canonical_json, check_payload
+from tasks.lifecycle import OPEN_OPERATION_STATUSES, Actor, ChangeKind, FailureClass, NodeStatus, TaskStatus
+from tasks.models import Node, Operation, PlanRevision, ProposalStatus, Task
 
 KEY_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,99}$")
 # Bounded so that the plan_accepted event (one entry per node) stays under the event payload cap.
@@ -55,8 +61,6 @@ NODE_KEYS = {
     "rerun",
     "max_attempts",
 }
-# Plans may be replaced while nobody is advancing them.
-REPLANNABLE = frozenset({TaskStatus.PENDING, TaskStatus.PAUSED, TaskStatus.HUMAN})
 
 
 @dataclass(frozen=True)
@@ -146,7 +150,7 @@ def validate_plan(document: Any) -> list[NodeSpec]:
             depends_on=list(by_key[key].get("depends_on", [])),
             input=dict(by_key[key].get("input", {})),
             evidence=dict(by_key[key].get("evidence", {})),
-            on_failure=dict(by_key[key].get("on_failure", {})),
+            on_failure=resolved_destinations(by_key[key].get("on_failure", {})),
             irreversible=bool(by_key[key].get("irreversible", False)),
             compensation=by_key[key].get("compensation") or "",
             rerun=by_key[key].get("rerun") or "",
@@ -170,9 +174,17 @@ def _node_shape_problems(key: str, raw: dict[str, Any], by_key: dict[str, Any]) 
                 problems.append(f"node {key}: depends on itself")
             elif dep not in by_key:
                 problems.append(f"node {key}: depends on unknown node {dep!r}")
-    if not isinstance(raw.get("input", {}), dict):
+    inputs = raw.get("input", {})
+    if not isinstance(inputs, dict):
         problems.append(f"node {key}: input must be an object")
-    if not isinstance(raw.get("evidence", {}), dict):
+    elif (size := len(canonical_json(inputs).encode())) > NODE_INPUT_CAP_BYTES:
+        problems.append(
+            f"node {key}: input is {size} bytes, over the {NODE_INPUT_CAP_BYTES}-byte node input cap: "
+            "give a versioned ref (or an earlier node's output), not the content"
+        )
+    if "evidence" not in raw:
+        problems.append(f'node {key}: no evidence spec: say what its receipt must show, at least {{"remote_id": true}}')
+    elif not isinstance(raw["evidence"], dict):
         problems.append(f"node {key}: evidence must be an object")
     on_failure = raw.get("on_failure", {})
     if not isinstance(on_failure, dict):
@@ -181,7 +193,7 @@ def _node_shape_problems(key: str, raw: dict[str, Any], by_key: dict[str, Any]) 
         for cls, dest in on_failure.items():
             if cls not in FailureClass.__members__.values():
                 problems.append(f"node {key}: on_failure names unknown failure class {cls!r}")
-            elif dest not in ALLOWED_DESTINATIONS[FailureClass(cls)]:
+            elif not isinstance(dest, str) or dest not in ALLOWED_DESTINATIONS[FailureClass(cls)]:
                 allowed = ALLOWED_DESTINATIONS[FailureClass(cls)]
                 problems.append(f"node {key}: on_failure {cls} → {dest!r} not allowed (allowed: {', '.join(allowed)})")
     if not isinstance(raw.get("irreversible", False), bool):
@@ -249,12 +261,14 @@ def _input_problems(key: str, inputs: dict[str, Any], ancestors: set[str]) -> li
 
 def _evidence_problems(key: str, evidence: dict[str, Any], inputs: dict[str, Any]) -> list[str]:
     problems = []
+    if "remote_id" not in evidence:
+        problems.append(f'node {key}: evidence remote_id is always required: write "remote_id": true')
     for name, expected in evidence.items():
         if name not in EVIDENCE_KEYS:
             problems.append(f"node {key}: evidence {name!r} unknown (known: {', '.join(EVIDENCE_KEYS)})")
         elif name == "remote_id":
             if expected is not True:
-                problems.append(f"node {key}: evidence remote_id is always required; write true or leave it out")
+                problems.append(f'node {key}: evidence remote_id is always required: write "remote_id": true')
         elif isinstance(expected, dict):
             source = expected.get("input")
             if not isinstance(source, str) or source not in inputs:
@@ -330,8 +344,10 @@ def task_create(
 ) -> Task:
     """Create a task with its first plan, proposed by ``created_by`` and accepted by the scheduler.
 
-    An invalid plan raises PlanInvalid and nothing is written.
+    An invalid plan raises PlanInvalid; credential-like data in the task's own text (title, project, …)
+    SecretInPayload. Either way nothing is written.
     """
+    check_payload({"kind": kind, "title": title, "project": project, "created_by": created_by}, what="task")
     specs = validate_plan(plan)
     budget = attempt_budget if attempt_budget is not None else settings.RECKON_DEFAULT_TASK_ATTEMPTS
     if budget < 1:
@@ -398,7 +414,9 @@ def plan_propose(*, task_id: int, plan: Any, proposed_by: str, expected_version:
         task_id,
         expected_version,
         Change(
-            event="plan_proposed", data={"plan_revision": number + 1, "plan_digest": digest_of(plan), "by": proposed_by}
+            event="plan_proposed",
+            kind=ChangeKind.PROPOSE,
+            data={"plan_revision": number + 1, "plan_digest": digest_of(plan), "by": proposed_by},
         ),
         lease=lease,
         before_event=store,
@@ -447,11 +465,10 @@ def _accept(
             status=ProposalStatus.ACCEPTED, decided_at=now, decision_reason="accepted by the scheduler"
         )
 
-    guards = [
-        guards_.status_in(REPLANNABLE, "a plan is accepted only while the task is pending, paused or with a person"),
-        guards_.no_open_operations(),
-    ]
     before = expected_version if expected_version is not None else task.version
+    # Operations change only with the task version, which the compare-and-set checks: this read holds at ``before``.
+    if Operation.objects.filter(task=task, status__in=[s.value for s in OPEN_OPERATION_STATUSES]).exists():
+        raise OperationsOpen("an operation is dispatched, accepted or unknown: reconcile it by op key first")
     applied = compare_and_set(
         task.pk,
         before,
@@ -460,9 +477,10 @@ def _accept(
             task=fields,
             nodes=_new_nodes(specs, revision.number, carried),
             data={"plan_revision": revision.number, "plan_digest": revision.digest, "nodes": len(specs)},
-            guards=guards,
+            kind=ChangeKind.ACCEPT,
         ),
         lease=lease,
+        actor=None if lease is not None else Actor.SYSTEM,
         before_event=mark_accepted,
     )
     if revision.number > 1:

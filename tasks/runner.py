@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from leases import clock
 from leases.errors import LeaseError
 from leases.models import HolderKind, Lease
-from leases.services import lease_acquire, lease_release, lease_renew
+from leases.services import lease_acquire, lease_release
 from tasks.cleanup import cleanup_temp_resources, temp_resources_due
 from tasks.connectors.base import Connector
 from tasks.errors import TaskError
@@ -21,15 +21,9 @@ from tasks.failpoints import failpoint
 from tasks.lifecycle import FailureClass, OperationStatus
 from tasks.models import OperationPurpose
 from tasks.outcomes import Accepted, Failed
-from tasks.protocol import (
-    Directive,
-    inputs_confirm,
-    next_directive,
-    operation_dispatch,
-    record_outcome,
-    register_intent,
-)
+from tasks.protocol import Directive, inputs_confirm, next_directive, step_settle, step_start
 from tasks.queries import get_task
+from tasks.snapshot import Snapshot, task_snapshot
 
 
 @dataclass(frozen=True)
@@ -44,38 +38,44 @@ class RunReport:
 def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: int = 500) -> RunReport:
     """Run the task's ready work with ``lease`` until it is done, must stop or wait, or ``max_steps`` directives.
 
-    The lease is renewed before each directive. A lookup that itself fails leaves the operation unknown and ends
-    the run (``stopped_by="remote_unreachable"``); an operation the remote still runs ends it too, with ``wake_at``
-    set for the next observation: the next run asks again, by op key.
+    One snapshot is read at the start; each write returns the next one, so a node costs its two commits and no
+    read. Every write extends the lease (a heartbeat); it is renewed explicitly only when a step wrote nothing
+    (a wait). A lookup that itself fails leaves the operation unknown and ends the run
+    (``stopped_by="remote_unreachable"``); an operation the remote still runs ends it too, with ``wake_at`` set for
+    the next observation: the next run asks again, by op key.
     """
     directive: Directive | None = None
+    snap: Snapshot | None = None
     for step in range(max_steps):
         try:
-            lease = lease_renew(lease=lease, expected_renewal_seq=lease.renewal_seq)
-            directive = d = next_directive(task_id=task_id, lease=lease)
+            if snap is None:
+                snap = task_snapshot(task_id=task_id, lease=lease)
+            directive = d = next_directive(task_id=task_id, lease=lease, snapshot=snap)
             if d.kind == "reconcile" and d.op_key:
                 outcome = connector.lookup(d.op_key)
                 if isinstance(outcome, Failed) and outcome.failure_class == FailureClass.CONNECTION_INTERRUPTED:
                     return RunReport(step, d, lease, "remote_unreachable", wake_at=_later(OBSERVE_EVERY))
-                op = record_outcome(op_key=d.op_key, outcome=outcome, expected_version=d.task_version, lease=lease)
+                before = snap
+                op, snap = step_settle(snap, d.op_key, outcome, lease=lease)
+                if snap is before:  # nothing new to record (still unprovable): ask again later, not in a loop
+                    return RunReport(step + 1, d, lease, "inconclusive", wake_at=_later(OBSERVE_EVERY))
                 if isinstance(outcome, Accepted) and op.status == OperationStatus.ACCEPTED:
                     return RunReport(step + 1, d, lease, "observing", wake_at=_later(OBSERVE_EVERY))
             elif d.kind == "reconcile":  # handed back by a person: re-read the inputs' versions first
-                refs = get_task(task_id).input_refs
+                refs = snap.task.input_refs
                 versions = {name: connector.current_version(ref["locator"]) for name, ref in refs.items()}
                 inputs_confirm(task_id=task_id, current_versions=versions, expected_version=d.task_version, lease=lease)
-            elif d.kind == "execute" and not d.op_key:
-                failpoint("before_intent", task_id=task_id)
-                register_intent(task_id=task_id, node_key=d.node_key, expected_version=d.task_version, lease=lease)
+                snap = None
             elif d.kind == "execute":
-                op = operation_dispatch(op_key=d.op_key, expected_version=d.task_version, lease=lease)
+                failpoint("before_intent", task_id=task_id)
+                op, snap = step_start(snap, d.node_key, lease=lease)
                 failpoint("before_call", task_id=task_id)
                 if op.purpose == OperationPurpose.COMPENSATION:
                     outcome = connector.compensate(op.op_key, op.request)
                 else:
                     outcome = connector.submit(op.op_key, op.request)
                 failpoint("after_call", task_id=task_id)
-                record_outcome(op_key=op.op_key, outcome=outcome, expected_version=d.task_version + 1, lease=lease)
+                op, snap = step_settle(snap, op.op_key, outcome, lease=lease)
                 failpoint("after_advance", task_id=task_id)
             elif d.kind == "wait":
                 return RunReport(step, d, lease, wake_at=d.until)

@@ -37,9 +37,10 @@ from leases.services import (
     lease_reserve,
     lease_unreserve,
 )
-from tasks import guards
+from tasks import opkeys
 from tasks.attachments import AttachmentIn, store_attachment
 from tasks.cas import Audit, Change, audited_compare_and_set, compare_and_set
+from tasks.decisions import receipt_summary, succeeded_fields
 from tasks.errors import (
     EvidenceInsufficient,
     InvalidTransition,
@@ -53,16 +54,25 @@ from tasks.errors import (
 from tasks.events import node_ref
 from tasks.evidence import evidence_problems
 from tasks.hygiene import check_payload
-from tasks.lifecycle import OPEN_OPERATION_STATUSES, NodeStatus, OperationStatus, PauseReason, TaskStatus
+from tasks.lifecycle import (
+    NOT_ENDED,
+    OPEN_OPERATION_STATUSES,
+    Actor,
+    ChangeKind,
+    NodeStatus,
+    OperationStatus,
+    PauseReason,
+    TaskStatus,
+)
 from tasks.models import Attachment, Event, Node, Operation, OperationPurpose, Receipt, Task
 from tasks.outcomes import Committed
 from tasks.permissions import PermissionDenied, require_admin, require_operate
 from tasks.plans import digest_of
-from tasks.protocol import _record_committed, resolve_input
+from tasks.protocol import resolve_input, step_settle
 from tasks.queries import get_task as _task
+from tasks.snapshot import task_snapshot
 
 MIN_FORCE_TEXT = 20  # characters of justification and of impact, at least
-NOT_TAKEN_OVER = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.STOPPED, TaskStatus.QUARANTINED})
 
 
 class TakeoverRefused(TaskError):
@@ -91,7 +101,7 @@ def takeover_claim(*, actor: Principal, task_id: int) -> Claim:
     lease is released or lapsed — never while an agent may still advance. Claiming twice is harmless."""
     task = _task(task_id)
     require_operate(actor, task)
-    if task.status in NOT_TAKEN_OVER:
+    if task.status not in NOT_ENDED:
         raise TaskNotRunnable(f"task {task_id} is {task.status}: there is nothing to take over")
     with transaction.atomic():
         try:
@@ -114,7 +124,12 @@ def takeover_claim(*, actor: Principal, task_id: int) -> Claim:
         audited_compare_and_set(
             task_id,
             current.version,
-            Change(event="takeover_granted", task=to_human, data={"operator": actor.id, "epoch": lease.epoch}),
+            Change(
+                event="takeover_granted",
+                kind=ChangeKind.TAKEOVER,
+                task=to_human,
+                data={"operator": actor.id, "epoch": lease.epoch},
+            ),
             lease=lease,
             audit=Audit(
                 actor,
@@ -147,8 +162,13 @@ def _wait_for_holder(actor: Principal, task_id: int) -> Claim:
         audited_compare_and_set(
             task_id,
             _task(task_id).version,
-            Change(event="takeover_requested", data={"operator": actor.id, "agent": holder.holder_id}),
+            Change(
+                event="takeover_requested",
+                kind=ChangeKind.TAKEOVER,
+                data={"operator": actor.id, "agent": holder.holder_id},
+            ),
             lease=None,
+            actor=Actor.PERSON,
             audit=Audit(actor, "takeover_requested", epoch=holder.epoch, details={"agent": holder.holder_id}),
         )
     return Claim(granted=False, waiting_for=f"{holder.holder_kind}:{holder.holder_id}")
@@ -175,19 +195,11 @@ def takeover_withdraw(*, actor: Principal, task_id: int) -> None:
 
 
 def takeover_renew(*, actor: Principal, lease: Lease, expected_renewal_seq: int) -> Lease:
+    """The operator's browser keeps its takeover lease alive. Not audited row by row (a heartbeat every few
+    seconds would serialise on the audit chain's head): the claim, release, expiry and forced release are."""
     _own_lease(actor, lease)
     require_operate(actor, _task(lease.task_id))
-    with transaction.atomic():
-        renewed = lease_renew(lease=lease, expected_renewal_seq=expected_renewal_seq, ttl=operator_ttl())
-        audit_append(
-            actor=actor,
-            action="takeover_renewed",
-            at=clock.now(),
-            task_id=lease.task_id,
-            lease_epoch=lease.epoch,
-            details={"renewal_seq": renewed.renewal_seq, "expires_at": renewed.expires_at.isoformat()},
-        )
-        return renewed
+    return lease_renew(lease=lease, expected_renewal_seq=expected_renewal_seq, ttl=operator_ttl())
 
 
 def takeover_release(*, actor: Principal, lease: Lease, reason: str = "") -> Lease:
@@ -251,7 +263,7 @@ def takeover_submit(
         {
             "note": note,
             "reason": replan_reason,
-            "results": [{"node": r.node_key, **_receipt_ref(r), "evidence": r.evidence} for r in results],
+            "results": [{"node": r.node_key, **receipt_summary(r), "evidence": r.evidence} for r in results],
         },
         what="result",
     )
@@ -275,7 +287,7 @@ def takeover_submit(
             for intent in Operation.objects.filter(node=node, status=OperationStatus.INTENT):
                 op_changes.append((intent, {"status": OperationStatus.REJECTED.value, "failure_class": "withdrawn"}))
             op.registered_at, op.settled_at = now, now
-            node_changes.append((node, _succeeded(receipt)))
+            node_changes.append((node, succeeded_fields(receipt)))
             op_changes.append(
                 (
                     op,
@@ -288,6 +300,7 @@ def takeover_submit(
             )
         return Change(
             event="takeover_result_submitted",
+            kind=ChangeKind.DECIDE,
             task=_decision_fields(current, decision, end_status, replan_reason, actor),
             nodes=node_changes,
             operations=op_changes,
@@ -296,7 +309,7 @@ def takeover_submit(
                 "decision": decision,
                 "end_status": end_status,
                 "nodes": [r.node_key for r in results],
-                "receipts": {op.op_key: _receipt_ref(receipt) for _n, op, receipt in planned},
+                "receipts": {op.op_key: receipt_summary(receipt) for _n, op, receipt in planned},
                 "note_digest": digest_of(note),
             },
         )
@@ -340,7 +353,7 @@ def takeover_submit(
             details={
                 "decision": decision,
                 "end_status": end_status,
-                "results": [{"node": r.node_key, **_receipt_ref(r), "evidence": r.evidence} for r in results],
+                "results": [{"node": r.node_key, **receipt_summary(r), "evidence": r.evidence} for r in results],
                 "attachments": [
                     {"node": n, "name": name, "sha256": digest, "size": size} for n, name, digest, size in stored
                 ],
@@ -387,7 +400,7 @@ def _planned_results(
         attempt = Operation.objects.filter(node=node).count()
         op = Operation(
             node=node,
-            op_key=f"rk-{task.uid.hex}-p{node.plan_version}-{node.key}-person-{attempt}",
+            op_key=opkeys.by_person(task.uid, node.plan_version, node.key, attempt),
             action=node.action,
         )
         receipt = Receipt(
@@ -406,20 +419,6 @@ def _planned_results(
             )
         planned.append((node, op, receipt))
     return planned
-
-
-def _receipt_ref(item: Any) -> dict[str, Any]:
-    return {name: getattr(item, name) for name in ("remote_id", "remote_version", "count", "digest")}
-
-
-def _succeeded(receipt: Receipt) -> dict[str, Any]:
-    return {
-        "status": NodeStatus.SUCCEEDED.value,
-        "output": _receipt_ref(receipt),
-        "last_error_class": "",
-        "next_allowed_action": "",
-        "not_before": None,
-    }
 
 
 def _decision_fields(
@@ -482,7 +481,10 @@ def operation_resolve_by_person(
     with transaction.atomic():
         before = expected_version
         if receipt is not None:
-            _record_committed(op, receipt, expected_version, lease, settled_by=str(actor))
+            snap = task_snapshot(task_id=op.task_id, lease=lease)
+            if snap.version != expected_version:
+                raise _stale_form(snap.task, expected_version)
+            step_settle(snap, op_key, receipt, lease=lease, settled_by=str(actor))
             expected_version += 1
         else:
             _record_not_done(op, expected_version, lease, actor)
@@ -499,7 +501,11 @@ def operation_resolve_by_person(
             version_before=before,
             version_after=expected_version,
             reason=note,
-            details={"op_key": op_key, "resolution": resolution, "receipt": _receipt_ref(receipt) if receipt else None},
+            details={
+                "op_key": op_key,
+                "resolution": resolution,
+                "receipt": receipt_summary(receipt) if receipt else None,
+            },
         )
     return Operation.objects.get(pk=op.pk)
 
@@ -511,6 +517,7 @@ def _record_not_done(op: Operation, expected_version: int, lease: Lease, actor: 
         expected_version,
         Change(
             event="operation_resolved_not_done",
+            kind=ChangeKind.SETTLE,
             nodes=[(node, {"status": NodeStatus.PENDING.value})] if node.status != NodeStatus.PENDING else [],
             operations=[
                 (
@@ -538,7 +545,7 @@ def _register_compensation(op: Operation, expected_version: int, lease: Lease, a
         request = {"action": node.compensation, "input": original, "compensates": op.op_key, "remote_id": op.remote_id}
         compensation = Operation(
             node=node,
-            op_key=f"{op.op_key}-compensation",
+            op_key=opkeys.compensation(op.op_key),
             action=node.compensation,
             target=op.target,
             request=request,
@@ -549,9 +556,10 @@ def _register_compensation(op: Operation, expected_version: int, lease: Lease, a
         )
         return Change(
             event="compensation_registered",
+            kind=ChangeKind.DECIDE,
             operations=[(compensation, {"status": OperationStatus.INTENT.value})],
             data={"op_key": compensation.op_key, "compensates": op.op_key, "by": str(actor)},
-            guards=[guards.no_cancel()],
+            requires={"cancel_requested_at__isnull": True},
         )
 
     compare_and_set(op.task_id, expected_version, build, lease=lease)
@@ -584,9 +592,11 @@ def lease_force_release(*, actor: Principal, task_id: int, justification: str, i
             current.version,
             Change(
                 event="lease_forced_release",
+                kind=ChangeKind.FORCE_RELEASE,
                 data={"by": str(actor), "holder": f"{holder.holder_kind}:{holder.holder_id}", "epoch": holder.epoch},
             ),
             lease=None,
+            actor=Actor.PERSON,
         )
         forced = ForcedRelease.objects.create(
             lease=closed,
@@ -675,7 +685,7 @@ def takeover_package(task_id: int) -> dict[str, Any]:
             {"op_key": op.op_key, "node": node_ref(op.node), "status": op.status, "remote_id": op.remote_id}
             for op in open_ops
         ],
-        "receipts": [{"op_key": r.operation.op_key, **_receipt_ref(r)} for r in receipts],
+        "receipts": [{"op_key": r.operation.op_key, **receipt_summary(r)} for r in receipts],
         "suggested_checks": [f"query the remote for op key {op.op_key}" for op in open_ops]
         + [f"confirm {name} is still at version {ref.get('version')}" for name, ref in task.input_refs.items()],
     }

@@ -12,7 +12,7 @@ from tasks.cas import Change, compare_and_set
 from tasks.errors import PlanInvalid, VersionConflict
 from tasks.events import find_log_problem
 from tasks.hygiene import scan_payload
-from tasks.lifecycle import TaskStatus
+from tasks.lifecycle import Actor, ChangeKind, TaskStatus
 from tasks.models import Event, Node, PlanRevision, ProposalStatus, Receipt, Task
 from tasks.plans import NodeSpec, digest_of, validate_plan
 
@@ -135,9 +135,11 @@ def task_quarantine(*, task_id: int, expected_version: int, reason: str) -> Task
         expected_version,
         Change(
             event="quarantined",
+            kind=ChangeKind.QUARANTINE,
             task={"status": TaskStatus.QUARANTINED.value, "status_reason": "", "status_detail": reason[:500]},
             data={"reason": reason[:500]},
         ),
         lease=None,
+        actor=Actor.SYSTEM,
     )
     return Task.objects.get(pk=task_id)

@@ -22,7 +22,7 @@ from tasks.models import Task
 from tasks.outcomes import Committed
 from tasks.permissions import permission_grant, permission_revoke
 from tasks.plans import plan_accept, plan_propose
-from tasks.protocol import next_directive, operation_dispatch, register_intent, task_request_cancel
+from tasks.protocol import next_directive, operation_start, task_request_cancel
 from tasks.takeover import (
     NodeResult,
     TakeoverRefused,
@@ -346,8 +346,7 @@ def _scenario_resolve(make_task: Callable[..., Task], agent_lease: Any) -> Calla
     task = make_task(chain_plan("a"))
     lease = agent_lease(task)
     d = next_directive(task_id=task.pk, lease=lease)
-    op = register_intent(task_id=task.pk, node_key="a", expected_version=d.task_version, lease=lease)
-    operation_dispatch(op_key=op.op_key, expected_version=d.task_version + 1, lease=lease)
+    op = operation_start(task_id=task.pk, node_key="a", expected_version=d.task_version, lease=lease)
     lease_release(lease=lease)
     admin = person("ann", "admin")
     held = takeover_claim(actor=admin, task_id=task.pk).lease
@@ -433,8 +432,7 @@ def test_after_a_full_scenario_no_audit_row_carries_a_secret_and_the_chain_verif
 
     lease = agent_lease(task)
     d = next_directive(task_id=task.pk, lease=lease)
-    op = register_intent(task_id=task.pk, node_key="a", expected_version=d.task_version, lease=lease)
-    operation_dispatch(op_key=op.op_key, expected_version=d.task_version + 1, lease=lease)
+    op = operation_start(task_id=task.pk, node_key="a", expected_version=d.task_version, lease=lease)
     assert not takeover_claim(actor=ann, task_id=task.pk).granted
     lease_release(lease=lease)
     held = takeover_claim(actor=ann, task_id=task.pk).lease

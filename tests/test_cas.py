@@ -8,16 +8,23 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db.models import Q
 
 from leases.clock import ControllableClock
 from leases.errors import LeaseExpired, LeaseLost
 from leases.models import Lease
 from leases.services import lease_acquire, lease_release, lease_renew
-from tasks.cas import Applied, Change, Guard, compare_and_set
-from tasks.errors import InvalidTransition, TaskNotRunnable, VersionConflict
+from tasks.cas import Applied, Change, compare_and_set
+from tasks.errors import InputsRecheckRequired, InvalidTransition, TaskNotRunnable, VersionConflict
 from tasks.events import find_log_problem
-from tasks.lifecycle import OPERATION_TRANSITIONS, TASK_TRANSITIONS, NodeStatus, TaskStatus
+from tasks.lifecycle import (
+    OPERATION_TRANSITIONS,
+    TASK_TRANSITIONS,
+    Actor,
+    ChangeKind,
+    NodeStatus,
+    TaskStatus,
+    permitted,
+)
 from tasks.models import Event, Node, Task
 from tests.conftest import snapshot
 
@@ -210,25 +217,44 @@ def test_it_refuses_a_live_lease_of_another_task(
     assert snapshot() == before
 
 
-def test_a_failing_guard_raises_its_own_error(
+def test_a_change_the_table_does_not_permit_in_this_status_is_refused_by_name(
     make_task: Callable[..., Task], agent_lease: Callable[..., Lease], clock: ControllableClock
 ) -> None:
     task = make_task()
     lease = agent_lease(task, ttl=TTL)
-    refusal = TaskNotRunnable("the task is not running")
-    change = Change(
-        event="touched",
-        guards=[
-            Guard(Q(status=TaskStatus.PENDING.value), lambda: VersionConflict("this guard holds")),
-            Guard(Q(status=TaskStatus.RUNNING.value), lambda: refusal),
-        ],
-    )
+    assert TaskStatus.PENDING not in permitted(ChangeKind.CLEANUP, Actor.AGENT)
     before = snapshot()
 
-    with pytest.raises(TaskNotRunnable) as refused:
+    with pytest.raises(TaskNotRunnable, match="pending: an agent may not cleanup"):
+        compare_and_set(task.pk, task.version, Change(event="touched", kind=ChangeKind.CLEANUP), lease=lease)
+
+    assert snapshot() == before
+
+
+def test_a_failing_field_condition_raises_its_own_error(
+    make_task: Callable[..., Task], agent_lease: Callable[..., Lease], clock: ControllableClock
+) -> None:
+    task = make_task()
+    lease = agent_lease(task, ttl=TTL)
+    Task.objects.filter(pk=task.pk).update(inputs_recheck_required=True)
+    change = Change(event="touched", kind=ChangeKind.START, requires={"inputs_recheck_required": False})
+    before = snapshot()
+
+    with pytest.raises(InputsRecheckRequired):
         compare_and_set(task.pk, task.version, change, lease=lease)
 
-    assert refused.value is refusal
+    assert snapshot() == before
+
+
+def test_a_write_without_a_lease_must_name_a_person_or_the_system(
+    make_task: Callable[..., Task], clock: ControllableClock
+) -> None:
+    task = make_task()
+    before = snapshot()
+
+    with pytest.raises(InvalidTransition, match="person or the system"):
+        compare_and_set(task.pk, task.version, Change(event="touched", kind=ChangeKind.CANCEL), lease=None)
+
     assert snapshot() == before
 
 

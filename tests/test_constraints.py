@@ -9,7 +9,7 @@ from django.db import IntegrityError, transaction
 
 from tasks.models import Event, Node, Operation, Receipt, Task, TempResource
 from tasks.outcomes import Committed
-from tasks.protocol import next_directive, operation_dispatch, record_outcome, register_intent
+from tasks.protocol import next_directive, operation_start, record_outcome
 
 
 def refused(write: Callable[[], Any]) -> None:
@@ -25,10 +25,9 @@ def task(make_task, clock) -> Task:
 
 def committed_op(task: Task, lease: Any) -> Operation:
     d = next_directive(task_id=task.pk, lease=lease)
-    op = register_intent(task_id=task.pk, node_key=d.node_key, expected_version=d.task_version, lease=lease)
-    operation_dispatch(op_key=op.op_key, expected_version=d.task_version + 1, lease=lease)
+    op = operation_start(task_id=task.pk, node_key=d.node_key, expected_version=d.task_version, lease=lease)
     return record_outcome(
-        op_key=op.op_key, outcome=Committed(remote_id="r-1"), expected_version=d.task_version + 2, lease=lease
+        op_key=op.op_key, outcome=Committed(remote_id="r-1"), expected_version=d.task_version + 1, lease=lease
     )
 
 

@@ -15,7 +15,7 @@ from tasks.events import GENESIS_DIGEST, find_log_problem
 from tasks.lifecycle import FailureClass, NodeStatus, TaskStatus
 from tasks.models import Event, Node, Receipt, Task
 from tasks.outcomes import Accepted, Committed, Failed, NotFound, Unprovable
-from tasks.protocol import operation_dispatch, register_intent, task_request_cancel
+from tasks.protocol import task_request_cancel
 from tasks.verification import task_verify_log
 from tests.conftest import chain_plan, effect_node, snapshot
 from tests.steps import record, send, version
@@ -42,7 +42,7 @@ def back_off_then_succeed(task: Task, lease: Lease, clock: Any) -> None:
 def lose_the_answer_then_resend(task: Task, lease: Lease, clock: Any) -> None:
     op = record(send(task, lease, "a"), Failed(FailureClass.CONNECTION_INTERRUPTED, "timeout"), lease)
     record(op, NotFound(), lease)
-    op = operation_dispatch(op_key=op.op_key, expected_version=version(task), lease=lease)
+    op = send(task, lease, "a")
     record(op, Accepted(remote_id="job-1"), lease)
     record(op, Committed(remote_id="job-1"), lease)
 
@@ -53,18 +53,18 @@ def fall_short_of_the_evidence(task: Task, lease: Lease, clock: Any) -> None:
 
 def cancel_while_in_flight(task: Task, lease: Lease, clock: Any) -> None:
     op = send(task, lease, "a")
-    task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="stop")
+    task_request_cancel(task_id=task.pk, actor=Principal.agent("tester"), reason="stop")
     record(op, Committed(remote_id="r-a"), lease)
 
 
 def cancel_an_intent_never_sent(task: Task, lease: Lease, clock: Any) -> None:
-    register_intent(task_id=task.pk, node_key="a", expected_version=version(task), lease=lease)
-    task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="stop")
+    record(send(task, lease, "a"), NotFound(), lease)
+    task_request_cancel(task_id=task.pk, actor=Principal.agent("tester"), reason="stop")
 
 
 def cancel_with_an_unknown(task: Task, lease: Lease, clock: Any) -> None:
     op = record(send(task, lease, "a"), Failed(FailureClass.CONNECTION_INTERRUPTED, "reset"), lease)
-    task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="stop")
+    task_request_cancel(task_id=task.pk, actor=Principal.agent("tester"), reason="stop")
     record(op, Committed(remote_id="r-a"), lease)
 
 

@@ -3,6 +3,7 @@ the scanner (``manage.py verify_log``) when something slipped in anyway."""
 
 import json
 import uuid
+from collections.abc import Callable
 from io import StringIO
 from typing import Any
 
@@ -10,17 +11,26 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
+from audit.principals import Principal
 from leases.models import Lease
 from tasks.errors import PayloadTooLarge, PlanInvalid, SecretInPayload
 from tasks.events import append_event, event_digest, find_log_problem
-from tasks.hygiene import PAYLOAD_CAP_BYTES, PLAN_CAP_BYTES, canonical_json, check_payload, scan_payload
+from tasks.hygiene import (
+    NODE_INPUT_CAP_BYTES,
+    PAYLOAD_CAP_BYTES,
+    PLAN_CAP_BYTES,
+    canonical_json,
+    check_payload,
+    scan_payload,
+)
 from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, PauseReason, TaskStatus
 from tasks.models import Event, Operation, Receipt, Task
 from tasks.outcomes import Committed, Failed, Outcome
 from tasks.plans import MAX_NODES, plan_propose, task_create
-from tasks.protocol import next_directive, operation_dispatch, record_outcome, register_intent
+from tasks.protocol import next_directive, operation_start, record_outcome, task_request_cancel
+from tasks.takeover import lease_force_release
 from tasks.verification import find_secrets, task_verify_log
-from tests.conftest import chain_plan, effect_node, snapshot
+from tests.conftest import chain_plan, effect_node, person, snapshot
 
 # Credential-shaped test values, assembled so that no literal credential sits in the source.
 BEARER = "Bearer " + "c2VjcmV0LXRva2Vu" * 2
@@ -42,10 +52,9 @@ def current(task: Task) -> Task:
 def step_to_dispatched(task: Task, lease: Lease) -> Operation:
     directive = next_directive(task_id=task.pk, lease=lease)
     assert directive.kind == "execute", directive
-    op = register_intent(
+    return operation_start(
         task_id=task.pk, node_key=directive.node_key, expected_version=directive.task_version, lease=lease
     )
-    return operation_dispatch(op_key=op.op_key, expected_version=directive.task_version + 1, lease=lease)
 
 
 def run_node(task: Task, lease: Lease, outcome: Outcome) -> Operation:
@@ -203,6 +212,230 @@ def test_it_does_not_flag_ordinary_references() -> None:
 def test_it_does_not_flag_receipt_counts_named_passed() -> None:
     """A digest check reports how many objects passed: a count, not a pass-word."""
     check_payload({"objects_passed": 150, "checks_passed": 3, "objects_failed": 0}, what="receipt data")
+
+
+# --- check_payload: credentials written as text -----------------------------------------------------------------
+
+# A credential pasted into free text (a note, a reason, a justification, receipt or failure details, an evidence
+# value) is as much a secret as one under a credential key. Assembled so that no literal credential sits here.
+PASSWORD = "hunter" + "2"
+TEXT_SECRETS = [
+    "password=" + PASSWORD,
+    "deploy ran with password=" + PASSWORD + " on db-1",
+    "PASSWORD = '" + PASSWORD + "'",
+    "passwd: x",
+    "pwd:" + PASSWORD,
+    "db_password=" + PASSWORD,
+    "spring.datasource.password=" + PASSWORD,
+    '{"password": "' + PASSWORD + '"}',
+    "token=abc" + "123def456",
+    "access_token: abc" + "123",
+    "https://store.example.com/projects/acme?versionId=3&token=abc" + "123",
+    "api_key=AbCd" + "1234",
+    "api-key: AbCd" + "1234",
+    "X-Api-Key: AbCd" + "1234",
+    "API key: AbCd" + "1234",
+    "Authorization: Bearer abc",
+    "authorization: Basic dXNl",
+    "Proxy-Authorization: Digest username=x",
+    "Cookie: sessionid=abc" + "123",
+    "secret: …",
+    "client_secret=" + PASSWORD,
+    "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/" + "bPxRfiCYEXAMPLEKEY",
+    "--password " + PASSWORD,
+    "--token=abc" + "123",
+    "curl -u deploy:" + PASSWORD + " https://store.example.com/",
+    "https://deploy:" + PASSWORD + "@store.example.com/projects/acme",
+    "redis://:" + PASSWORD + "@cache.internal:6379/0",
+    "key id " + "AKIA" + "IOSFODNN7EXAMPLE" + " was used",
+    "temporary key " + "ASIA" + "IOSFODNN7EXAMPLE",
+    "-----BEGIN PGP " + "PRIVATE KEY BLOCK-----\nlQOYBF\n-----END PGP PRIVATE KEY BLOCK-----",
+    "-----BEGIN ENCRYPTED " + "PRIVATE KEY-----\nMIIE\n-----END ENCRYPTED PRIVATE KEY-----",
+]
+# Where free text sits in what is written: notes, evidence, receipts, justifications, reasons, details.
+TEXT_PLACES: list[tuple[Callable[[str], dict[str, Any]], str]] = [
+    (lambda v: {"note": v}, "$.note"),
+    (lambda v: {"evidence": [{"kind": "console_url", "value": v}]}, "$.evidence[0].value"),
+    (lambda v: {"data": {"receipt": {"message": v}}}, "$.data.receipt.message"),
+    (lambda v: {"justification": "the worker is stuck; " + v, "impact": "none"}, "$.justification"),
+    (lambda v: {"reason": v}, "$.reason"),
+    (lambda v: {"details": {"failure_detail": "remote said: " + v}}, "$.details.failure_detail"),
+]
+
+
+@pytest.mark.parametrize("value", TEXT_SECRETS)
+def test_it_refuses_a_credential_written_as_text_wherever_it_sits(value: str) -> None:
+    for place, path in TEXT_PLACES:
+        payload = place(value)
+        with pytest.raises(SecretInPayload) as caught:
+            check_payload(payload, what="event")
+        assert caught.value.details["paths"] == [path], payload
+        assert PASSWORD not in str(caught.value)
+
+
+PROSE = [
+    "the password policy was reviewed",
+    "token bucket rate limit: 50 requests per second",
+    "rotate the API key before Friday",
+    "password reset email sent to the owner",
+    "secret management is handled by the vault (ref vault://kv/acme, version 4)",
+    "Basic authentication required for this bucket",
+    "WWW-Authenticate: Basic realm=store",
+    "authorization failed: 403 from the store",
+    "invalid token: expired",
+    "password: required",
+    "password=*****",
+    "token: <redacted>",
+    "tokens_used=512, max_tokens=4096",
+    "checks pass=3 fail=0",
+    "idempotent by op key: the store dedupes the batch",
+    "see https://store.example.com:9000/projects/acme?versionId=3 at 2030-01-01T10:30:00Z",
+    "ssh://git@github.com:22/acme/store.git",
+    "agent:worker-1 copied 150 objects; digest sha256:" + "ab" * 32,
+]
+
+
+@pytest.mark.parametrize("text", PROSE)
+def test_it_does_not_take_prose_about_credentials_for_a_credential(text: str) -> None:
+    for place, _path in TEXT_PLACES:
+        assert list(scan_payload(place(text))) == []
+        check_payload(place(text), what="event")
+
+
+def test_record_outcome_refuses_a_password_in_receipt_text_and_writes_nothing(make_task, agent_lease, clock) -> None:
+    task = make_task(chain_plan("a"))
+    lease = agent_lease(task)
+    op = step_to_dispatched(task, lease)
+    before = snapshot()
+    with pytest.raises(SecretInPayload, match=r"\$\.note"):
+        record_outcome(
+            op_key=op.op_key,
+            outcome=Committed(remote_id="r-a", data={"note": "copied with password=" + PASSWORD}),
+            expected_version=current(task).version,
+            lease=lease,
+        )
+    assert snapshot() == before
+
+
+def test_a_cancel_reason_carrying_a_password_is_refused_and_nothing_is_written(make_task, clock) -> None:
+    task = make_task(chain_plan("a"))
+    before = snapshot()
+    with pytest.raises(SecretInPayload, match="cancel reason"):
+        task_request_cancel(
+            actor=Principal.agent("agent-1"), task_id=task.pk, reason="stop it, the db passwd: " + PASSWORD
+        )
+    assert snapshot() == before
+
+
+def test_a_forced_release_justification_carrying_a_token_is_refused_and_nothing_is_written(
+    make_task, agent_lease, clock
+) -> None:
+    task = make_task(chain_plan("a"))
+    agent_lease(task)
+    root = person("root", "admin")
+    before = snapshot()
+    with pytest.raises(SecretInPayload, match="forced release"):
+        lease_force_release(
+            actor=root,
+            task_id=task.pk,
+            justification="the worker hangs; log in with api_key=AbCd1234 to see it",
+            impact="the copy of batch 3 restarts from its op key",
+        )
+    assert snapshot() == before
+
+
+# --- task_create: the task's own free text (title, project) -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("title", "Migrate acme (password=" + PASSWORD + ")"),
+        ("title", "Migrate " + URL_WITH_PASSWORD),
+        ("title", "Migrate with " + GITHUB_TOKEN),
+        ("project", "acme token=abc123"),
+        ("project", AWS_KEY),
+    ],
+)
+def test_task_create_refuses_a_secret_in_the_title_or_project(make_task, clock, field: str, value: str) -> None:
+    make_task(title="a bystander task")
+    before = snapshot()
+    with pytest.raises(SecretInPayload, match=rf"task carries credential-like data at \$\.{field}") as caught:
+        task_create(
+            kind="test",
+            title=value if field == "title" else "t",
+            project=value if field == "project" else "",
+            plan=chain_plan("a"),
+            created_by="agent:tester",
+        )
+    assert snapshot() == before
+    assert value not in str(caught.value)
+
+
+def test_task_create_accepts_an_ordinary_title(make_task, clock) -> None:
+    task = task_create(
+        kind="test",
+        title="Rotate the password policy docs for acme (token bucket limits)",
+        project="acme",
+        plan=chain_plan("a"),
+        created_by="agent:tester",
+    )
+    assert task.title.startswith("Rotate the password policy")
+
+
+# --- node inputs: their own cap ---------------------------------------------------------------------------------
+
+
+def test_a_node_input_is_held_to_its_own_cap_not_the_plan_documents(make_task, clock) -> None:
+    """A 64 KB chat transcript fits under the plan document cap; it is still context, not a reference."""
+    transcript = [{"role": "user", "content": "please copy the next batch " * 40} for _ in range(60)]
+    assert 64 * 1024 <= len(canonical_json(transcript).encode()) < PLAN_CAP_BYTES
+    plan = {
+        "nodes": [effect_node("prepare"), effect_node("chat", depends_on=["prepare"], input={"context": transcript})]
+    }
+    make_task(title="a bystander task")
+    before = snapshot()
+    with pytest.raises(
+        PlanInvalid, match=r"node chat: input is \d+ bytes, over the 16384-byte node input cap"
+    ) as caught:
+        task_create(kind="test", title="t", plan=plan, created_by="agent:tester")
+    assert snapshot() == before
+    assert len(caught.value.problems) == 1, caught.value.problems
+
+
+def test_a_node_input_exactly_at_its_cap_is_accepted_and_one_byte_over_is_refused(make_task, clock) -> None:
+    assert NODE_INPUT_CAP_BYTES == PAYLOAD_CAP_BYTES
+    task = task_create(
+        kind="test",
+        title="t",
+        plan={"nodes": [effect_node("a", input=padded_to(NODE_INPUT_CAP_BYTES))]},
+        created_by="agent:tester",
+    )
+    assert len(canonical_json(task.nodes.get().input).encode()) == NODE_INPUT_CAP_BYTES
+    before = snapshot()
+    with pytest.raises(PlanInvalid, match="node a: input is 16385 bytes"):
+        task_create(
+            kind="test",
+            title="t",
+            plan={"nodes": [effect_node("a", input=padded_to(NODE_INPUT_CAP_BYTES + 1))]},
+            created_by="agent:tester",
+        )
+    assert snapshot() == before
+
+
+def test_plan_propose_refuses_an_oversized_node_input_and_writes_nothing(make_task, agent_lease, clock) -> None:
+    task = make_task()
+    lease = agent_lease(task)
+    before = snapshot()
+    with pytest.raises(PlanInvalid, match="node big: input is"):
+        plan_propose(
+            task_id=task.pk,
+            plan={"nodes": [effect_node("big", input=padded_to(NODE_INPUT_CAP_BYTES + 1))]},
+            proposed_by="agent:model",
+            expected_version=task.version,
+            lease=lease,
+        )
+    assert snapshot() == before
 
 
 # --- through the services: refused when written, nothing written --------------------------------------------------

@@ -14,7 +14,7 @@ from leases.models import ForcedRelease, Lease
 from leases.services import lease_open, lease_release
 from tasks.models import ScopeGrant, Task
 from tasks.permissions import PermissionDenied, permission_grant, permission_revoke
-from tasks.protocol import next_directive, operation_dispatch, register_intent, task_request_cancel
+from tasks.protocol import next_directive, operation_start, task_request_cancel
 from tasks.takeover import (
     forced_release_review,
     lease_force_release,
@@ -101,8 +101,7 @@ def test_an_operator_whose_grant_was_revoked_cannot_settle_an_operation(make_tas
     task = make_task(chain_plan("a"))
     agent = agent_lease(task)
     d = next_directive(task_id=task.pk, lease=agent)
-    op = register_intent(task_id=task.pk, node_key="a", expected_version=d.task_version, lease=agent)
-    operation_dispatch(op_key=op.op_key, expected_version=d.task_version + 1, lease=agent)
+    op = operation_start(task_id=task.pk, node_key="a", expected_version=d.task_version, lease=agent)
     lease_release(lease=agent)
     permission_grant(actor=root, user=ann.user, task=task)
     lease = claims(ann, task)

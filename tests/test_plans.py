@@ -21,7 +21,8 @@ from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, PauseReas
 from tasks.models import Event, Node, Operation, PlanRevision, ProposalStatus, Task
 from tasks.outcomes import Committed, Failed, Outcome, Unprovable
 from tasks.plans import MAX_NODES, plan_accept, plan_propose, task_create, validate_plan
-from tasks.protocol import next_directive, operation_dispatch, record_outcome, register_intent
+from tasks.protocol import next_directive, operation_start, record_outcome
+from tasks.verification import task_verify_log
 from tests.conftest import chain_plan, effect_node, snapshot
 
 SOURCE = {"source": "store", "locator": "projects/acme", "version": "7", "digest": "sha256:" + "ab" * 32}
@@ -30,7 +31,7 @@ type Refuse = Callable[..., PlanInvalid]
 
 
 def approval(key: str, **extra: Any) -> dict[str, Any]:
-    return {"key": key, "action": "approval", **extra}
+    return {"key": key, "action": "approval", "evidence": {"remote_id": True}, **extra}
 
 
 def plan_of(*nodes: dict[str, Any]) -> dict[str, Any]:
@@ -68,12 +69,10 @@ def run_node(task: Task, lease: Lease, outcome: Outcome) -> Operation:
     directive = next_directive(task_id=task.pk, lease=lease)
     assert directive.kind == "execute", directive
     version = directive.task_version
-    op = register_intent(task_id=task.pk, node_key=directive.node_key, expected_version=version, lease=lease)
+    op = operation_start(task_id=task.pk, node_key=directive.node_key, expected_version=version, lease=lease)
     assert current(task).version == version + 1
-    op = operation_dispatch(op_key=op.op_key, expected_version=version + 1, lease=lease)
+    op = record_outcome(op_key=op.op_key, outcome=outcome, expected_version=version + 1, lease=lease)
     assert current(task).version == version + 2
-    op = record_outcome(op_key=op.op_key, outcome=outcome, expected_version=version + 2, lease=lease)
-    assert current(task).version == version + 3
     return op
 
 
@@ -197,6 +196,37 @@ def test_it_refuses_a_literal_digest_or_version_that_is_not_a_non_empty_string(
 
 def test_it_refuses_evidence_that_is_not_an_object(refuse: Refuse) -> None:
     refuse(plan_of(effect_node("a", evidence=["remote_id"])), "node a: evidence must be an object")
+
+
+def without_evidence(node: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in node.items() if k != "evidence"}
+
+
+@pytest.mark.parametrize(
+    "node", [without_evidence(effect_node("a")), {"key": "a", "action": "approval"}], ids=["effect", "approval"]
+)
+def test_it_refuses_a_node_without_an_evidence_spec(refuse: Refuse, node: dict[str, Any]) -> None:
+    """The design note: every node has its completion evidence, approval nodes too."""
+    refuse(plan_of(node), "node a: no evidence spec")
+
+
+@pytest.mark.parametrize(
+    "evidence", [{}, {"count": 100}, {"digest": "sha256:" + "ab" * 32}], ids=["empty", "count-only", "digest-only"]
+)
+def test_it_refuses_an_evidence_spec_that_does_not_ask_for_the_remote_id(refuse: Refuse, evidence: Any) -> None:
+    refuse(plan_of(effect_node("a", evidence=evidence)), "node a: evidence remote_id is always required")
+
+
+def test_it_refuses_an_approval_that_does_not_ask_for_the_approval_record(refuse: Refuse) -> None:
+    refuse(plan_of({"key": "ok", "action": "approval", "evidence": {}}), "node ok: evidence remote_id")
+
+
+def test_an_approval_node_may_also_pin_what_was_approved(make_task, clock) -> None:
+    """An approval's evidence is the id of the person's approval record; it may also pin the version approved."""
+    evidence = {"remote_id": True, "remote_version": {"input": "source", "field": "version"}}
+    node = approval("ok", input={"source": {"ref": SOURCE}}, evidence=evidence)
+    task = make_task(plan_of(node, effect_node("switch", depends_on=["ok"])))
+    assert nodes_of(task, 1)["ok"].evidence == evidence
 
 
 def test_it_refuses_evidence_that_reads_an_unknown_input(refuse: Refuse) -> None:
@@ -411,10 +441,58 @@ def test_a_connection_interrupted_failure_can_only_be_reconciled(refuse: Refuse)
         )
 
 
+DEFAULTS = {cls.value: ALLOWED_DESTINATIONS[cls][0] for cls in FailureClass}
+
+
 @pytest.mark.parametrize(("failure_class", "destination"), ALLOWED)
 def test_it_accepts_every_allowed_failure_destination(make_task, clock, failure_class: str, destination: str) -> None:
     task = make_task(plan_of(effect_node("a", on_failure={failure_class: destination})))
-    assert nodes_of(task, 1)["a"].on_failure == {failure_class: destination}
+    assert nodes_of(task, 1)["a"].on_failure == DEFAULTS | {failure_class: destination}
+
+
+def test_every_node_stores_the_destination_of_every_failure_class(make_task, clock) -> None:
+    """The accepted plan says, for every node and every failure class, where a failure goes: the node's own
+    choice or the default (tasks/failures.py) — so the console shows it, and nothing is left implicit."""
+    task = make_task(
+        plan_of(
+            effect_node("a"),
+            approval("ok", depends_on=["a"]),
+            effect_node("b", depends_on=["ok"], on_failure={"invalid_params": "fail_task"}),
+        )
+    )
+    nodes = nodes_of(task, 1)
+    assert set(DEFAULTS) == {cls.value for cls in FailureClass}
+    assert nodes["a"].on_failure == DEFAULTS
+    assert nodes["ok"].on_failure == DEFAULTS
+    assert nodes["b"].on_failure == DEFAULTS | {"invalid_params": "fail_task"}
+    assert DEFAULTS["invalid_params"] == "pause"
+
+
+def test_the_resolved_destinations_are_part_of_the_verified_definition(make_task, clock) -> None:
+    """verify_log re-derives every node from the accepted document: a node stored without its resolved
+    destinations (or with another one) differs from its accepted definition."""
+    task = make_task(plan_of(effect_node("a", on_failure={"invalid_params": "fail_task"}), effect_node("b")))
+    assert task_verify_log(task_id=task.pk, quarantine=False).problem is None
+    for stored in ({}, DEFAULTS | {"invalid_params": "fail_task"}):
+        Node.objects.filter(task=task, key="b").update(on_failure=stored)
+        problem = task_verify_log(task_id=task.pk, quarantine=False).problem or ""
+        assert "node b of plan 1 differs from its accepted definition" in problem, stored
+
+
+def test_a_replan_that_only_spells_out_a_default_keeps_the_node(make_task, agent_lease, clock) -> None:
+    task = make_task(chain_plan("a", "b"))
+    lease = agent_lease(task)
+    run_node(task, lease, Committed(remote_id="r-a"))
+    pause_on_invalid_params(task, lease)
+    replan = chain_plan("a", "b")
+    replan["nodes"][0]["on_failure"] = {"invalid_params": "pause", "conflict": "pause"}
+    plan_accept(revision_id=propose(task, lease, replan).pk, expected_version=current(task).version, lease=None)
+    assert nodes_of(task, 2)["a"].status == NodeStatus.SUCCEEDED
+
+
+@pytest.mark.parametrize("destination", [None, 1, ["pause"], {"to": "pause"}, "", "PAUSE"])
+def test_it_refuses_a_failure_destination_that_is_not_a_known_name(refuse: Refuse, destination: Any) -> None:
+    refuse(plan_of(effect_node("a", on_failure={"invalid_params": destination})), "node a: on_failure invalid_params")
 
 
 @pytest.mark.parametrize("failure_class", ["timeout", "INVALID_PARAMS", "unprovable", ""])

@@ -10,10 +10,11 @@ import pytest
 from django.conf import settings
 
 from audit.principals import Principal
-from leases.errors import LeaseExpired, LeaseLost
+from leases.errors import LeaseExpired, LeaseLost, LeaseRefused
 from leases.models import Lease
 from leases.services import lease_release
-from tasks import protocol
+from tasks import opkeys
+from tasks.cas import Change, compare_and_set
 from tasks.errors import (
     BackoffActive,
     BudgetExhausted,
@@ -24,23 +25,23 @@ from tasks.errors import (
     NodeNotReady,
     OperationsOpen,
     TaskError,
+    TaskNotRunnable,
     VersionConflict,
 )
 from tasks.events import find_log_problem
 from tasks.failures import backoff
-from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, PauseReason, TaskStatus
+from tasks.lifecycle import ChangeKind, FailureClass, NodeStatus, OperationStatus, PauseReason, TaskStatus
 from tasks.models import Event, Node, Operation, Receipt, Task
 from tasks.outcomes import Accepted, Committed, Failed, NotFound, Unprovable
-from tasks.protocol import (
-    advance_node,
-    next_directive,
-    operation_dispatch,
-    record_outcome,
-    register_intent,
-    task_request_cancel,
-)
+from tasks.permissions import PermissionDenied
+from tasks.plans import plan_accept, plan_propose
+from tasks.protocol import next_directive, operation_start, record_outcome, step_start, task_request_cancel
+from tasks.snapshot import task_snapshot
+from tasks.verification import task_quarantine
 from tests.conftest import SOURCE_REF, chain_plan, copy_node, effect_node, snapshot
-from tests.steps import dispatch, record, register, send, version
+from tests.steps import record, send, version
+
+CREATOR = Principal.agent("tester")  # make_task's tasks are created by agent:tester: it may cancel them
 
 # --- helpers: each step reads the task version afresh, as a well-behaved agent does ---------------------------------
 
@@ -113,7 +114,7 @@ def test_open_operations_are_reconciled_before_any_ready_node_even_after_a_cance
     directive = next_directive(task_id=task.pk, lease=lease)
     assert (directive.kind, directive.op_key, directive.node_key) == ("reconcile", op.op_key, "a")
 
-    task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="customer withdrew")
+    task_request_cancel(task_id=task.pk, actor=CREATOR, reason="customer withdrew")
     directive = next_directive(task_id=task.pk, lease=lease)
     assert (directive.kind, directive.op_key) == ("reconcile", op.op_key)
 
@@ -121,7 +122,8 @@ def test_open_operations_are_reconciled_before_any_ready_node_even_after_a_cance
 def test_an_intent_never_sent_is_executed_again_with_its_op_key(make_task, agent_lease, clock) -> None:
     task = make_task(parallel_plan("a", "b"))
     lease = agent_lease(task)
-    op = register(task, lease, "a")
+    op = send(task, lease, "a")
+    record(op, NotFound(), lease)  # the worker died before the call
     directive = next_directive(task_id=task.pk, lease=lease)
     assert (directive.kind, directive.node_key, directive.op_key) == ("execute", "a", op.op_key)
 
@@ -149,11 +151,18 @@ def test_a_paused_task_stops_with_its_pause_reason(make_task, agent_lease, clock
 
 
 def test_an_approval_node_stops_awaiting_approval(make_task, agent_lease, clock) -> None:
-    task = make_task({"nodes": [{"key": "confirm", "action": "approval"}, effect_node("a", depends_on=["confirm"])]})
+    task = make_task(
+        {
+            "nodes": [
+                {"key": "confirm", "action": "approval", "evidence": {"remote_id": True}},
+                effect_node("a", depends_on=["confirm"]),
+            ]
+        }
+    )
     lease = agent_lease(task)
     directive = next_directive(task_id=task.pk, lease=lease)
     assert (directive.kind, directive.node_key, directive.reason) == ("stop", "confirm", "awaiting_approval")
-    assert_refused(NodeNotReady, lambda: register(task, lease, "confirm"))
+    assert_refused(NodeNotReady, lambda: send(task, lease, "confirm"))
 
 
 def test_a_completed_task_is_done(make_task, agent_lease, clock) -> None:
@@ -192,13 +201,15 @@ def test_next_directive_writes_nothing(make_task, agent_lease, clock) -> None:
         assert snapshot() == before
 
     ask()  # ready node
-    op = register(task, lease, "a")
-    ask()  # intent never sent
-    op = dispatch(op, lease)
+    op = send(task, lease, "a")
     ask()  # dispatched
     record(op, interrupted(), lease)
     ask()  # unknown
-    task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="stop")
+    record(op, NotFound(), lease)
+    ask()  # an intent to send again
+    op = send(task, lease, "a")
+    record(op, interrupted(), lease)
+    task_request_cancel(task_id=task.pk, actor=CREATOR, reason="stop")
     ask()  # stopped_pending
     clock.advance(timedelta(hours=1))
     ask()  # expired lease
@@ -206,7 +217,7 @@ def test_next_directive_writes_nothing(make_task, agent_lease, clock) -> None:
 
 @pytest.mark.parametrize("budget", ["task", "node"])
 def test_next_directive_does_not_direct_work_the_budget_forbids(make_task, agent_lease, clock, budget) -> None:
-    """DESIGN §6: when a budget runs out the task pauses. A directive to execute what register/dispatch must refuse
+    """DESIGN §6: when a budget runs out the task pauses. A directive to execute what operation_start must refuse
     would have the agent loop forever."""
     if budget == "task":
         task = make_task(parallel_plan("a", "b"), attempt_budget=1)
@@ -215,117 +226,150 @@ def test_next_directive_does_not_direct_work_the_budget_forbids(make_task, agent
     else:
         task = make_task(parallel_plan("a", max_attempts=1))
         lease = agent_lease(task)
-        op = send(task, lease, "a")
-        record(op, interrupted(), lease)
-        record(op, NotFound(), lease)  # back to intent, same op key, but the node's one attempt is spent
-        assert_refused(BudgetExhausted, lambda: dispatch(op, lease))
+        record(send(task, lease, "a"), Failed(FailureClass.DEPENDENCY_UNAVAILABLE, "503"), lease)
+        assert fresh_task(task).status == TaskStatus.PAUSED  # its one attempt failed remotely
     directive = next_directive(task_id=task.pk, lease=lease)
     assert directive.kind == "stop", f"budget used up, yet told to {directive.kind} {directive.node_key}"
 
 
-# --- 2. register_intent --------------------------------------------------------------------------------------------
+# --- 2. operation_start: the operation registered and marked sent in one commit ---------------------------------
 
 
-def test_register_intent_refuses_a_stale_version(make_task, agent_lease, clock) -> None:
+def test_start_is_one_commit_registering_the_operation_as_sent_before_the_call(make_task, agent_lease, clock) -> None:
+    task = make_task(parallel_plan("a", "b"))
+    lease = agent_lease(task)
+    at = version(task)
+    clock.advance(timedelta(seconds=5))
+    op = send(task, lease, "a")
+    assert version(task) == at + 1
+    stored = fresh_op(op)
+    assert (stored.status, stored.dispatch_count, stored.registered_at) == ("dispatched", 1, clock.now())
+    assert stored.op_key == opkeys.effect(task.uid, 1, "a", 0)
+    event = Event.objects.get(task=task, seq=at + 1)
+    assert (event.type, event.payload["data"]["op_key"]) == ("operation_dispatched", op.op_key)
+    node, row = fresh_node(task, "a"), fresh_task(task)
+    assert (node.status, node.attempts, node.last_attempt_at) == (NodeStatus.RUNNING, 1, clock.now())
+    assert (row.status, row.attempts_used) == (TaskStatus.RUNNING, 1)
+    assert find_log_problem(row) is None
+
+
+def test_start_refuses_a_stale_version(make_task, agent_lease, clock) -> None:
     task = make_task(parallel_plan("a", "b"))
     lease = agent_lease(task)
     stale = version(task)
     complete(task, lease, "a")
     assert_refused(
-        VersionConflict, lambda: register_intent(task_id=task.pk, node_key="b", expected_version=stale, lease=lease)
+        VersionConflict, lambda: operation_start(task_id=task.pk, node_key="b", expected_version=stale, lease=lease)
     )
 
 
-def test_register_intent_refuses_a_superseded_lease_epoch(make_task, agent_lease, clock) -> None:
+def test_start_refuses_a_superseded_lease_epoch(make_task, agent_lease, clock) -> None:
     task = make_task()
     old = agent_lease(task, ttl=timedelta(seconds=30))
     clock.advance(timedelta(seconds=30) + settings.RECKON_LEASE_GRACE + timedelta(seconds=1))
     new = agent_lease(task, holder="agent-2")
     assert new.epoch == old.epoch + 1
-    assert_refused(LeaseLost, lambda: register(task, old, "a"))
+    assert_refused(LeaseLost, lambda: send(task, old, "a"))
 
 
-def test_register_intent_refuses_a_lease_at_its_expiry(make_task, agent_lease, clock) -> None:
+def test_start_refuses_a_lease_at_its_expiry(make_task, agent_lease, clock) -> None:
     task = make_task()
     lease = agent_lease(task, ttl=timedelta(seconds=30))
     clock.advance(timedelta(seconds=30))
-    assert_refused(LeaseExpired, lambda: register(task, lease, "a"))
+    assert_refused(LeaseExpired, lambda: send(task, lease, "a"))
 
 
-def test_register_intent_refuses_once_a_cancel_is_recorded(make_task, agent_lease, clock) -> None:
+def test_a_write_extends_the_lease_by_its_ttl(make_task, agent_lease, clock) -> None:
+    """A write is a heartbeat: the lease holder that keeps writing keeps its lease without renewing."""
+    task = make_task(chain_plan("a", "b"))
+    lease = agent_lease(task, ttl=timedelta(seconds=30))
+    clock.advance(timedelta(seconds=20))
+    complete(task, lease, "a")
+    assert Lease.objects.get(pk=lease.pk).expires_at == clock.now() + timedelta(seconds=30)
+    clock.advance(timedelta(seconds=20))  # 40 s after the grant: alive thanks to the writes
+    complete(task, lease, "b")
+    assert fresh_task(task).status == TaskStatus.COMPLETED
+
+
+def test_start_refuses_once_a_cancel_is_recorded(make_task, agent_lease, clock) -> None:
     task = make_task(parallel_plan("a", "b"))
     lease = agent_lease(task)
-    task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="wrong project")
-    assert_refused(CancelRequested, lambda: register(task, lease, "a"))
+    task_request_cancel(task_id=task.pk, actor=CREATOR, reason="wrong project")
+    assert_refused(CancelRequested, lambda: send(task, lease, "a"))
     assert not Operation.objects.filter(task=task).exists()
 
 
-def test_register_intent_refuses_when_the_task_budget_is_spent(make_task, agent_lease, clock) -> None:
+def test_start_refuses_when_the_task_budget_is_spent(make_task, agent_lease, clock) -> None:
     task = make_task(parallel_plan("a", "b"), attempt_budget=1)
     lease = agent_lease(task)
     complete(task, lease, "a")
     paused = Task.objects.get(pk=task.pk)
     assert (paused.status, paused.status_reason) == (TaskStatus.PAUSED, PauseReason.BUDGET_EXHAUSTED)
-    error = assert_refused(BudgetExhausted, lambda: register(task, lease, "b"))
+    assert_refused(TaskNotRunnable, lambda: send(task, lease, "b"))
+
+
+def test_the_start_guard_refuses_a_spent_task_budget_inside_the_compare_and_set(make_task, agent_lease, clock) -> None:
+    """Defence in depth: a start computed on a snapshot that still showed budget is refused by the UPDATE."""
+    task = make_task(parallel_plan("a", "b"), attempt_budget=2)
+    lease = agent_lease(task)
+    snap = task_snapshot(task_id=task.pk, lease=lease)
+    Task.objects.filter(pk=task.pk).update(attempts_used=2)  # behind the snapshot's back, same version
+    error = assert_refused(BudgetExhausted, lambda: step_start(snap, "a", lease=lease))
     assert isinstance(error, TaskError) and error.details["scope"] == "task"
 
 
-def test_register_intent_refuses_a_node_whose_attempts_are_spent(make_task, agent_lease, clock) -> None:
+def test_start_refuses_a_node_whose_attempts_are_spent(make_task, agent_lease, clock) -> None:
     """Defence in depth: however a pending node came to have no attempts left (the protocol itself pauses the task
-    first), the intent's CAS refuses it."""
+    first), the start refuses it — on the snapshot, and in the node's conditional UPDATE."""
     task = make_task(parallel_plan("a", max_attempts=2))
     lease = agent_lease(task)
+    snap = task_snapshot(task_id=task.pk, lease=lease)
     Node.objects.filter(task=task, key="a").update(attempts=2)
-    error = assert_refused(BudgetExhausted, lambda: register(task, lease, "a"))
+    error = assert_refused(BudgetExhausted, lambda: send(task, lease, "a"))
+    assert isinstance(error, TaskError) and error.details["scope"] == "node"
+    error = assert_refused(BudgetExhausted, lambda: step_start(snap, "a", lease=lease))
     assert isinstance(error, TaskError) and error.details["scope"] == "node"
 
 
-def test_register_intent_refuses_before_not_before_and_allows_it_at_not_before(make_task, agent_lease, clock) -> None:
+def test_start_refuses_before_not_before_and_allows_it_at_not_before(make_task, agent_lease, clock) -> None:
     task = make_task()
     lease = agent_lease(task)
     record(send(task, lease, "a"), Failed(FailureClass.DEPENDENCY_UNAVAILABLE, "rate limited"), lease)
     not_before = fresh_node(task, "a").not_before
     assert not_before is not None
     clock.set(not_before - timedelta(microseconds=1))
-    assert_refused(BackoffActive, lambda: register(task, lease, "a"))
+    assert_refused(BackoffActive, lambda: send(task, lease, "a"))
     clock.set(not_before)
-    assert register(task, lease, "a").status == OperationStatus.INTENT
+    assert send(task, lease, "a").status == OperationStatus.DISPATCHED
 
 
-@pytest.mark.parametrize("open_status", ["dispatched", "accepted", "unknown"])
-def test_register_intent_refuses_while_an_operation_is_open(make_task, agent_lease, clock, open_status) -> None:
+@pytest.mark.parametrize("open_status", ["dispatched", "accepted", "unknown", "intent"])
+def test_start_refuses_while_another_operation_is_unsettled(make_task, agent_lease, clock, open_status) -> None:
+    """DESIGN §4.1: one side effect of a task in flight at a time — an intent waiting to be sent again counts."""
     task = make_task(parallel_plan("a", "b"))
     lease = agent_lease(task)
     op = send(task, lease, "a")
     if open_status == "accepted":
         record(op, Accepted(remote_id="job-1"), lease)
-    elif open_status == "unknown":
+    elif open_status in ("unknown", "intent"):
         record(op, interrupted(), lease)
+    if open_status == "intent":
+        record(op, NotFound(), lease)
+    assert fresh_op(op).status == open_status
     # Another, otherwise ready node. With an accepted operation the task is observing, which refuses first.
-    assert_refused(OperationsOpen, lambda: register(task, lease, "b"))
-    assert_refused(OperationsOpen, lambda: register(task, lease, "a"))  # the same node
+    assert_refused((OperationsOpen, TaskNotRunnable), lambda: send(task, lease, "b"))
+    if open_status != "intent":
+        assert_refused(OperationsOpen, lambda: send(task, lease, "a"))  # the same node
 
 
-def test_register_intent_refuses_a_node_whose_dependencies_have_not_succeeded(make_task, agent_lease, clock) -> None:
+def test_start_refuses_a_node_whose_dependencies_have_not_succeeded(make_task, agent_lease, clock) -> None:
     task = make_task(chain_plan("a", "b", "c"))
     lease = agent_lease(task)
-    assert_refused(NodeNotReady, lambda: register(task, lease, "b"))
+    assert_refused(NodeNotReady, lambda: send(task, lease, "b"))
     op = send(task, lease, "a")
     record(op, Accepted(remote_id="job-1"), lease)  # accepted is not succeeded
     record(op, Committed(remote_id="job-1"), lease)
-    assert_refused(NodeNotReady, lambda: register(task, lease, "c"))  # its dependency b has not even started
-
-
-def test_registering_the_same_intent_again_returns_it_without_writing(make_task, agent_lease, clock) -> None:
-    task = make_task()
-    lease = agent_lease(task)
-    first = register(task, lease, "a")
-    assert first.op_key == protocol.op_key_for(task, fresh_node(task, "a"), 0)
-    before, at = snapshot(), version(task)
-    again = register_intent(task_id=task.pk, node_key="a", expected_version=at, lease=lease)
-    assert (again.pk, again.op_key, again.request_digest) == (first.pk, first.op_key, first.request_digest)
-    assert version(task) == at
-    assert snapshot() == before
+    assert_refused(NodeNotReady, lambda: send(task, lease, "c"))  # its dependency b has not even started
 
 
 def test_a_retry_after_a_definite_rejection_gets_a_new_op_key(make_task, agent_lease, clock) -> None:
@@ -334,12 +378,12 @@ def test_a_retry_after_a_definite_rejection_gets_a_new_op_key(make_task, agent_l
     first = send(task, lease, "a")
     record(first, Failed(FailureClass.DEPENDENCY_UNAVAILABLE, "503"), lease)
     clock.set(fresh_node(task, "a").not_before)
-    retry = register(task, lease, "a")
+    retry = send(task, lease, "a")
     assert retry.op_key != first.op_key
-    assert retry.op_key == protocol.op_key_for(task, fresh_node(task, "a"), 1)
+    assert retry.op_key == opkeys.effect(task.uid, 1, "a", 1)
     assert retry.request_digest == first.request_digest
     assert fresh_op(first).status == OperationStatus.REJECTED
-    assert register(task, lease, "a").op_key == retry.op_key
+    assert (fresh_node(task, "a").attempts, fresh_task(task).attempts_used) == (2, 2)  # the remote failed once
 
 
 def test_from_inputs_are_resolved_from_the_earlier_receipt_not_from_text(make_task, agent_lease, clock) -> None:
@@ -369,76 +413,159 @@ def test_from_inputs_are_resolved_from_the_earlier_receipt_not_from_text(make_ta
         ),
         lease,
     )
-    op = register(task, lease, "copy")
+    op = send(task, lease, "copy")
     assert op.request["input"] == {"target": "bucket-77", "expected": 12, "source": SOURCE_REF, "limit": 100}
     assert op.target == "bucket-77"
 
 
-# --- 3. operation_dispatch -----------------------------------------------------------------------------------------
+# --- 3. sending the same op key again is not a new attempt ----------------------------------------------------------
 
 
-def test_dispatch_rechecks_cancel_right_before_the_side_effect(make_task, agent_lease, clock, monkeypatch) -> None:
-    task = make_task()
-    lease = agent_lease(task)
-    op = register(task, lease, "a")
-    as_read = Operation.objects.select_related("node").get(pk=op.pk)  # the dispatcher read it before the cancel
-    task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="stop now")
-    monkeypatch.setattr(protocol, "_operation", lambda op_key: as_read)
-    assert_refused(
-        CancelRequested, lambda: operation_dispatch(op_key=op.op_key, expected_version=version(task), lease=lease)
-    )
-    assert fresh_op(op).dispatch_count == 0
-
-
-def test_dispatch_spends_one_attempt_of_the_node_and_the_task_budgets(make_task, agent_lease, clock) -> None:
-    task = make_task()
-    lease = agent_lease(task)
-    op = register(task, lease, "a")
-    assert (fresh_node(task, "a").attempts, fresh_task(task).attempts_used) == (0, 0)
-    clock.advance(timedelta(seconds=5))
-    dispatch(op, lease)
-    node, stored = fresh_node(task, "a"), fresh_task(task)
-    assert (node.attempts, node.last_attempt_at, stored.attempts_used) == (1, clock.now(), 1)
-    assert fresh_op(op).dispatch_count == 1
-
-
-def test_dispatch_refuses_a_resend_when_the_node_budget_is_spent(make_task, agent_lease, clock) -> None:
-    task = make_task(parallel_plan("a", max_attempts=1))
+def test_not_found_sends_the_same_op_key_again_without_spending_an_attempt(make_task, agent_lease, clock) -> None:
+    """A crash between the start's commit and the call, then a lookup that finds nothing, re-sends the same op key:
+    that is the same attempt. Three such crashes on a node of two attempts never exhaust its budget."""
+    task = make_task(parallel_plan("a", max_attempts=2), attempt_budget=2)
     lease = agent_lease(task)
     op = send(task, lease, "a")
-    record(op, interrupted(), lease)
+    for round_ in range(3):
+        record(op, NotFound(), lease)  # the worker died before the call: the remote has no trace
+        assert fresh_op(op).status == OperationStatus.INTENT
+        directive = next_directive(task_id=task.pk, lease=lease)
+        assert (directive.kind, directive.op_key) == ("execute", op.op_key)
+        again = send(task, lease, "a")
+        assert (again.op_key, fresh_op(op).dispatch_count) == (op.op_key, round_ + 2)
+        assert (fresh_node(task, "a").attempts, fresh_task(task).attempts_used) == (1, 1)
+    record(op, Committed(remote_id="r-a"), lease)
+    assert fresh_task(task).status == TaskStatus.COMPLETED
+
+
+def test_a_stored_request_edited_behind_the_log_is_not_sent_again(make_task, agent_lease, clock) -> None:
+    task = make_task(parallel_plan("a"))
+    lease = agent_lease(task)
+    op = send(task, lease, "a")
+    record(op, NotFound(), lease)
+    Operation.objects.filter(pk=op.pk).update(request={"action": "store.copy_batch", "input": {"evil": True}})
+    assert_refused(EvidenceInsufficient, lambda: send(task, lease, "a"))
+
+
+# --- 3b. the table: which principal may make which change in which status, inside the compare-and-set -----------
+
+
+def _intent_to_resend(make_task, agent_lease) -> tuple[Task, Lease, Operation]:
+    task = make_task(parallel_plan("a", "b"))
+    lease = agent_lease(task)
+    op = send(task, lease, "a")
     record(op, NotFound(), lease)
     assert fresh_op(op).status == OperationStatus.INTENT
-    assert_refused(BudgetExhausted, lambda: dispatch(op, lease))
+    return task, lease, op
 
 
-def test_a_second_intent_is_refused_while_another_is_registered(make_task, agent_lease, clock) -> None:
-    """DESIGN §4.1: one side effect of a task in flight at a time — an intent registered but not yet sent counts."""
-    task = make_task(parallel_plan("a", "b"))
-    lease = agent_lease(task)
-    first = register(task, lease, "a")
-    assert_refused(OperationsOpen, lambda: register(task, lease, "b"))
-    dispatch(first, lease)
-    assert_refused(OperationsOpen, lambda: register(task, lease, "b"))
+def test_an_intent_is_not_sent_again_once_the_task_is_quarantined(make_task, agent_lease, clock) -> None:
+    task, lease, _op = _intent_to_resend(make_task, agent_lease)
+    task_quarantine(task_id=task.pk, expected_version=version(task), reason="log and rows disagree")
+    assert_refused(TaskNotRunnable, lambda: send(task, lease, "a"))
 
 
-def test_dispatch_refuses_while_another_operation_is_open(make_task, agent_lease, clock) -> None:
-    """Defence in depth: however a second intent came to exist, it is not sent while another operation is open."""
-    task = make_task(parallel_plan("a", "b"))
-    lease = agent_lease(task)
-    first = register(task, lease, "a")
-    node_b = Node.objects.get(task=task, key="b")
-    second = Operation.objects.create(
-        task=task,
-        node=node_b,
-        op_key=first.op_key + "-forged",
-        action=node_b.action,
-        request={},
-        request_digest="sha256:0",
-        registered_at=clock.now(),
+def test_an_intent_is_not_sent_again_while_paused_input_changed(make_task, agent_lease, clock) -> None:
+    task, lease, _op = _intent_to_resend(make_task, agent_lease)
+    pause = Change(
+        event="paused", task={"status": "paused", "status_reason": "input_changed", "status_detail": "source moved"}
     )
-    dispatch(first, lease)
-    assert_refused(OperationsOpen, lambda: dispatch(second, lease))
+    compare_and_set(task.pk, version(task), pause, lease=lease)
+    assert_refused(TaskNotRunnable, lambda: send(task, lease, "a"))
+
+
+def test_no_start_is_made_with_a_stale_snapshot_after_the_task_moved(make_task, agent_lease, clock) -> None:
+    """The decision is made on a snapshot; the compare-and-set refuses it if anything moved since."""
+    task, lease, _op = _intent_to_resend(make_task, agent_lease)
+    snap = task_snapshot(task_id=task.pk, lease=lease)
+    task_quarantine(task_id=task.pk, expected_version=version(task), reason="log and rows disagree")
+    assert_refused(VersionConflict, lambda: step_start(snap, "a", lease=lease))
+
+
+@pytest.mark.parametrize("status", ["quarantined", "human", "paused", "stopping", "completed"])
+def test_the_compare_and_set_refuses_a_start_the_table_does_not_permit(make_task, agent_lease, clock, status) -> None:
+    """Whatever a caller computed, an agent's START lands only in a runnable status: the UPDATE's own condition."""
+    task = make_task(parallel_plan("a"))
+    lease = agent_lease(task)
+    Task.objects.filter(pk=task.pk).update(
+        status=status,
+        status_reason="needs_replan" if status == "paused" else "",
+        status_detail="x",
+        cancel_requested_at=clock.now() if status == "stopping" else None,
+    )
+    forged = Change(event="operation_dispatched", kind=ChangeKind.START, task={"attempts_used": 1})
+    assert_refused(TaskNotRunnable, lambda: compare_and_set(task.pk, version(task), forged, lease=lease))
+
+
+def test_an_intent_is_not_sent_again_before_the_inputs_are_rechecked(make_task, agent_lease, clock) -> None:
+    task = make_task({"nodes": [copy_node()]})
+    lease = agent_lease(task)
+    op = send(task, lease, "copy")
+    record(op, NotFound(), lease)
+    Task.objects.filter(pk=task.pk).update(inputs_recheck_required=True)  # as a hand-back leaves it
+    assert_refused(InputsRecheckRequired, lambda: send(task, lease, "copy"))
+    snap = task_snapshot(task_id=task.pk, lease=lease)
+    forged = Change(event="operation_dispatched", kind=ChangeKind.START, requires={"inputs_recheck_required": False})
+    assert_refused(InputsRecheckRequired, lambda: compare_and_set(task.pk, snap.version, forged, lease=lease))
+
+
+def test_a_late_outcome_never_advances_a_node_of_a_quarantined_task(make_task, agent_lease, clock) -> None:
+    task = make_task(parallel_plan("a"))
+    lease = agent_lease(task)
+    op = send(task, lease, "a")
+    task_quarantine(task_id=task.pk, expected_version=version(task), reason="log and rows disagree")
+    assert_refused(TaskNotRunnable, lambda: record(op, Committed(remote_id="r-a"), lease))
+    assert fresh_node(task, "a").status == NodeStatus.RUNNING
+
+
+def test_no_agent_lease_is_granted_on_a_task_people_hold(make_task, agent_lease, clock) -> None:
+    task = make_task(parallel_plan("a"))
+    Task.objects.filter(pk=task.pk).update(status=TaskStatus.HUMAN.value)  # an operator released without deciding
+    assert_refused(LeaseRefused, lambda: agent_lease(task))
+
+
+def test_an_agent_or_system_cancels_only_what_it_created_or_holds(make_task, agent_lease, clock) -> None:
+    task = make_task(parallel_plan("a"))  # created by agent:tester
+    lease = agent_lease(task, holder="worker-1")
+    for stranger in (Principal.agent("someone-else"), Principal.system("cron")):
+        assert_refused(PermissionDenied, lambda s=stranger: task_request_cancel(actor=s, task_id=task.pk, reason="x"))
+    holder = Principal.agent("worker-1")
+    assert_refused(PermissionDenied, lambda: task_request_cancel(actor=holder, task_id=task.pk, reason="x"))
+    done = task_request_cancel(actor=holder, task_id=task.pk, reason="the holder stops", lease=lease)
+    assert done.cancel_requested_at is not None
+
+
+def test_a_plan_is_not_accepted_without_a_lease_while_someone_holds_the_task(make_task, agent_lease, clock) -> None:
+    task = make_task(parallel_plan("a"))
+    lease = agent_lease(task)
+    revision = plan_propose(
+        task_id=task.pk,
+        plan=parallel_plan("a", "b"),
+        proposed_by="agent:tester",
+        expected_version=version(task),
+        lease=lease,
+    )
+    assert_refused(
+        TaskNotRunnable, lambda: plan_accept(revision_id=revision.pk, expected_version=version(task), lease=None)
+    )
+    assert plan_accept(revision_id=revision.pk, expected_version=version(task), lease=lease).plan_version == 2
+
+
+def test_no_plan_is_proposed_on_a_quarantined_task(make_task, agent_lease, clock) -> None:
+    task = make_task(parallel_plan("a"))
+    lease = agent_lease(task)
+    task_quarantine(task_id=task.pk, expected_version=version(task), reason="log and rows disagree")
+    assert_refused(
+        TaskNotRunnable,
+        lambda: plan_propose(
+            task_id=task.pk,
+            plan=parallel_plan("a", "b"),
+            proposed_by="agent:tester",
+            expected_version=version(task),
+            lease=lease,
+        ),
+    )
 
 
 # --- 4. record_outcome ---------------------------------------------------------------------------------------------
@@ -514,32 +641,27 @@ def test_a_receipt_without_a_remote_id_never_advances_the_node(make_task, agent_
     assert fresh_node(task, "copy").status != NodeStatus.SUCCEEDED
 
 
-def test_advance_node_refuses_a_receipt_that_does_not_satisfy_the_evidence(make_task, agent_lease, clock) -> None:
+def test_dispatched_is_never_evidence_and_a_short_receipt_fails_the_node(make_task, agent_lease, clock) -> None:
     task = make_task(evidence_plan())
     lease = agent_lease(task)
     op = send(task, lease, "copy")
-    assert_refused(
-        EvidenceInsufficient,
-        lambda: advance_node(op_key=op.op_key, expected_version=version(task), lease=lease),
-    )  # no receipt at all: "dispatched" is not evidence
+    assert fresh_node(task, "copy").status == NodeStatus.RUNNING  # "may have been sent" proves nothing
     record(op, satisfying_receipt(count=99), lease)
-    error = assert_refused(
-        EvidenceInsufficient,
-        lambda: advance_node(op_key=op.op_key, expected_version=version(task), lease=lease),
-    )
-    assert isinstance(error, TaskError) and error.details["problems"]
     assert fresh_node(task, "copy").status == NodeStatus.FAILED
+    assert Receipt.objects.filter(operation=op).count() == 1  # kept as what the remote said
 
 
 @pytest.mark.parametrize("state", ["intent", "committed", "rejected"])
 def test_record_outcome_refuses_an_operation_with_nothing_outstanding(make_task, agent_lease, clock, state) -> None:
     task = make_task()
     lease = agent_lease(task)
-    op = register(task, lease, "a")
+    op = send(task, lease, "a")
     if state == "committed":
-        op = record(dispatch(op, lease), Committed(remote_id="r-a"), lease)
+        op = record(op, Committed(remote_id="r-a"), lease)
     elif state == "rejected":
-        op = record(dispatch(op, lease), Failed(FailureClass.INVALID_PARAMS, "400"), lease)
+        op = record(op, Failed(FailureClass.INVALID_PARAMS, "400"), lease)
+    else:
+        op = record(op, NotFound(), lease)
     assert op.status == state
     assert_refused(InvalidTransition, lambda: record(op, Committed(remote_id="r-other"), lease))
     assert Receipt.objects.filter(operation=op).count() == (1 if state == "committed" else 0)
@@ -594,7 +716,7 @@ def test_permission_revoked_and_conflict_pause_the_task(make_task, agent_lease, 
     assert (stored.status, stored.status_reason) == (TaskStatus.PAUSED, reason)
     node = fresh_node(task, "a")
     assert (node.status, node.last_error_class) == (NodeStatus.PENDING, failure)
-    assert_refused(TaskError, lambda: register(task, lease, "a"))
+    assert_refused(TaskError, lambda: send(task, lease, "a"))
 
 
 def test_dependency_unavailable_backs_off_with_seeded_jitter_on_the_database_clock(
@@ -666,10 +788,8 @@ def test_connection_interrupted_leaves_the_operation_unknown(make_task, agent_le
     assert fresh_node(task, "a").status == NodeStatus.RUNNING  # neither failed nor done: nobody knows yet
     assert fresh_task(task).status == TaskStatus.RUNNING
     assert not Receipt.objects.filter(operation=op).exists()
-    assert_refused(InvalidTransition, lambda: dispatch(op, lease))  # never re-sent blindly
-    assert_refused(
-        EvidenceInsufficient, lambda: advance_node(op_key=op.op_key, expected_version=version(task), lease=lease)
-    )
+    assert_refused(OperationsOpen, lambda: send(task, lease, "a"))  # never re-sent blindly
+    assert next_directive(task_id=task.pk, lease=lease).kind == "reconcile"
 
 
 def test_a_second_interrupted_report_on_an_unknown_operation_writes_nothing(make_task, agent_lease, clock) -> None:
@@ -713,10 +833,8 @@ def test_not_found_puts_the_operation_back_to_intent_with_the_same_op_key(make_t
     assert fresh_op(op).status == OperationStatus.INTENT
     directive = next_directive(task_id=task.pk, lease=lease)
     assert (directive.kind, directive.op_key) == ("execute", op.op_key)
-    again = register(task, lease, "a")
-    assert (again.pk, again.op_key) == (op.pk, op.op_key)
-    resent = dispatch(again, lease)
-    assert (resent.op_key, resent.dispatch_count) == (op.op_key, 2)
+    resent = send(task, lease, "a")
+    assert (resent.pk, resent.op_key, resent.dispatch_count) == (op.pk, op.op_key, 2)
 
 
 def test_unprovable_pauses_the_task_unprovable(make_task, agent_lease, clock) -> None:
@@ -755,7 +873,7 @@ def test_a_task_leaving_an_unprovable_pause_rereads_its_inputs_before_any_node_r
     resumed = fresh_task(task)
     assert (resumed.status, resumed.inputs_recheck_required) == (TaskStatus.RUNNING, True)
     assert next_directive(task_id=task.pk, lease=lease).reason == "recheck_inputs"
-    assert_refused(InputsRecheckRequired, lambda: register(task, lease, "b"))
+    assert_refused(InputsRecheckRequired, lambda: send(task, lease, "b"))
 
 
 # --- 5. cancel -----------------------------------------------------------------------------------------------------
@@ -764,14 +882,15 @@ def test_a_task_leaving_an_unprovable_pause_rereads_its_inputs_before_any_node_r
 def test_cancel_withdraws_intents_that_were_never_sent(make_task, agent_lease, clock) -> None:
     task = make_task()
     lease = agent_lease(task)
-    op = register(task, lease, "a")
-    task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="wrong target")
+    op = send(task, lease, "a")
+    record(op, NotFound(), lease)  # never took effect: an intent to send again
+    task_request_cancel(task_id=task.pk, actor=CREATOR, reason="wrong target")
     withdrawn = fresh_op(op)
     assert (withdrawn.status, withdrawn.failure_class) == (OperationStatus.REJECTED, "cancelled")
     assert fresh_node(task, "a").status == NodeStatus.PENDING
     assert fresh_task(task).status == TaskStatus.STOPPED
-    assert_refused(TaskError, lambda: dispatch(op, lease))
-    assert fresh_node(task, "a").attempts == 0
+    assert_refused(TaskError, lambda: send(task, lease, "a"))
+    assert fresh_op(op).dispatch_count == 1
     assert next_directive(task_id=task.pk, lease=lease).kind == "stop"
 
 
@@ -779,7 +898,7 @@ def test_a_commit_arriving_after_the_cancel_is_recorded_as_a_real_completion(mak
     task = make_task()
     lease = agent_lease(task)
     op = send(task, lease, "a")
-    stopping = task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="stop")
+    stopping = task_request_cancel(task_id=task.pk, actor=CREATOR, reason="stop")
     assert stopping.status == TaskStatus.STOPPING
     assert stopping.cancel_requested_at is not None
     record(op, Committed(remote_id="r-a"), lease)
@@ -787,14 +906,14 @@ def test_a_commit_arriving_after_the_cancel_is_recorded_as_a_real_completion(mak
     assert Receipt.objects.get(operation=op).committed_after_cancel_request is True
     assert fresh_task(task).status == TaskStatus.STOPPED
     assert fresh_node(task, "b").status == NodeStatus.PENDING
-    assert_refused(TaskError, lambda: register(task, lease, "b"))
+    assert_refused(TaskError, lambda: send(task, lease, "b"))
 
 
 def test_a_cancel_with_only_an_unknown_left_is_stopped_pending_until_reconciled(make_task, agent_lease, clock) -> None:
     task = make_task()
     lease = agent_lease(task)
     op = record(send(task, lease, "a"), interrupted(), lease)
-    cancelled = task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="x")
+    cancelled = task_request_cancel(task_id=task.pk, actor=CREATOR, reason="x")
     assert cancelled.status == TaskStatus.STOPPED_PENDING
     record(op, interrupted(), lease)  # the query itself timed out: still pending
     assert fresh_task(task).status == TaskStatus.STOPPED_PENDING
@@ -810,7 +929,7 @@ def test_an_unknown_found_still_running_after_a_cancel_shows_stopping(make_task,
     task = make_task()
     lease = agent_lease(task)
     op = record(send(task, lease, "a"), interrupted(), lease)
-    task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="x")
+    task_request_cancel(task_id=task.pk, actor=CREATOR, reason="x")
     record(op, Accepted(remote_id="job-1"), lease)
     assert fresh_task(task).status == TaskStatus.STOPPING
     record(op, Committed(remote_id="job-1"), lease)
@@ -822,12 +941,12 @@ def test_asking_to_cancel_twice_changes_nothing(make_task, agent_lease, clock) -
     task = make_task()
     lease = agent_lease(task)
     send(task, lease, "a")
-    task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="first")
+    task_request_cancel(task_id=task.pk, actor=CREATOR, reason="first")
     before = snapshot()
     clock.advance(timedelta(minutes=1))
-    again = task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:bob"), reason="second")
+    again = task_request_cancel(task_id=task.pk, actor=CREATOR, reason="second")
     assert snapshot() == before
-    assert (again.cancel_requested_by, again.cancel_reason) == ("agent:operator:ann", "first")
+    assert (again.cancel_requested_by, again.cancel_reason) == ("agent:tester", "first")
 
 
 def test_cancel_on_a_completed_task_changes_nothing(make_task, agent_lease, clock) -> None:
@@ -836,7 +955,7 @@ def test_cancel_on_a_completed_task_changes_nothing(make_task, agent_lease, cloc
     complete(task, lease, "a")
     complete(task, lease, "b")
     before = snapshot()
-    done = task_request_cancel(task_id=task.pk, actor=Principal.agent("operator:ann"), reason="too late")
+    done = task_request_cancel(task_id=task.pk, actor=CREATOR, reason="too late")
     assert snapshot() == before
     assert (done.status, done.cancel_requested_at) == (TaskStatus.COMPLETED, None)
 
@@ -868,8 +987,8 @@ def test_budgets_and_backoff_survive_a_restart(make_task, agent_lease, clock) ->
     second_worker = agent_lease(task, holder="agent-2")
     directive = next_directive(task_id=task.pk, lease=second_worker)
     assert (directive.kind, directive.until) == ("wait", node.not_before)
-    assert_refused(BackoffActive, lambda: register(task, second_worker, "a"))
+    assert_refused(BackoffActive, lambda: send(task, second_worker, "a"))
     clock.set(node.not_before)
-    dispatch(register(task, second_worker, "a"), second_worker)
+    send(task, second_worker, "a")
     assert Node.objects.get(pk=node.pk).attempts == 2
     assert Task.objects.get(pk=task.pk).attempts_used == 2

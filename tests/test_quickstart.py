@@ -10,12 +10,12 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from agents.demo import migration_plan
-from leases.services import lease_acquire, lease_renew
+from leases.services import lease_acquire
 from tasks.lifecycle import NodeStatus, TaskStatus
 from tasks.models import Node, Task
 from tasks.outcomes import Committed, Outcome
 from tasks.plans import task_create
-from tasks.protocol import next_directive, operation_dispatch, record_outcome, register_intent
+from tasks.protocol import next_directive, record_outcome
 
 
 class StoreStandIn:
@@ -42,12 +42,9 @@ def test_the_readme_agent_loop_runs_the_demo_plan_up_to_its_confirmation_point(d
     task = task_create(kind="migrate_project", title="Migrate acme", plan=migration_plan(), created_by="agent:migrator")
     lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="worker-7")
     while True:
-        lease = lease_renew(lease=lease, expected_renewal_seq=lease.renewal_seq)
         d = next_directive(task_id=task.pk, lease=lease)
-        if d.kind == "execute" and not d.op_key:
-            register_intent(task_id=task.pk, node_key=d.node_key, expected_version=d.task_version, lease=lease)
-        elif d.kind == "execute":
-            op = operation_dispatch(op_key=d.op_key, expected_version=d.task_version, lease=lease)
+        if d.kind == "execute":  # commit 1: the operation, registered as sent before the call
+            op = operation_start(task_id=task.pk, node_key=d.node_key, expected_version=d.task_version, lease=lease)
             outcome = connector.submit(op.op_key, op.request)
             record_outcome(op_key=op.op_key, outcome=outcome, expected_version=d.task_version + 1, lease=lease)
         else:

@@ -15,7 +15,7 @@ from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, TaskStatu
 from tasks.models import Node, Operation, Receipt, Task
 from tasks.outcomes import Committed, Failed, NotFound, Unprovable
 from tasks.plans import task_create
-from tasks.protocol import next_directive, operation_dispatch, record_outcome, register_intent
+from tasks.protocol import next_directive, operation_start, record_outcome
 from tests.simulator_fixture import REFUSALS, Simulator
 
 SOURCE = {"source": "store", "locator": "projects/acme", "version": "7", "digest": "sha256:" + "ab" * 32}
@@ -209,10 +209,8 @@ def test_the_readme_agent_loop_runs_the_demo_plan_against_the_store(
             record_outcome(
                 op_key=d.op_key, outcome=store.lookup(d.op_key), expected_version=d.task_version, lease=lease
             )
-        elif d.kind == "execute" and not d.op_key:
-            register_intent(task_id=task.pk, node_key=d.node_key, expected_version=d.task_version, lease=lease)
-        elif d.kind == "execute":
-            op = operation_dispatch(op_key=d.op_key, expected_version=d.task_version, lease=lease)
+        elif d.kind == "execute":  # commit 1: the operation, registered as sent before the call
+            op = operation_start(task_id=task.pk, node_key=d.node_key, expected_version=d.task_version, lease=lease)
             outcome = store.submit(op.op_key, op.request)
             record_outcome(op_key=op.op_key, outcome=outcome, expected_version=d.task_version + 1, lease=lease)
         else:

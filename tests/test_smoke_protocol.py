@@ -3,7 +3,7 @@ from typing import Any
 from leases.models import Lease
 from tasks.lifecycle import TaskStatus
 from tasks.outcomes import Committed
-from tasks.protocol import next_directive, operation_dispatch, record_outcome, register_intent
+from tasks.protocol import next_directive, operation_start, record_outcome
 from tasks.verification import task_verify_log
 
 
@@ -13,14 +13,13 @@ def test_a_task_runs_to_completion_on_receipts(make_task: Any, agent_lease: Any,
     for _ in range(2):
         directive = next_directive(task_id=task.pk, lease=lease)
         assert directive.kind == "execute"
-        op = register_intent(
+        op = operation_start(
             task_id=task.pk, node_key=directive.node_key, expected_version=directive.task_version, lease=lease
         )
-        op = operation_dispatch(op_key=op.op_key, expected_version=directive.task_version + 1, lease=lease)
         record_outcome(
             op_key=op.op_key,
             outcome=Committed(remote_id="r-" + directive.node_key),
-            expected_version=directive.task_version + 2,
+            expected_version=directive.task_version + 1,
             lease=lease,
         )
     task.refresh_from_db()

@@ -9,7 +9,7 @@ from tasks.lifecycle import TaskStatus
 from tasks.models import Task
 from tasks.outcomes import Committed
 from tasks.permissions import permission_grant
-from tasks.protocol import inputs_confirm, next_directive, operation_dispatch, register_intent
+from tasks.protocol import inputs_confirm, next_directive, operation_start
 from tasks.takeover import (
     NodeResult,
     forced_release_review,
@@ -28,8 +28,7 @@ def test_a_takeover_round_trip(make_task, agent_lease, clock) -> None:
     permission_grant(actor=admin, user=ann.user, task=task)
     lease = agent_lease(task)
     d = next_directive(task_id=task.pk, lease=lease)
-    op = register_intent(task_id=task.pk, node_key="a", expected_version=d.task_version, lease=lease)
-    operation_dispatch(op_key=op.op_key, expected_version=d.task_version + 1, lease=lease)
+    op = operation_start(task_id=task.pk, node_key="a", expected_version=d.task_version, lease=lease)
     claim = takeover_claim(actor=ann, task_id=task.pk)
     assert not claim.granted and claim.waiting_for == "agent:agent-1"
     assert next_directive(task_id=task.pk, lease=lease).kind == "reconcile"  # in-flight work may settle

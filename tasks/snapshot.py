@@ -1,0 +1,149 @@
+"""A version-stamped read of one task: everything a step decides on, in three queries.
+
+The compare-and-set that applies a change guards it with the snapshot's version, so every decision made on a
+snapshot is made on what the database holds at that version (every change of the rows read here bumps it).
+After a write the compare-and-set returns the snapshot of the new version, built from the rows it wrote — the
+next step of the same holder reads nothing again.
+"""
+
+import copy
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from django.db.models import Count, DateTimeField, OuterRef, Q, Subquery, Value
+from django.db.models.functions import Coalesce, Now
+
+from leases import clock
+from leases.models import Lease, LeaseReservation
+from leases.services import LeaseRef
+from tasks.errors import TaskNotFound
+from tasks.lifecycle import OPEN_OPERATION_STATUSES, UNSETTLED_OPERATION_STATUSES, NodeStatus, OperationStatus
+from tasks.models import Node, Operation, Task
+
+_UNSETTLED = [s.value for s in UNSETTLED_OPERATION_STATUSES]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    task: Task  # the row at ``version``
+    nodes: tuple[Node, ...]  # the current plan's nodes by position; ``node.retries`` = its rejected operations
+    unsettled: tuple[Operation, ...]  # intent, dispatched, accepted and unknown operations, oldest first
+    now: datetime  # the database clock when it was read (or last written)
+    lease_expires_at: datetime | None = None  # the caller's lease, if it is the open one at its epoch
+    reserved_for: str = ""  # the operator a takeover is reserved for
+
+    @property
+    def version(self) -> int:
+        return self.task.version
+
+    def node(self, key: str) -> Node | None:
+        return next((n for n in self.nodes if n.key == key), None)
+
+    def operation(self, op_key: str) -> Operation | None:
+        return next((op for op in self.unsettled if op.op_key == op_key), None)
+
+    def open_operations(self) -> list[Operation]:
+        """Dispatched, accepted or unknown: settled only by a query by op key (safe handover)."""
+        return [op for op in self.unsettled if op.status in OPEN_OPERATION_STATUSES]
+
+    def intents(self) -> list[Operation]:
+        return [op for op in self.unsettled if op.status == OperationStatus.INTENT]
+
+    def succeeded(self) -> set[str]:
+        return {n.key for n in self.nodes if n.status == NodeStatus.SUCCEEDED}
+
+    def lease_live(self) -> bool:
+        return self.lease_expires_at is not None and self.lease_expires_at > self.now
+
+
+def _now_expression() -> Now | Value:
+    _sql, params = clock.now_sql()
+    if not params:
+        return Now()  # statement_timestamp() on PostgreSQL: the database server's clock
+    return Value(params[0], output_field=DateTimeField())
+
+
+def task_snapshot(*, task_id: int, lease: LeaseRef | None = None) -> Snapshot:
+    """Read the task with its lease, reservation and the database time (one query), the current plan's nodes
+    (one) and its unsettled operations (one). Raises TaskNotFound."""
+    rows = Task.objects.filter(pk=task_id).annotate(
+        db_now=_now_expression(),
+        reserved_for=Coalesce(
+            Subquery(LeaseReservation.objects.filter(task_id=OuterRef("pk")).values("holder_id")[:1]), Value("")
+        ),
+    )
+    if lease is not None:
+        live = Lease.objects.filter(pk=lease.pk, task_id=OuterRef("pk"), epoch=lease.epoch, released_at__isnull=True)
+        rows = rows.annotate(lease_expires_at=Subquery(live.values("expires_at")[:1]))
+    task = rows.first()
+    if task is None:
+        raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
+    nodes = tuple(
+        Node.objects.filter(task_id=task_id, plan_version=task.plan_version)
+        .annotate(retries=Count("operations", filter=Q(operations__status=OperationStatus.REJECTED.value)))
+        .order_by("position")
+    )
+    unsettled = tuple(
+        Operation.objects.filter(task_id=task_id, status__in=_UNSETTLED)
+        .select_related("node")
+        .order_by("registered_at", "pk")
+    )
+    by_pk = {n.pk: n for n in nodes}
+    for op in unsettled:
+        if op.node_id in by_pk:
+            op.node = by_pk[op.node_id]
+    now: datetime = task.db_now
+    return Snapshot(
+        task=task,
+        nodes=nodes,
+        unsettled=unsettled,
+        now=now,
+        lease_expires_at=getattr(task, "lease_expires_at", None),
+        reserved_for=task.reserved_for,
+    )
+
+
+def after_write(
+    snap: Snapshot,
+    *,
+    task_fields: dict[str, object],
+    nodes: dict[int, dict[str, object]],
+    inserted: list[Operation],
+    operations: dict[int, dict[str, object]],
+    version: int,
+    log_head: str,
+    now: datetime,
+    lease_expires_at: datetime | None,
+) -> Snapshot:
+    """The snapshot of the version a write produced, from the rows it wrote (copies: the old snapshot stays as
+    it was)."""
+    task = copy.copy(snap.task)
+    for name, value in task_fields.items():
+        setattr(task, name, value)
+    task.version, task.log_head, task.updated_at = version, log_head, now
+    new_nodes = []
+    for node in snap.nodes:
+        if node.pk in nodes:
+            node = copy.copy(node)
+            for name, value in nodes[node.pk].items():
+                setattr(node, name, value)
+        new_nodes.append(node)
+    by_pk = {n.pk: n for n in new_nodes}
+    unsettled = []
+    for op in (*snap.unsettled, *inserted):
+        if op.pk in operations:
+            op = copy.copy(op)
+            for name, value in operations[op.pk].items():
+                setattr(op, name, value)
+        if op.node_id in by_pk:
+            op.node = by_pk[op.node_id]
+        if op.status in UNSETTLED_OPERATION_STATUSES:
+            unsettled.append(op)
+    return replace(
+        snap,
+        task=task,
+        nodes=tuple(new_nodes),
+        unsettled=tuple(unsettled),
+        now=now,
+        lease_expires_at=lease_expires_at if lease_expires_at is not None else snap.lease_expires_at,
+    )
