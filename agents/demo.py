@@ -12,7 +12,12 @@ def migration_plan(project: str = "acme", batches: int = 3, batch_size: int = 50
     source = {"source": "store", "locator": f"projects/{project}", "version": "7", "digest": SOURCE_DIGEST}
     document = plan(project, objects=batches * batch_size, source=source, max_batch=batch_size)
     document["nodes"] += [
-        {"key": "approve-cleanup", "action": "approval", "depends_on": ["switch-reference"]},
+        {
+            "key": "approve-cleanup",
+            "action": "approval",
+            "depends_on": ["switch-reference"],
+            "evidence": {"remote_id": True},
+        },
         {
             "key": "delete-temp-copies",
             "action": "store.delete_objects",

@@ -69,7 +69,14 @@ def plan(
     )
     before_switch = "verify-digests"
     if confirm_switch:
-        nodes.append({"key": "approve-switch", "action": "approval", "depends_on": ["verify-digests"]})
+        nodes.append(
+            {
+                "key": "approve-switch",
+                "action": "approval",
+                "depends_on": ["verify-digests"],
+                "evidence": {"remote_id": True},
+            }
+        )
         before_switch = "approve-switch"
     nodes.append(
         {

@@ -31,6 +31,12 @@ def destination(failure_class: FailureClass, on_failure: dict[str, str]) -> str:
     return on_failure.get(failure_class.value, ALLOWED_DESTINATIONS[failure_class][0])
 
 
+def resolved_destinations(on_failure: dict[str, str]) -> dict[str, str]:
+    """Where a failure of each class goes: the node's own choice or the default. An accepted node stores this
+    whole map (``Node.on_failure``), so no destination is left implicit and the console can show each one."""
+    return {cls.value: destination(cls, on_failure) for cls in FailureClass}
+
+
 @dataclass(frozen=True)
 class Backoff:
     delay: timedelta

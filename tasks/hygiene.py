@@ -3,8 +3,13 @@
 Every event payload, receipt, node output and plan document passes ``check_payload`` when written;
 ``scan_payload`` is the same test as a scanner (``manage.py verify_log`` runs it over stored rows).
 
-Cap: 16 KiB of canonical JSON per payload — room for ids, versions, counts and digests, far too
-small for a transcript.
+Cap: 16 KiB of canonical JSON per payload (and per node input) — room for ids, versions, counts and
+digests, far too small for a transcript.
+
+Secrets are judged on keys ("db_password", "Authorization") and on every string value: credential formats
+(private key blocks, AWS / GitHub / Slack / JWT tokens, user:password in URLs, Bearer / Basic credentials) and
+credentials written as text ("password=…", "passwd: x", "X-Api-Key: …", "--token …"), while prose about
+credentials ("the password policy was reviewed") and redactions ("password=***") pass.
 """
 
 import base64
@@ -20,6 +25,9 @@ from tasks.errors import PayloadTooLarge, SecretInPayload
 PAYLOAD_CAP_BYTES = 16 * 1024
 # Plan documents are definitions, not checkpoints: a larger cap, still far from a transcript.
 PLAN_CAP_BYTES = 256 * 1024
+# One node's input is data the node works on — literals, versioned refs, outputs of earlier nodes — held to the
+# checkpoint cap, not the plan document's: a plan must not smuggle a transcript in as a node's input.
+NODE_INPUT_CAP_BYTES = PAYLOAD_CAP_BYTES
 
 # Credential-like keys, judged on the words of the key ("db_password", "accessToken", "Authorization"),
 # so "objects_passed" or "tokens_used" are not taken for secrets.
@@ -48,23 +56,94 @@ _SECRET_WORDS = frozenset(
 )
 _KEY_WORDS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
 _SECRET_VALUE = re.compile(
-    r"(-----BEGIN [A-Z ]*PRIVATE KEY-----"
-    r"|\bAKIA[0-9A-Z]{16}\b"
+    r"(-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"
+    r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"  # AWS access key ids, long-term and temporary
     r"|\bgh[pousr]_[A-Za-z0-9]{20,}"
-    r"|\bxox[abprs]-[A-Za-z0-9-]{10,}"
+    r"|\bgithub_pat_[A-Za-z0-9_]{22,}"
+    r"|\bxox[abeprs]-[A-Za-z0-9-]{10,}"
     r"|\bsk-[A-Za-z0-9_-]{20,}"
+    r"|\b[sr]k_(?:live|test)_[A-Za-z0-9]{16,}"
+    r"|\bAIza[0-9A-Za-z_-]{35}"
     r"|\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]+"
-    r"|://[^/\s:@]+:[^/\s@]+@)",  # credentials inside a URL
+    r"|://[^/\s:@]*:[^/\s@]+@"  # credentials inside a URL (the user may be empty: redis://:pw@host)
+    r"|(?:^|\s)(?:-u|--user)\s+[^\s:/]+:\S+)",  # curl -u user:password
 )
 # "Bearer <token>" / "Basic <base64 user:pass>": only when what follows looks like a credential, not prose
 # ("Basic authentication required").
 _AUTH_SCHEME = re.compile(r"\b(Bearer|Basic)\s+([A-Za-z0-9._~+/=-]{8,})")
+# A credential written as text: a credential-like name, then "=" or ":" (or "=>"), then a value —
+# "password=…", "passwd: x", "X-Api-Key: …", "Authorization: Bearer …", '"token": "…"', "?token=…", "API key: …" —
+# or a command-line flag, "--password …". The name is judged like a key (one word, or two: "API key"), so prose
+# that only talks about credentials ("the password policy was reviewed", "token bucket rate limit") has no
+# separator and value and is not refused. A lookahead finds overlapping candidates ("note: password=…").
+_NAMED_VALUE = re.compile(
+    r"(?<![A-Za-z0-9_])(?=(?P<name>[A-Za-z][\w.-]{0,63}(?: [A-Za-z][\w.-]{0,63})?)[\"']?\s*(?:=>|[:=])"
+    r"\s*[\"']?(?P<value>[^\s\"',;&]+))"
+)
+_FLAG_VALUE = re.compile(r"(?<![\w-])--(?P<name>[A-Za-z][\w-]{0,63})(?:=|\s+)[\"']?(?P<value>[^\s\"'-][^\s\"']*)")
+# "pass" alone is ambiguous in text ("checks pass=3 fail=0"); every other credential word counts.
+_TEXT_AMBIGUOUS = frozenset({"pass"})
+# A value that is a redaction or the word of an error message ("token: expired", "password: required",
+# "invalid token: the token has expired") says nothing secret.
+_NOT_A_VALUE = frozenset(
+    {
+        "redacted",
+        "hidden",
+        "masked",
+        "omitted",
+        "removed",
+        "required",
+        "missing",
+        "invalid",
+        "expired",
+        "revoked",
+        "denied",
+        "rejected",
+        "incorrect",
+        "wrong",
+        "none",
+        "null",
+        "nil",
+        "empty",
+        "unset",
+        "a",
+        "an",
+        "the",
+        "is",
+        "was",
+        "has",
+        "must",
+        "not",
+        "no",
+    }
+)
+
+
+def _key_words(key: str) -> list[str]:
+    return [w.lower() for w in _KEY_WORDS.findall(key)]
 
 
 def _is_secret_key(key: str) -> bool:
-    words = [w.lower() for w in _KEY_WORDS.findall(key)]
+    words = _key_words(key)
     pairs = [a + b for a, b in itertools.pairwise(words)]
     return any(w in _SECRET_WORDS for w in words + pairs)
+
+
+def _is_secret_name_in_text(name: str) -> bool:
+    """The name before a separator in text: judged like a key on its last word ("db_password", "X-Api-Key"),
+    or on the two words it spans ("API key", "session id"), so "authorization failed: 403" is prose."""
+    *before, last = name.split(" ")
+    words = _key_words(last)
+    candidates = words + [a + b for a, b in itertools.pairwise(words)]
+    head = _key_words(before[0]) if before else []
+    if head and words:
+        candidates.append(head[-1] + words[0])
+    return any(w in _SECRET_WORDS and w not in _TEXT_AMBIGUOUS for w in candidates)
+
+
+def _is_a_value(value: str) -> bool:
+    bare = value.strip("<>[]().").lower()
+    return bare not in _NOT_A_VALUE and bool(set(bare) - set("*•"))  # "*****" is a redaction
 
 
 def _looks_like_credential(scheme: str, value: str) -> bool:
@@ -80,7 +159,13 @@ def _looks_like_credential(scheme: str, value: str) -> bool:
 def _is_secret_value(value: str) -> bool:
     if _SECRET_VALUE.search(value):
         return True
-    return any(_looks_like_credential(m.group(1), m.group(2)) for m in _AUTH_SCHEME.finditer(value))
+    if any(_looks_like_credential(m.group(1), m.group(2)) for m in _AUTH_SCHEME.finditer(value)):
+        return True
+    return any(
+        _is_secret_name_in_text(m.group("name")) and _is_a_value(m.group("value"))
+        for pattern in (_NAMED_VALUE, _FLAG_VALUE)
+        for m in pattern.finditer(value)
+    )
 
 
 def canonical_json(value: Any) -> str:
