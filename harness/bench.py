@@ -939,7 +939,14 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"{'':>7}  {'x raw':6}" + "".join(f"{_fmt('{:.2f}', ratio.get(f)):>11}" for f, _, _ in columns))
     lines.append("")
     lines.append("steps/s x raw: median of the rounds' ratios; other x raw: ratio of the medians")
-    lines.append("commits: transactions that wrote (client); xact: pg_stat_database.xact_commit incl. read-only")
+    lines.append("stmts, txns (explicit), commits (transactions that wrote): counted in the workers")
+    if vendor_pg:
+        lines.append(
+            "trips: stmts + BEGIN/COMMIT; xact: pg_stat_database.xact_commit incl. read-only; rows: tup_inserted +"
+            " tup_updated; wal: pg_stat_wal (cluster-wide)"
+        )
+    else:
+        lines.append("rows: total_changes of the workers' connections (inserts, updates, deletes)")
     for goal in report["goals"]:
         if goal["met"] is None:
             lines.append(f"goal: {goal['goal']}: not measured")
