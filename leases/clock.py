@@ -17,17 +17,22 @@ class Clock(Protocol):
 
 
 class DatabaseClock:
-    """The database server's time. PostgreSQL is asked (once per call); SQLite has no server — the database is a
-    file on this host and its ``'now'`` is this host's clock, so that clock is read without a round trip."""
+    """Reads the current time from the database server, once per call (SQLite: the clock of the host holding the
+    database file, as SQLite itself reads it)."""
 
     def now(self) -> datetime:
-        if connection.vendor != "postgresql":
-            return datetime.now(UTC)
         with connection.cursor() as cursor:
-            # clock_timestamp(), not now(): now() is frozen at transaction start.
-            cursor.execute("SELECT clock_timestamp()")
-            value: datetime = cursor.fetchone()[0]
-            return value.astimezone(UTC)
+            if connection.vendor == "postgresql":
+                # clock_timestamp(), not now(): now() is frozen at transaction start.
+                cursor.execute("SELECT clock_timestamp()")
+                value: datetime = cursor.fetchone()[0]
+                return value.astimezone(UTC)
+            cursor.execute(f"SELECT {SQLITE_NOW}")
+            text = cursor.fetchone()[0]
+            return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now')"
 
 
 class ControllableClock:
@@ -56,10 +61,11 @@ def now() -> datetime:
 
 def now_sql() -> tuple[str, list[datetime]]:
     """The current time as an SQL expression and its parameters, for a statement that judges time itself (one
-    round trip instead of a clock read and a write). On PostgreSQL with the database clock it is the statement's
-    own timestamp; otherwise (SQLite, or a test clock) the clock's value as a parameter."""
-    if isinstance(_clock, DatabaseClock) and connection.vendor == "postgresql":
-        return "statement_timestamp()", []
+    round trip instead of a clock read and a write): the database's own clock — ``statement_timestamp()`` on
+    PostgreSQL, SQLite's ``'now'`` (constant within one statement) — or, under a test clock, its value as a
+    parameter. The SQLite expression contains ``%`` signs: callers that pass parameters double them."""
+    if isinstance(_clock, DatabaseClock):
+        return ("statement_timestamp()" if connection.vendor == "postgresql" else SQLITE_NOW), []
     return "%s", [_clock.now()]
 
 

@@ -228,33 +228,44 @@ def lease_heartbeat(*, lease: LeaseRef, task_id: int) -> tuple[datetime, datetim
     The row lock makes a concurrent forced release or re-grant wait for the caller's commit, or the caller for
     theirs: the check never judges a lease that changes under the write."""
     now_expr, now_params = clock.now_sql()
+    ttl = lease.ttl or timedelta(0)
     if connection.vendor == "postgresql":
         # now_expr is "statement_timestamp()" or "%s" (leases.clock.now_sql): never text from outside.
         sql = (
-            "UPDATE leases_lease SET expires_at = GREATEST(expires_at, :now + COALESCE(ttl, interval '0')) "
+            "UPDATE leases_lease SET expires_at = GREATEST(expires_at, :now + %s) "
             "WHERE id = %s AND task_id = %s AND epoch = %s AND released_at IS NULL AND expires_at > :now "
             "RETURNING :now, expires_at"
         ).replace(":now", now_expr)
-        params: list[Any] = [*now_params, lease.pk, task_id, lease.epoch, *now_params, *now_params]
-    else:
-        now = now_params[0]
-        until = now + lease.ttl if lease.ttl else now
+        params: list[Any] = [*now_params, ttl, lease.pk, task_id, lease.epoch, *now_params, *now_params]
+    elif now_params:
         adapt = connection.ops.adapt_datetimefield_value
         sql = (
             "UPDATE leases_lease SET expires_at = MAX(expires_at, %s) WHERE id = %s AND task_id = %s AND epoch = %s"
-            " AND released_at IS NULL AND expires_at > %s RETURNING expires_at"
+            " AND released_at IS NULL AND expires_at > %s RETURNING %s, expires_at"
         )
-        params = [adapt(until), lease.pk, task_id, lease.epoch, adapt(now)]
+        now = now_params[0]
+        params = [adapt(now + ttl), lease.pk, task_id, lease.epoch, adapt(now), adapt(now)]
+    else:  # SQLite's own clock: 'now' is the same value everywhere in one statement
+        sql = (
+            "UPDATE leases_lease SET expires_at = MAX(expires_at, strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)) "
+            "WHERE id = %s AND task_id = %s AND epoch = %s AND released_at IS NULL "
+            "AND expires_at > strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') "
+            "RETURNING strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'), expires_at"
+        )
+        params = [f"+{ttl.total_seconds():.6f} seconds", lease.pk, task_id, lease.epoch]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:
         return None
-    if connection.vendor == "postgresql":
-        moment, expires_at = row
-        return moment.astimezone(UTC), expires_at.astimezone(UTC)
-    stored = row[0] if isinstance(row[0], datetime) else datetime.fromisoformat(row[0])  # the column's converter
-    return now_params[0], stored.replace(tzinfo=UTC)
+    moment, expires_at = (_as_utc(value) for value in row)
+    return moment, expires_at
+
+
+def _as_utc(value: datetime | str) -> datetime:
+    if isinstance(value, str):  # SQLite hands back text (or a naive datetime, through the column's converter)
+        value = datetime.fromisoformat(value)
+    return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def lease_refusal(*, lease: LeaseRef, task_id: int) -> LeaseError:

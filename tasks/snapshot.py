@@ -10,8 +10,8 @@ import copy
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from django.db.models import Count, DateTimeField, OuterRef, Q, Subquery, Value
-from django.db.models.functions import Coalesce, Now
+from django.db.models import Count, DateTimeField, Func, OuterRef, Q, Subquery, Value
+from django.db.models.functions import Coalesce
 
 from leases import clock
 from leases.models import Lease, LeaseReservation
@@ -56,11 +56,11 @@ class Snapshot:
         return self.lease_expires_at is not None and self.lease_expires_at > self.now
 
 
-def _now_expression() -> Now | Value:
-    _sql, params = clock.now_sql()
-    if not params:
-        return Now()  # statement_timestamp() on PostgreSQL: the database server's clock
-    return Value(params[0], output_field=DateTimeField())
+def _now_expression() -> Func | Value:
+    sql, params = clock.now_sql()
+    if params:
+        return Value(params[0], output_field=DateTimeField())
+    return Func(template=sql.replace("%", "%%"), output_field=DateTimeField())  # the database server's clock
 
 
 def task_snapshot(*, task_id: int, lease: LeaseRef | None = None) -> Snapshot:

@@ -276,9 +276,10 @@ def test_a_superuser_counts_as_admin(make_task, agent_lease, clock, ann) -> None
     task = make_task(project="billing", kind="migrate")
     assert can_operate(sue, task)
     permission_grant(actor=sue, user=ann.user, project="billing")
-    assert can_operate(ann, task)
-    agent_lease(task)
-    forced = lease_force_release(actor=sue, task_id=task.pk, justification=JUSTIFICATION, impact=IMPACT)
+    assert can_operate(ann, task)  # claimed and given back: the task stays with people (no agent lease there)
+    held = make_task(project="billing", kind="migrate")
+    agent_lease(held)
+    forced = lease_force_release(actor=sue, task_id=held.pk, justification=JUSTIFICATION, impact=IMPACT)
     assert forced.forced_by == "user:sue"
     root = person("root", "admin")
     reviewed = forced_release_review(actor=root, forced_release_id=forced.pk, verdict="accepted", note=REVIEW_NOTE)
@@ -348,8 +349,10 @@ def test_a_non_admin_cannot_review_a_forced_release(make_task, agent_lease, cloc
 
 def test_an_agent_may_cancel(make_task, agent_lease, clock) -> None:
     task = make_task(project="billing", kind="migrate")
-    agent_lease(task)
-    cancelled = task_request_cancel(actor=Principal.agent("agent-1"), task_id=task.pk, reason="the source is gone")
+    lease = agent_lease(task)
+    cancelled = task_request_cancel(
+        actor=Principal.agent("agent-1"), task_id=task.pk, reason="the source is gone", lease=lease
+    )
     assert cancelled.cancel_requested_at is not None
     assert cancelled.cancel_requested_by == "agent:agent-1"
     event = AuditEvent.objects.get(action="cancel_requested")

@@ -486,7 +486,7 @@ def test_a_replan_that_only_spells_out_a_default_keeps_the_node(make_task, agent
     pause_on_invalid_params(task, lease)
     replan = chain_plan("a", "b")
     replan["nodes"][0]["on_failure"] = {"invalid_params": "pause", "conflict": "pause"}
-    plan_accept(revision_id=propose(task, lease, replan).pk, expected_version=current(task).version, lease=None)
+    plan_accept(revision_id=propose(task, lease, replan).pk, expected_version=current(task).version, lease=lease)
     assert nodes_of(task, 2)["a"].status == NodeStatus.SUCCEEDED
 
 
@@ -667,9 +667,10 @@ def propose(task: Task, lease: Lease, plan: dict[str, Any]) -> PlanRevision:
 
 def test_plan_accept_makes_the_proposal_the_tasks_plan(make_task, agent_lease, clock) -> None:
     task = make_task(chain_plan("a", "b"))
-    revision = propose(task, agent_lease(task), chain_plan("a", "b", "c"))
+    lease = agent_lease(task)
+    revision = propose(task, lease, chain_plan("a", "b", "c"))
     version = current(task).version
-    accepted = plan_accept(revision_id=revision.pk, expected_version=version, lease=None)
+    accepted = plan_accept(revision_id=revision.pk, expected_version=version, lease=lease)
     assert (accepted.version, accepted.plan_version, accepted.status) == (version + 1, 2, TaskStatus.PENDING)
     revision.refresh_from_db()
     assert revision.status == ProposalStatus.ACCEPTED
@@ -685,7 +686,7 @@ def test_plan_accept_returns_a_paused_task_to_pending(make_task, agent_lease, cl
     lease = agent_lease(task)
     pause_on_invalid_params(task, lease)
     revision = propose(task, lease, chain_plan("a2"))
-    accepted = plan_accept(revision_id=revision.pk, expected_version=current(task).version, lease=None)
+    accepted = plan_accept(revision_id=revision.pk, expected_version=current(task).version, lease=lease)
     assert (accepted.status, accepted.status_reason, accepted.status_detail) == (TaskStatus.PENDING, "", "")
     assert next_directive(task_id=task.pk, lease=lease).node_key == "a2"
 
@@ -698,7 +699,7 @@ def test_plan_accept_refuses_a_running_task(make_task, agent_lease, clock) -> No
     revision = propose(task, lease, chain_plan("a", "c"))
     before = snapshot()
     with pytest.raises((TaskNotRunnable, InvalidTransition)):
-        plan_accept(revision_id=revision.pk, expected_version=current(task).version, lease=None)
+        plan_accept(revision_id=revision.pk, expected_version=current(task).version, lease=lease)
     assert snapshot() == before
 
 
@@ -707,10 +708,9 @@ def test_plan_accept_refuses_a_completed_task(make_task, agent_lease, clock) -> 
     lease = agent_lease(task)
     run_node(task, lease, Committed(remote_id="r-a"))
     assert current(task).status == TaskStatus.COMPLETED
-    revision = propose(task, lease, chain_plan("a", "b"))
     before = snapshot()
-    with pytest.raises((TaskNotRunnable, InvalidTransition)):
-        plan_accept(revision_id=revision.pk, expected_version=current(task).version, lease=None)
+    with pytest.raises(TaskNotRunnable):  # an ended task takes no new plan: not even a proposal lands
+        propose(task, lease, chain_plan("a", "b"))
     assert snapshot() == before
 
 
@@ -723,28 +723,30 @@ def test_plan_accept_refuses_while_an_operation_is_open(make_task, agent_lease, 
     revision = propose(task, lease, chain_plan("x"))
     before = snapshot()
     with pytest.raises(OperationsOpen):
-        plan_accept(revision_id=revision.pk, expected_version=current(task).version, lease=None)
+        plan_accept(revision_id=revision.pk, expected_version=current(task).version, lease=lease)
     assert snapshot() == before
 
 
 def test_plan_accept_refuses_a_revision_already_accepted(make_task, agent_lease, clock) -> None:
     task = make_task()
-    revision = propose(task, agent_lease(task), chain_plan("x"))
-    plan_accept(revision_id=revision.pk, expected_version=current(task).version, lease=None)
+    lease = agent_lease(task)
+    revision = propose(task, lease, chain_plan("x"))
+    plan_accept(revision_id=revision.pk, expected_version=current(task).version, lease=lease)
     before = snapshot()
     with pytest.raises(InvalidTransition):
-        plan_accept(revision_id=revision.pk, expected_version=current(task).version, lease=None)
+        plan_accept(revision_id=revision.pk, expected_version=current(task).version, lease=lease)
     with pytest.raises(InvalidTransition):
-        plan_accept(revision_id=PlanRevision.objects.get(task=task, number=1).pk, expected_version=0, lease=None)
+        plan_accept(revision_id=PlanRevision.objects.get(task=task, number=1).pk, expected_version=0, lease=lease)
     assert snapshot() == before
 
 
 def test_plan_accept_refuses_a_stale_version_and_writes_nothing(make_task, agent_lease, clock) -> None:
     task = make_task()
-    revision = propose(task, agent_lease(task), chain_plan("x"))
+    lease = agent_lease(task)
+    revision = propose(task, lease, chain_plan("x"))
     before = snapshot()
     with pytest.raises(VersionConflict):
-        plan_accept(revision_id=revision.pk, expected_version=current(task).version - 1, lease=None)
+        plan_accept(revision_id=revision.pk, expected_version=current(task).version - 1, lease=lease)
     assert snapshot() == before
 
 
@@ -754,11 +756,11 @@ def test_plan_accept_refuses_a_proposal_older_than_the_current_plan(make_task, a
     lease = agent_lease(task)
     older = propose(task, lease, chain_plan("b"))
     newer = propose(task, lease, chain_plan("c"))
-    plan_accept(revision_id=newer.pk, expected_version=current(task).version, lease=None)
+    plan_accept(revision_id=newer.pk, expected_version=current(task).version, lease=lease)
     assert current(task).plan_version == 3
     before = snapshot()
     with pytest.raises(TaskError):
-        plan_accept(revision_id=older.pk, expected_version=current(task).version, lease=None)
+        plan_accept(revision_id=older.pk, expected_version=current(task).version, lease=lease)
     assert snapshot() == before
     assert current(task).plan_version == 3
 
@@ -774,7 +776,7 @@ def test_a_replan_keeps_an_identical_succeeded_node_and_does_not_redo_its_effect
     replan = chain_plan("a", "b")
     replan["nodes"][1]["input"] = {"prefix": "fixed/"}
     revision = propose(task, lease, replan)
-    accepted = plan_accept(revision_id=revision.pk, expected_version=current(task).version, lease=None)
+    accepted = plan_accept(revision_id=revision.pk, expected_version=current(task).version, lease=lease)
     old, new = nodes_of(task, 1), nodes_of(task, 2)
     assert new["a"].status == NodeStatus.SUCCEEDED
     assert new["a"].output == old["a"].output
@@ -800,7 +802,7 @@ def test_a_replan_resets_a_succeeded_node_whose_definition_changed(make_task, ag
     replan = chain_plan("a", "b")
     replan["nodes"][0]["max_attempts"] = 5
     revision = propose(task, lease, replan)
-    plan_accept(revision_id=revision.pk, expected_version=current(task).version, lease=None)
+    plan_accept(revision_id=revision.pk, expected_version=current(task).version, lease=lease)
     new = nodes_of(task, 2)
     assert (new["a"].status, new["a"].output, new["a"].attempts) == (NodeStatus.PENDING, {}, 0)
     assert next_directive(task_id=task.pk, lease=lease).node_key == "a"
@@ -812,7 +814,7 @@ def test_a_replan_resets_a_failed_node_even_when_unchanged(make_task, agent_leas
     run_node(task, lease, Committed(remote_id="r-a"))
     pause_on_invalid_params(task, lease)
     revision = propose(task, lease, chain_plan("a", "b"))
-    plan_accept(revision_id=revision.pk, expected_version=current(task).version, lease=None)
+    plan_accept(revision_id=revision.pk, expected_version=current(task).version, lease=lease)
     new = nodes_of(task, 2)
     assert (new["a"].status, new["b"].status) == (NodeStatus.SUCCEEDED, NodeStatus.PENDING)
 
@@ -832,7 +834,7 @@ def test_a_replan_does_not_keep_a_node_whose_input_comes_from_a_node_that_is_red
     replan["nodes"][0]["input"] = {"prefix": "elsewhere/"}
     replan["nodes"][1]["input"] = {"target": {"from": "a", "field": "remote_id"}}
     revision = propose(task, lease, replan)
-    plan_accept(revision_id=revision.pk, expected_version=current(task).version, lease=None)
+    plan_accept(revision_id=revision.pk, expected_version=current(task).version, lease=lease)
     new = nodes_of(task, 2)
     assert new["a"].status == NodeStatus.PENDING
     assert new["b"].status == NodeStatus.PENDING, "b must run again against a's new output"

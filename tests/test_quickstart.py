@@ -15,7 +15,7 @@ from tasks.lifecycle import NodeStatus, TaskStatus
 from tasks.models import Node, Task
 from tasks.outcomes import Committed, Outcome
 from tasks.plans import task_create
-from tasks.protocol import next_directive, record_outcome
+from tasks.protocol import next_directive, operation_start, record_outcome
 
 
 class StoreStandIn:

@@ -45,7 +45,7 @@ def test_an_unreachable_store_leaves_the_operation_unknown_and_stops(store) -> N
     lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="worker-1")
     store.fault("accept_then_drop", times=1)
     connector = ObjectStoreConnector(store.url)
-    first = run_steps(task_id=task.pk, lease=lease, connector=connector, max_steps=2)  # intent, send (dropped)
+    first = run_steps(task_id=task.pk, lease=lease, connector=connector, max_steps=1)  # one send (dropped)
     store.kill()
     report = run_steps(task_id=task.pk, lease=first.lease, connector=connector)
     assert report.stopped_by == "remote_unreachable"

@@ -1,0 +1,324 @@
+"""The decision rules (tasks/decisions.py) as tables of cases, without a database: a snapshot is built from rows
+that were never saved, and every case says what follows an outcome or which directive comes next.
+
+A test here touching the database would fail: none of them asks for the ``db`` fixture.
+"""
+
+import uuid
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from tasks import decisions, opkeys
+from tasks.cas import AtCommit
+from tasks.errors import (
+    BackoffActive,
+    BudgetExhausted,
+    CancelRequested,
+    InputsRecheckRequired,
+    NodeNotReady,
+    OperationsOpen,
+    TakeoverRequested,
+    TaskNotRunnable,
+)
+from tasks.lifecycle import FailureClass, OperationStatus, TaskStatus
+from tasks.models import Node, Operation, OperationPurpose, Task
+from tasks.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
+from tasks.snapshot import Snapshot
+
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
+UID = uuid.UUID(int=7)
+
+
+def task(**fields: Any) -> Task:
+    base: dict[str, Any] = {
+        "pk": 1,
+        "uid": UID,
+        "status": "running",
+        "version": 5,
+        "plan_version": 1,
+        "attempt_budget": 10,
+        "attempts_used": 1,
+        "input_refs": {},
+    }
+    return Task(**(base | fields))
+
+
+def node(key: str, pk: int, **fields: Any) -> Node:
+    base: dict[str, Any] = {
+        "task_id": 1,
+        "plan_version": 1,
+        "key": key,
+        "position": pk,
+        "action": "store.copy_batch",
+        "evidence": {"remote_id": True},
+        "max_attempts": 3,
+        "status": "pending",
+    }
+    return Node(pk=pk, **(base | fields))
+
+
+def operation(of: Node, status: str, pk: int = 100, **fields: Any) -> Operation:
+    base: dict[str, Any] = {
+        "task_id": 1,
+        "op_key": opkeys.effect(UID, 1, of.key, 0),
+        "action": of.action,
+        "request": {"action": of.action, "input": {}},
+        "status": status,
+        "purpose": OperationPurpose.EFFECT,
+    }
+    op = Operation(pk=pk, **(base | fields))
+    op.node = of
+    return op
+
+
+def snap(t: Task, nodes: list[Node], ops: list[Operation] = (), **extra: Any) -> Snapshot:  # type: ignore[assignment]
+    return Snapshot(
+        task=t, nodes=tuple(nodes), unsettled=tuple(ops), now=NOW, lease_expires_at=NOW + timedelta(seconds=30), **extra
+    )
+
+
+# --- what follows an outcome ----------------------------------------------------------------------------------------
+
+CASES: list[tuple[str, dict[str, Any], Outcome, str, dict[str, Any]]] = [
+    # (case, task fields, outcome, event, expected task fields of the change)
+    ("commit, last node", {}, Committed(remote_id="r"), "node_succeeded", {"status": "completed"}),
+    (
+        "commit, budget spent",
+        {"attempts_used": 10},
+        Committed(remote_id="r"),
+        "node_succeeded",
+        {"status": "completed"},
+    ),
+    ("accepted", {}, Accepted(remote_id="job"), "operation_accepted", {"status": "observing"}),
+    ("interrupted", {}, Failed(FailureClass.CONNECTION_INTERRUPTED), "operation_unknown", {}),
+    ("not found", {}, NotFound(), "operation_not_found", {}),
+    ("unprovable", {}, Unprovable(), "operation_unprovable", {"status": "paused", "status_reason": "unprovable"}),
+    ("400", {}, Failed(FailureClass.INVALID_PARAMS), "operation_rejected", {"status_reason": "needs_replan"}),
+    ("403", {}, Failed(FailureClass.PERMISSION_REVOKED), "operation_rejected", {"status_reason": "permission_revoked"}),
+    ("409", {}, Failed(FailureClass.CONFLICT), "operation_rejected", {"status_reason": "version_conflict"}),
+    ("503", {}, Failed(FailureClass.DEPENDENCY_UNAVAILABLE), "operation_rejected", {"status": "backing_off"}),
+    # A recorded cancel wins over everything: the last open operation settled means stopped.
+    (
+        "commit after cancel",
+        {"cancel_requested_at": NOW, "status": "stopping"},
+        Committed(remote_id="r"),
+        "node_succeeded",
+        {"status": "stopped"},
+    ),
+    (
+        "not found after cancel",
+        {"cancel_requested_at": NOW, "status": "stopping"},
+        NotFound(),
+        "operation_cancelled",
+        {"status": "stopped"},
+    ),
+    (
+        "unknown after cancel",
+        {"cancel_requested_at": NOW, "status": "stopping"},
+        Failed(FailureClass.CONNECTION_INTERRUPTED),
+        "operation_unknown",
+        {"status": "stopped_pending"},
+    ),
+    (
+        "503 after cancel",
+        {"cancel_requested_at": NOW, "status": "stopping"},
+        Failed(FailureClass.DEPENDENCY_UNAVAILABLE),
+        "operation_rejected",
+        {"status": "stopped"},
+    ),
+    # People hold the task: they decide its status.
+    ("commit with people", {"status": "human"}, Committed(remote_id="r"), "node_succeeded", {}),
+]
+
+
+@pytest.mark.parametrize(("fields", "outcome", "event", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_what_follows_an_outcome(
+    fields: dict[str, Any], outcome: Outcome, event: str, expected: dict[str, Any]
+) -> None:
+    a = node("a", 1, status="running", attempts=1)
+    op = operation(a, "dispatched")
+    change = decisions.settle(snap(task(**fields), [a], [op]), op, outcome)
+    assert change is not None
+    assert change.event == event
+    assert {k: change.task.get(k) for k in expected} == expected
+
+
+def test_a_commit_that_is_not_the_last_node_leaves_the_task_running() -> None:
+    a, b = node("a", 1, status="running", attempts=1), node("b", 2, depends_on=["a"])
+    op = operation(a, "dispatched")
+    change = decisions.settle(snap(task(), [a, b], [op]), op, Committed(remote_id="r"))
+    assert change is not None and change.task == {} and change.receipts[0].remote_id == "r"
+    assert change.nodes[0][1]["status"] == "succeeded"
+
+
+def test_a_commit_with_the_task_budget_spent_and_work_left_pauses_budget_exhausted() -> None:
+    a, b = node("a", 1, status="running", attempts=1), node("b", 2, depends_on=["a"])
+    op = operation(a, "dispatched")
+    change = decisions.settle(snap(task(attempts_used=10), [a, b], [op]), op, Committed(remote_id="r"))
+    assert change is not None
+    assert (change.task["status"], change.task["status_reason"]) == ("paused", "budget_exhausted")
+
+
+def test_a_503_with_the_node_budget_spent_pauses_instead_of_backing_off() -> None:
+    a = node("a", 1, status="running", attempts=3)
+    op = operation(a, "dispatched")
+    change = decisions.settle(snap(task(), [a], [op]), op, Failed(FailureClass.DEPENDENCY_UNAVAILABLE))
+    assert change is not None and change.task["status_reason"] == "budget_exhausted"
+
+
+def test_a_503_backs_off_from_the_commit_time_with_seeded_jitter() -> None:
+    a = node("a", 1, status="running", attempts=1)
+    op = operation(a, "dispatched")
+    change = decisions.settle(snap(task(), [a], [op]), op, Failed(FailureClass.DEPENDENCY_UNAVAILABLE))
+    assert change is not None
+    not_before = change.nodes[0][1]["not_before"]
+    assert isinstance(not_before, AtCommit) and not_before.offset > timedelta(0)
+    again = decisions.settle(snap(task(), [a], [op]), op, Failed(FailureClass.DEPENDENCY_UNAVAILABLE))
+    assert again is not None and again.nodes[0][1]["not_before"] == not_before  # deterministic per seed
+
+
+def test_a_query_that_times_out_on_an_unknown_operation_records_nothing() -> None:
+    a = node("a", 1, status="running", attempts=1)
+    op = operation(a, "unknown")
+    assert decisions.settle(snap(task(), [a], [op]), op, Failed(FailureClass.CONNECTION_INTERRUPTED)) is None
+
+
+def test_a_receipt_short_of_the_evidence_fails_the_node_and_keeps_the_receipt() -> None:
+    a = node("a", 1, status="running", attempts=1, evidence={"remote_id": True, "count": 100})
+    op = operation(a, "dispatched")
+    change = decisions.settle(snap(task(), [a], [op]), op, Committed(remote_id="r", count=99))
+    assert change is not None and change.event == "evidence_insufficient"
+    assert change.nodes[0][1]["status"] == "failed" and len(change.receipts) == 1
+    assert change.task["status_reason"] == "needs_replan"
+
+
+def test_an_unprovable_pause_is_left_with_an_input_recheck_when_a_fact_settles_it() -> None:
+    a = node("a", 1, status="running", attempts=1)
+    op = operation(a, "unknown", failure_class="unprovable")
+    paused = task(status="paused", status_reason="unprovable", status_detail="x")
+    b = node("b", 2, depends_on=["a"])
+    change = decisions.settle(snap(paused, [a, b], [op]), op, Committed(remote_id="r"))
+    assert change is not None
+    assert (change.task["status"], change.task["inputs_recheck_required"]) == ("running", True)
+
+
+def test_a_committed_compensation_pauses_for_a_replan() -> None:
+    a = node("a", 1, status="succeeded", attempts=1, compensation="store.restore_reference")
+    op = operation(a, "dispatched", purpose=OperationPurpose.COMPENSATION)
+    change = decisions.settle(snap(task(), [a], [op]), op, Committed(remote_id="undo"))
+    assert change is not None and change.event == "compensation_committed"
+    assert change.task["status_reason"] == "needs_replan"
+
+
+# --- starting a node ------------------------------------------------------------------------------------------------
+
+REFUSALS: list[tuple[str, dict[str, Any], dict[str, Any], type[Exception]]] = [
+    ("cancel recorded", {"cancel_requested_at": NOW, "status": "stopping"}, {}, CancelRequested),
+    ("paused", {"status": "paused", "status_reason": "input_changed"}, {}, TaskNotRunnable),
+    ("quarantined", {"status": "quarantined"}, {}, TaskNotRunnable),
+    ("with people", {"status": "human"}, {}, TaskNotRunnable),
+    ("recheck first", {"inputs_recheck_required": True}, {}, InputsRecheckRequired),
+    ("task budget", {"attempts_used": 10}, {}, BudgetExhausted),
+    ("node budget", {}, {"attempts": 3}, BudgetExhausted),
+    ("backoff", {}, {"not_before": NOW + timedelta(seconds=1)}, BackoffActive),
+]
+
+
+@pytest.mark.parametrize(
+    ("task_fields", "node_fields", "error"), [r[1:] for r in REFUSALS], ids=[r[0] for r in REFUSALS]
+)
+def test_start_refuses(task_fields: dict[str, Any], node_fields: dict[str, Any], error: type[Exception]) -> None:
+    a = node("a", 1, **node_fields)
+    with pytest.raises(error):
+        decisions.start(snap(task(**task_fields), [a]), "a")
+
+
+def test_start_refuses_while_a_takeover_is_reserved_or_an_operation_is_open() -> None:
+    a, b = node("a", 1, status="running", attempts=1), node("b", 2)
+    with pytest.raises(TakeoverRequested):
+        decisions.start(snap(task(), [b], reserved_for="ann"), "b")
+    with pytest.raises(OperationsOpen):
+        decisions.start(snap(task(), [a, b], [operation(a, "unknown")]), "b")
+    with pytest.raises(NodeNotReady):
+        decisions.start(snap(task(), [a, node("c", 3, depends_on=["a"])]), "c")
+
+
+def test_start_spends_an_attempt_on_a_new_op_key_and_none_on_sending_the_same_key_again() -> None:
+    a = node("a", 1)
+    a.retries = 0  # type: ignore[attr-defined]  # annotated by the snapshot's read: rejected operations so far
+    change, op = decisions.start(snap(task(attempts_used=0), [a]), "a")
+    assert op.op_key == opkeys.effect(UID, 1, "a", 0)
+    assert change.task["attempts_used"] == 1 and change.nodes[0][1]["attempts"] == 1
+    assert change.operations[0][1] == {"status": "dispatched", "dispatch_count": 1}
+    sent = replace_op(op, status="intent", dispatch_count=1, request_digest=op.request_digest)
+    running = node("a", 1, status="running", attempts=1)
+    sent.node = running
+    again, same = decisions.start(snap(task(attempts_used=1), [running], [sent]), "a")
+    assert same.op_key == op.op_key and "attempts_used" not in again.task and again.nodes == []
+    assert again.operations[0][1] == {"status": "dispatched", "dispatch_count": 2}
+
+
+def replace_op(op: Operation, **fields: Any) -> Operation:
+    new = Operation(**{f.attname: getattr(op, f.attname) for f in Operation._meta.concrete_fields})
+    new.pk = 100
+    for name, value in fields.items():
+        setattr(new, name, value)
+    return new
+
+
+# --- the directive --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("task_fields", "ops", "expected"),
+    [
+        ({"status": "completed"}, [], ("done", "")),
+        ({"status": "quarantined"}, [], ("stop", "quarantined")),
+        ({"status": "human"}, [], ("stop", "human_takeover")),
+        ({}, ["unknown"], ("reconcile", "unknown")),
+        ({"cancel_requested_at": NOW, "status": "stopping"}, ["dispatched"], ("reconcile", "dispatched")),
+        ({"cancel_requested_at": NOW, "status": "stopped_pending"}, [], ("stop", "cancel_requested")),
+        ({"status": "paused", "status_reason": "input_changed"}, [], ("stop", "input_changed")),
+        ({"inputs_recheck_required": True}, [], ("reconcile", "recheck_inputs")),
+        ({}, ["intent"], ("execute", "intent_registered")),
+        ({}, [], ("execute", "")),
+    ],
+)
+def test_the_directive(task_fields: dict[str, Any], ops: list[str], expected: tuple[str, str]) -> None:
+    a = node("a", 1, status="running" if ops else "pending", attempts=1 if ops else 0)
+    d = decisions.directive(snap(task(**task_fields), [a], [operation(a, s) for s in ops]))
+    assert (d.kind, d.reason) == expected
+
+
+def test_the_directive_stops_on_a_lost_or_expired_lease_and_a_reservation() -> None:
+    a = node("a", 1)
+    assert decisions.directive(replace(snap(task(), [a]), lease_expires_at=None)).reason == "lease_lost"
+    assert decisions.directive(replace(snap(task(), [a]), lease_expires_at=NOW)).reason == "lease_expired"
+    assert decisions.directive(snap(task(), [a], reserved_for="ann")).reason == "takeover_requested"
+
+
+def test_the_directive_waits_for_backoff_and_stops_at_an_approval_or_a_spent_budget() -> None:
+    later = NOW + timedelta(seconds=5)
+    d = decisions.directive(snap(task(), [node("a", 1, not_before=later)]))
+    assert (d.kind, d.until) == ("wait", later)
+    assert decisions.directive(snap(task(), [node("a", 1, action="approval")])).reason == "awaiting_approval"
+    assert decisions.directive(snap(task(), [node("a", 1, attempts=3)])).reason == "budget_exhausted"
+
+
+def test_an_intent_left_by_not_found_is_executed_again_with_its_op_key_even_on_a_spent_budget() -> None:
+    a = node("a", 1, status="running", attempts=3)
+    op = operation(a, OperationStatus.INTENT.value, dispatch_count=1)
+    d = decisions.directive(snap(task(attempts_used=10), [a], [op]))
+    assert (d.kind, d.op_key) == ("execute", op.op_key)
+
+
+def test_cancel_withdraws_intents_and_waits_for_what_is_in_flight() -> None:
+    a, b = node("a", 1, status="running", attempts=1), node("b", 2, status="running", attempts=1)
+    change = decisions.cancel(
+        snap(task(), [a, b], [operation(a, "intent"), operation(b, "dispatched", pk=101)]), by="user:ann", reason="stop"
+    )
+    assert change.task["status"] == TaskStatus.STOPPING
+    assert [fields["status"] for _op, fields in change.operations] == ["rejected"]

@@ -1,0 +1,134 @@
+"""The step's budget, pinned (as zulip pins its actions): at most 2 commits and 20 statements per node, BEGIN and
+COMMIT counted, directive reads included — on both backends. A new statement on this path is a decision: raise the
+figure here in the same commit, and say why.
+
+Statements are captured inside the test's own transaction, where each of the step's transactions is a SAVEPOINT and
+a RELEASE: exactly where BEGIN and COMMIT stand outside a test, so they count the same.
+"""
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from leases.models import Lease
+from tasks.connectors.base import Connector
+from tasks.models import Task
+from tasks.outcomes import Committed, NotFound, Outcome
+from tasks.protocol import next_directive, operation_start, record_outcome, step_settle, step_start
+from tasks.runner import run_steps
+from tasks.snapshot import task_snapshot
+from tests.conftest import chain_plan
+
+NODES = 10
+STATEMENTS_PER_NODE = 20  # the issue's budget, BEGIN and COMMIT counted
+COMMITS_PER_NODE = 2
+
+
+class Receipts(Connector):
+    """Commits at once; the receipt satisfies {"remote_id": true}."""
+
+    def submit(self, op_key: str, request: dict[str, Any]) -> Outcome:
+        return Committed(remote_id=f"r-{op_key[-12:]}")
+
+    def compensate(self, op_key: str, request: dict[str, Any]) -> Outcome:
+        return self.submit(op_key, request)
+
+    def lookup(self, op_key: str) -> Outcome:
+        return NotFound()
+
+    def current_version(self, locator: str) -> str:
+        return "1"
+
+    def delete(self, op_key: str, locator: str) -> Outcome:
+        return Committed(remote_id=f"d-{op_key[-12:]}")
+
+
+def commits(ctx: CaptureQueriesContext) -> int:
+    return sum(1 for q in ctx.captured_queries if q["sql"].startswith("RELEASE SAVEPOINT"))
+
+
+def test_a_node_through_run_steps_costs_two_commits_and_at_most_the_budget(make_task, agent_lease, clock) -> None:
+    task = make_task(chain_plan(*(f"n{i}" for i in range(NODES))))
+    lease = agent_lease(task, ttl=timedelta(minutes=5))
+    with CaptureQueriesContext(connection) as ctx:
+        report = run_steps(task_id=task.pk, lease=lease, connector=Receipts())
+    assert report.directive is not None and report.directive.kind == "done"
+    assert Task.objects.get(pk=task.pk).status == "completed"
+    statements = len(ctx.captured_queries)
+    print(f"\n[budget] {NODES} nodes: {statements} statements, {commits(ctx)} commits ({statements / NODES:.1f}/node)")
+    assert commits(ctx) == COMMITS_PER_NODE * NODES
+    assert statements <= STATEMENTS_PER_NODE * NODES
+    # Pinned exactly: three snapshot reads once, then per node 2 x (SAVEPOINT, lease, task, node, operation, event,
+    # RELEASE) and a receipt.
+    assert statements == 3 + NODES * 15
+
+
+@pytest.mark.parametrize("service", ["start", "settle"])
+def test_each_step_write_on_a_snapshot_is_one_transaction_of_pinned_statements(
+    make_task, agent_lease, clock, service: str
+) -> None:
+    task = make_task(chain_plan("a", "b"))
+    lease = agent_lease(task)
+    snap = task_snapshot(task_id=task.pk, lease=lease)
+    op, snap = step_start(snap, "a", lease=lease) if service == "settle" else (None, snap)
+    with CaptureQueriesContext(connection) as ctx:
+        if service == "start":
+            step_start(snap, "a", lease=lease)
+        else:
+            assert op is not None
+            step_settle(snap, op.op_key, Committed(remote_id="r-a"), lease=lease)
+    assert commits(ctx) == 1
+    # SAVEPOINT, lease heartbeat, task, node, operation, (receipt,) event, RELEASE
+    assert len(ctx.captured_queries) == (7 if service == "start" else 8), [q["sql"][:60] for q in ctx.captured_queries]
+
+
+@pytest.mark.parametrize(
+    ("service", "reads"),
+    [("next_directive", 3), ("operation_start", 3), ("record_outcome", 4)],
+)
+def test_the_public_services_read_one_snapshot_and_no_more(
+    make_task, agent_lease, clock, service: str, reads: int
+) -> None:
+    """Without a snapshot each service reads one (three queries; record_outcome finds the task of its op key
+    first) and never reads again after it writes."""
+    task = make_task(chain_plan("a", "b"))
+    lease = agent_lease(task)
+    call: Callable[[], object]
+    writes = 0
+    if service == "next_directive":
+        call = lambda: next_directive(task_id=task.pk, lease=lease)  # noqa: E731
+    elif service == "operation_start":
+        call = lambda: operation_start(task_id=task.pk, node_key="a", expected_version=task.version, lease=lease)  # noqa: E731
+        writes = 7
+    else:
+        op = operation_start(task_id=task.pk, node_key="a", expected_version=task.version, lease=lease)
+        call = lambda: record_outcome(  # noqa: E731
+            op_key=op.op_key, outcome=Committed(remote_id="r-a"), expected_version=task.version + 1, lease=lease
+        )
+        writes = 8
+    with CaptureQueriesContext(connection) as ctx:
+        call()
+    assert len(ctx.captured_queries) == reads + writes, [q["sql"][:60] for q in ctx.captured_queries]
+
+
+def test_a_lease_passed_as_a_token_needs_no_row(make_task, agent_lease, clock) -> None:
+    """Services take what a write needs of the lease (id, task, epoch, holder kind, ttl), not a model instance."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Token:
+        pk: int
+        task_id: int
+        epoch: int
+        holder_kind: str
+        ttl: timedelta | None
+
+    task = make_task(chain_plan("a"))
+    row: Lease = agent_lease(task)
+    token = Token(row.pk, row.task_id, row.epoch, row.holder_kind, row.ttl)
+    report = run_steps(task_id=task.pk, lease=token, connector=Receipts())  # type: ignore[arg-type]
+    assert report.directive is not None and report.directive.kind == "done"
