@@ -1,6 +1,7 @@
 """Reckon settings. Everything deployment-specific comes from the environment.
 
 DATABASE_URL      default: SQLite file data/reckon.sqlite3 (WAL, IMMEDIATE transactions, busy timeout)
+RECKON_CONN_MAX_AGE seconds a database connection is kept (default 600: persistent)
 CELERY_BROKER_URL default: filesystem broker under data/broker (no server); redis://… or amqp://… to scale out
 """
 
@@ -80,7 +81,9 @@ SQLITE_OPTIONS = {
 DATABASES = {
     "default": dj_database_url.parse(
         os.environ.get("DATABASE_URL", f"sqlite:///{DATA_DIR / 'reckon.sqlite3'}"),
-        conn_max_age=0,
+        # Persistent connections in every process (web and worker): a connection per step would cost a connect.
+        conn_max_age=int(os.environ.get("RECKON_CONN_MAX_AGE", "600")),
+        conn_health_checks=True,
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":

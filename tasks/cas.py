@@ -19,14 +19,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db import connection, transaction
+from django.db.models import F, OuterRef, Q
 
 from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
 from leases.models import Lease
 from leases.services import LeaseRef, lease_grace, lease_heartbeat, lease_refusal
+from tasks import sql
 from tasks.errors import (
     BudgetExhausted,
     CancelRequested,
@@ -48,7 +49,7 @@ from tasks.lifecycle import (
     permitted,
     task_can_move,
 )
-from tasks.models import Node, Operation, Receipt, Task, TempResource
+from tasks.models import Event, Node, Operation, Receipt, Task, TempResource
 from tasks.snapshot import Snapshot, after_write
 
 
@@ -165,12 +166,15 @@ def compare_and_set(
         if change.data:
             payload["data"] = jsonable(_resolved(change.data, now))
         event = chain_event(task=task, seq=version, type=change.event, payload=payload, at=now)
-        condition = Q(pk=task_id, version=expected_version, status__in=[s.value for s in statuses])
-        condition &= Q(**change.requires)
+        where, params = _task_condition(task_id, expected_version, statuses, change.requires)
         if (change.kind, actor) in NEEDS_FREE_TASK:
-            condition &= ~Q(Exists(_held(now)))
-        update = {**task_fields, "version": F("version") + 1, "updated_at": now, "log_head": event.digest}
-        if Task.objects.filter(condition).update(**update) != 1:
+            where += (
+                " AND NOT EXISTS (SELECT 1 FROM leases_lease l WHERE l.task_id = tasks_task.id"
+                " AND l.released_at IS NULL AND l.expires_at > %s)"
+            )
+            params.append(connection.ops.adapt_datetimefield_value(now - lease_grace()))
+        update = {**task_fields, "updated_at": now, "log_head": event.digest}
+        if sql.update(Task, update, where=where, params=params, increments=("version",)) != 1:
             _raise_refusal(task_id, expected_version, change, lease, actor, now)
         for name, value in task_fields.items():  # the row as the UPDATE left it, without reading it again
             setattr(task, name, value)
@@ -182,10 +186,9 @@ def compare_and_set(
             if op.pk is None:
                 inserted.append(op)
             _write_operation(task_id, op, fields, now)
-        if change.receipts:
-            for receipt in change.receipts:
-                receipt.received_at = now
-            Receipt.objects.bulk_create(change.receipts)
+        for receipt in change.receipts:
+            receipt.received_at = now
+            receipt.pk = sql.insert(Receipt, sql.row_values(receipt, _RECEIPT_COLUMNS))
         if change.temp_resources:
             retention: timedelta = settings.RECKON_TEMP_RETENTION
             for temp in change.temp_resources:
@@ -195,7 +198,7 @@ def compare_and_set(
             failpoint("after_receipt", task_id=task_id)
         if before_event is not None:
             before_event(task, now)
-        event.save(force_insert=True)
+        sql.insert(Event, sql.row_values(event, _EVENT_COLUMNS), returning=False)
     new_snapshot = None
     if snapshot is not None:
         new_snapshot = after_write(
@@ -285,14 +288,19 @@ def _logged_operation(op: Operation, fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def _write_node(task_id: int, node: Node, fields: dict[str, Any], requires: dict[str, Any]) -> None:
-    if node.pk is None:
+    if node.pk is None:  # a plan's new nodes (plan acceptance), not the step's path
         for name, value in fields.items():
             setattr(node, name, value)
         node.task_id = task_id
         node.save(force_insert=True)
         return
-    if Node.objects.filter(pk=node.pk, task_id=task_id, status=node.status, **requires).update(**fields) != 1:
-        if "attempts__lt" in requires:
+    where = "id = %s AND task_id = %s AND status = %s"
+    if requires:
+        if requires != {"attempts__lt": F("max_attempts")}:
+            raise ValueError(f"unknown node condition {requires!r}")
+        where += " AND attempts < max_attempts"
+    if sql.update(Node, fields, where=where, params=[node.pk, task_id, node.status]) != 1:
+        if requires:
             raise BudgetExhausted(f"node {node.key} used its {node.max_attempts} attempts", scope="node", node=node.key)
         raise VersionConflict(f"node {node.key} changed under the task version", node=node.key)
 
@@ -304,10 +312,42 @@ def _write_operation(task_id: int, op: Operation, fields: dict[str, Any], now: d
         op.task_id = task_id
         if op.registered_at is None:
             op.registered_at = now
-        op.save(force_insert=True)
+        op.pk = sql.insert(Operation, sql.row_values(op, _OPERATION_COLUMNS))
+        op._state.adding = False
         return
-    if Operation.objects.filter(pk=op.pk, task_id=task_id, status=op.status).update(**fields) != 1:
+    where = "id = %s AND task_id = %s AND status = %s"
+    if sql.update(Operation, fields, where=where, params=[op.pk, task_id, op.status]) != 1:
         raise VersionConflict(f"operation {op.op_key} changed under the task version", op_key=op.op_key)
+
+
+def _concrete(model: type[Any]) -> tuple[str, ...]:
+    return tuple(f.attname for f in model._meta.concrete_fields if not f.primary_key)
+
+
+_OPERATION_COLUMNS = _concrete(Operation)
+_RECEIPT_COLUMNS = _concrete(Receipt)
+_EVENT_COLUMNS = _concrete(Event)
+
+
+def _task_condition(
+    task_id: int, expected_version: int, statuses: frozenset[Any], requires: dict[str, Any]
+) -> tuple[str, list[Any]]:
+    """The task row's UPDATE condition: version, the table's statuses, and the change's own conditions (a closed
+    vocabulary: REQUIRES_ERRORS)."""
+    ordered = sorted(s.value for s in statuses)
+    where = f"id = %s AND version = %s AND status IN ({', '.join(['%s'] * len(ordered))})"
+    params: list[Any] = [task_id, expected_version, *ordered]
+    for lookup, value in requires.items():
+        if lookup == "cancel_requested_at__isnull":
+            where += " AND cancel_requested_at IS NULL" if value else " AND cancel_requested_at IS NOT NULL"
+        elif lookup == "inputs_recheck_required":
+            where += " AND inputs_recheck_required = %s"
+            params.append(bool(value))
+        elif lookup == "attempts_used__lt" and value == F("attempt_budget"):
+            where += " AND attempts_used < attempt_budget"
+        else:
+            raise ValueError(f"unknown task condition {lookup}={value!r}: add it to REQUIRES_ERRORS and here")
+    return where, params
 
 
 def _check_transitions(task: Task, change: Change) -> None:
