@@ -33,6 +33,7 @@ INSTALLED_APPS = [
     "leases",
     "audit",
     "retention",
+    "agents",
     "harness",
 ]
 

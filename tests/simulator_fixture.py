@@ -8,7 +8,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tasks.killmatrix import StoreProcess
+from harness.killmatrix import StoreProcess
 from tasks.lifecycle import FailureClass
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,7 +23,7 @@ REFUSALS = [
 
 
 class Simulator:
-    """The store's process (tasks/killmatrix.py's StoreProcess), restartable on the same state file."""
+    """The store's process (harness/killmatrix.py's StoreProcess), restartable on the same state file."""
 
     def __init__(self, state: Path) -> None:
         self.state = state

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from harness.simulator import STAGING_PREFIX
 from tasks.connectors.base import Connector
 from tasks.connectors.objectstore import Idempotency, ObjectStoreConnector
-from tasks.connectors.simulator import STAGING_PREFIX
 from tasks.lifecycle import FailureClass
 from tasks.outcomes import Committed, Failed, NotFound, Outcome, Unprovable
 from tests.simulator_fixture import REFUSALS, Simulator

@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 
-from tasks.killmatrix import SCENARIOS
+from harness.killmatrix import SCENARIOS
 from tests.simulator_fixture import ROOT
 
 TASKS = int(os.environ.get("RECKON_MATRIX_TASKS", "2"))

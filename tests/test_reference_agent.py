@@ -8,11 +8,11 @@ import pytest
 
 from agents import migrate_project
 from audit.principals import Principal
+from harness.simulator import STAGING_PREFIX
 from leases.models import Lease
 from leases.services import lease_acquire, lease_release
 from tasks.cleanup import cleanup_temp_resources
 from tasks.connectors.objectstore import ObjectStoreConnector
-from tasks.connectors.simulator import STAGING_PREFIX
 from tasks.failpoints import FailpointHit, configure
 from tasks.lifecycle import FailureClass, OperationStatus, TaskStatus
 from tasks.models import Event, Operation, OperationPurpose, Receipt, Task, TempResource, TempResourceStatus

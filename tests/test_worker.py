@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from agents.demo import migration_plan
+from harness.killmatrix import database_url
 from tasks.jobs import drive_task, recovery_scan
-from tasks.killmatrix import database_url
 from tasks.lifecycle import NodeStatus, OperationStatus
 from tasks.models import Node, Operation, Task
 from tasks.plans import task_create

@@ -138,7 +138,7 @@ class StoreProcess:
     """The simulator, as its own process, on a free loopback port."""
 
     def __init__(self, state: Path) -> None:
-        command = [sys.executable, "-m", "tasks.connectors.simulator", "--port", "0", "--state", str(state)]
+        command = [sys.executable, "-m", "harness.simulator", "--port", "0", "--state", str(state)]
         self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)  # noqa: S603
         out = self.process.stdout
         ready = select.select([out], [], [], 15)[0] if out is not None else []

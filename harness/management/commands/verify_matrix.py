@@ -1,4 +1,4 @@
-"""manage.py verify_matrix — the kill matrix (tasks/killmatrix.py) on a throw-away database of its own."""
+"""manage.py verify_matrix — the kill matrix (harness/killmatrix.py) on a throw-away database of its own."""
 
 import os
 import subprocess
@@ -14,7 +14,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
-from tasks import killmatrix
+from harness import killmatrix
 
 
 class Command(BaseCommand):

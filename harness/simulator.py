@@ -1,6 +1,6 @@
 """An external object store, run as its own process, that a migration agent copies into (DESIGN §9).
 
-    python -m tasks.connectors.simulator --port 0 --state /path/state.json
+    python -m harness.simulator --port 0 --state /path/state.json
 
 Stdlib only. Prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Every mutation is
 persisted (temp file + ``os.replace``) before it is answered, so a SIGKILL never loses a committed write.
