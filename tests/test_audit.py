@@ -3,6 +3,7 @@ same transaction as the change it records, free of secrets — each rule tried a
 
 import io
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -41,6 +42,7 @@ pytestmark = pytest.mark.django_db
 JUSTIFICATION = "agent worker-7 has been wedged for an hour"
 IMPACT = "its in-flight copy is reconciled by op key afterwards"
 REVIEW_NOTE = "agreed: the worker was stuck and nothing was lost"
+CREATOR = Principal.agent("tester")  # make_task's tasks are created by agent:tester: it may cancel them
 GITHUB_TOKEN = "ghp_" + "a1B2c3D4e5" * 3
 URL_WITH_PASSWORD = "https://deploy:hunter2@store.example/bucket"
 
@@ -252,7 +254,7 @@ def test_a_stale_takeover_submit_writes_no_audit_row(make_task, clock) -> None:
     claim = takeover_claim(actor=ann, task_id=task.pk)
     assert claim.lease is not None
     form_version = current(task).version
-    task_request_cancel(actor=Principal.agent("agent-1"), task_id=task.pk, reason="the customer withdrew the order")
+    task_request_cancel(actor=CREATOR, task_id=task.pk, reason="the customer withdrew the order")
     before = snapshot()
     with pytest.raises(VersionConflict, match="cancel_requested"):
         takeover_submit(
@@ -328,7 +330,7 @@ def _scenario_review(make_task: Callable[..., Task], agent_lease: Any) -> Callab
 
 def _scenario_cancel(make_task: Callable[..., Task], agent_lease: Any) -> Callable[[], object]:
     task = make_task(chain_plan("a"))
-    return lambda: task_request_cancel(actor=Principal.agent("agent-1"), task_id=task.pk, reason="not needed now")
+    return lambda: task_request_cancel(actor=CREATOR, task_id=task.pk, reason="not needed now")
 
 
 def _scenario_grant(make_task: Callable[..., Task], agent_lease: Any) -> Callable[[], object]:
@@ -368,7 +370,7 @@ def _scenario_plan_accepted_after_replan(make_task: Callable[..., Task], agent_l
         lease=lease,
     )
     version = current(task).version
-    return lambda: plan_accept(revision_id=revision.pk, expected_version=version, lease=None)
+    return lambda: plan_accept(revision_id=revision.pk, expected_version=version, lease=lease)
 
 
 AUDITED_CHANGES = {
@@ -437,7 +439,12 @@ def test_after_a_full_scenario_no_audit_row_carries_a_secret_and_the_chain_verif
     lease_release(lease=lease)
     held = takeover_claim(actor=ann, task_id=task.pk).lease
     assert held is not None
-    held = takeover_renew(actor=ann, lease=held, expected_renewal_seq=held.renewal_seq)
+    clock.advance(timedelta(seconds=30))
+    audited = AuditEvent.objects.count()
+    renewed = takeover_renew(actor=ann, lease=held, expected_renewal_seq=held.renewal_seq)
+    assert (renewed.renewal_seq, renewed.expires_at > held.expires_at) == (held.renewal_seq + 1, True)
+    assert AuditEvent.objects.count() == audited, "a renewal extends the lease and is not audited row by row"
+    held = renewed
 
     def resolve(note: str) -> object:
         return operation_resolve_by_person(
@@ -473,7 +480,7 @@ def test_after_a_full_scenario_no_audit_row_carries_a_secret_and_the_chain_verif
         expected_version=current(task).version,
         lease=lease,
     )
-    plan_accept(revision_id=revision.pk, expected_version=current(task).version, lease=None)
+    plan_accept(revision_id=revision.pk, expected_version=current(task).version, lease=lease)
 
     def force(justification: str) -> ForcedRelease:
         return lease_force_release(actor=root, task_id=task.pk, justification=justification, impact=IMPACT)
@@ -508,7 +515,6 @@ def test_after_a_full_scenario_no_audit_row_carries_a_secret_and_the_chain_verif
         "permission_granted",
         "takeover_requested",
         "takeover_granted",
-        "takeover_renewed",
         "operation_resolved_by_person",
         "takeover_result_submitted",
         "plan_accepted_after_replan",
