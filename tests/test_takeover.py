@@ -897,6 +897,32 @@ def test_a_persons_results_are_committed_operations_settled_by_them_and_the_log_
     assert verify_audit().problem is None
 
 
+def test_a_person_still_records_work_done_by_hand_once_a_cancel_stopped_the_task(make_task, clock, root) -> None:
+    """Invariant 6: what was committed is recorded, never faked as rolled back — also what a person did by hand
+    while holding the takeover (tasks.takeover._decision_fields: "a recorded cancel keeps its stopping/stopped
+    status; the operator's receipts still count"). A cancel with nothing in flight stops the task at once; the
+    operator who holds the takeover must still be able to submit the result. (Worked before the reshape; the
+    permit table now allows an operator's DECIDE only in human/stopping/stopped_pending.)"""
+    task = make_task(chain_plan("a", "b"))
+    ann = operator_for(root, task, "ann")
+    lease = granted(ann, task)
+    stopped = task_request_cancel(actor=ann, task_id=task.pk, reason="the customer withdrew the order")
+    assert stopped.status == TaskStatus.STOPPED
+
+    ended = takeover_submit(
+        actor=ann,
+        lease=lease,
+        based_on_version=version(task),
+        decision="end_task",
+        end_status="failed",
+        results=[NodeResult(node_key="a", remote_id="r-a")],
+    )
+
+    assert ended.status == TaskStatus.STOPPED
+    assert node(task, "a").status == NodeStatus.SUCCEEDED
+    assert lease_open(task.pk) is None
+
+
 # --- 5. settling an operation by hand ---------------------------------------------------------------------------
 
 
@@ -1021,6 +1047,25 @@ def test_settling_as_not_done_never_records_a_commit(make_task, agent_lease, clo
     assert Operation.objects.get(pk=op.pk).status != OperationStatus.COMMITTED
     assert not Receipt.objects.filter(operation=op).exists()
     assert node(task, "switch").status != NodeStatus.SUCCEEDED
+
+
+def test_settling_the_last_open_operation_of_a_cancelled_task_as_not_done_stops_it(
+    make_task, agent_lease, clock, root
+) -> None:
+    """DESIGN §5: "stopped with operations still to reconcile" is shown only while some are. Once a person settles
+    the last one as not done, nothing is left to reconcile: the task is stopped, as when a query by op key says
+    not found (the "done" path, through the protocol's settle, gets this right; _record_not_done writes no task
+    status, and nothing moves the task afterwards — it stays stopped_pending for good)."""
+    task = make_task(chain_plan("a", "b"))
+    ann = operator_for(root, task, "ann")
+    op, lease = handed_over(task, agent_lease, ann, "a", unknown=True)
+    cancelled = task_request_cancel(actor=ann, task_id=task.pk, reason="the customer withdrew the order")
+    assert cancelled.status == TaskStatus.STOPPED_PENDING
+
+    resolve(ann, lease, op, "not_done", note="nothing in the remote's history")
+
+    assert Operation.objects.get(pk=op.pk).status == OperationStatus.REJECTED
+    assert fresh(task).status == TaskStatus.STOPPED
 
 
 def test_compensating_commits_the_original_and_registers_a_new_operation(make_task, agent_lease, clock, root) -> None:
