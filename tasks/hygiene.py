@@ -75,12 +75,13 @@ _AUTH_SCHEME = re.compile(r"\b(Bearer|Basic)\s+([A-Za-z0-9._~+/=-]{8,})")
 # "password=…", "passwd: x", "X-Api-Key: …", "Authorization: Bearer …", '"token": "…"', "?token=…", "API key: …" —
 # or a command-line flag, "--password …". The name is judged like a key (one word, or two: "API key"), so prose
 # that only talks about credentials ("the password policy was reviewed", "token bucket rate limit") has no
-# separator and value and is not refused. A lookahead finds overlapping candidates ("note: password=…").
+# separator and value and is not refused. A lookahead finds overlapping candidates ("note: password=…"); every
+# part is bounded (a value is judged on its first 64 characters), so a scan stays linear in the text's length.
 _NAMED_VALUE = re.compile(
     r"(?<![A-Za-z0-9_])(?=(?P<name>[A-Za-z][\w.-]{0,63}(?: [A-Za-z][\w.-]{0,63})?)[\"']?\s*(?:=>|[:=])"
-    r"\s*[\"']?(?P<value>[^\s\"',;&]+))"
+    r"\s*[\"']?(?P<value>[^\s\"',;&]{1,64}))"
 )
-_FLAG_VALUE = re.compile(r"(?<![\w-])--(?P<name>[A-Za-z][\w-]{0,63})(?:=|\s+)[\"']?(?P<value>[^\s\"'-][^\s\"']*)")
+_FLAG_VALUE = re.compile(r"(?<![\w-])--(?P<name>[A-Za-z][\w-]{0,63})(?:=|\s+)[\"']?(?P<value>[^\s\"'-][^\s\"']{0,63})")
 # "pass" alone is ambiguous in text ("checks pass=3 fail=0"); every other credential word counts.
 _TEXT_AMBIGUOUS = frozenset({"pass"})
 # A value that is a redaction or the word of an error message ("token: expired", "password: required",

@@ -2,6 +2,7 @@
 the scanner (``manage.py verify_log``) when something slipped in anyway."""
 
 import json
+import time
 import uuid
 from collections.abc import Callable
 from io import StringIO
@@ -300,6 +301,16 @@ def test_it_does_not_take_prose_about_credentials_for_a_credential(text: str) ->
     for place, _path in TEXT_PLACES:
         assert list(scan_payload(place(text))) == []
         check_payload(place(text), what="event")
+
+
+@pytest.mark.parametrize("unit", ["a:", "a=b", "--a=b", "a b:", "://a:b"])
+def test_scanning_text_stays_linear_in_its_length(unit: str) -> None:
+    """Every string of every payload is scanned: text made to make a pattern backtrack must not stall a write
+    (a quadratic scan of 200 KB takes minutes, a linear one well under a second)."""
+    text = unit * (200_000 // len(unit))
+    started = time.perf_counter()
+    assert list(scan_payload({"note": text})) == []
+    assert time.perf_counter() - started < 10
 
 
 def test_record_outcome_refuses_a_password_in_receipt_text_and_writes_nothing(make_task, agent_lease, clock) -> None:
