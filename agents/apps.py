@@ -1,6 +1,19 @@
+"""The reference agents as an app: at start-up it registers the actions its plans name and, per task kind, the
+connector a worker drives such a task with (tasks/actions.py, tasks/registry.py). The domain never imports it."""
+
 from django.apps import AppConfig
 
 
 class AgentsConfig(AppConfig):
     name = "agents"
     verbose_name = "Reckon reference agents"
+
+    def ready(self) -> None:
+        from agents import migrate_project
+        from tasks.actions import register_action
+        from tasks.registry import register_kind
+
+        for name, description in migrate_project.STORE_ACTIONS.items():
+            register_action(name, description=description)
+        # The demo (agents/demo.py, manage.py load_demo) is a task of the same kind.
+        register_kind(migrate_project.KIND, connector=migrate_project.connector)

@@ -15,11 +15,30 @@ never by what a model proposes: ``n`` objects are ``ceil(n / max_batch)`` batche
 
 from typing import Any
 
+from django.conf import settings
+
 from tasks.connectors.objectstore import ObjectStoreConnector
 from tasks.models import Task
 from tasks.plans import task_create
 
 KIND = "migrate_project"
+# The object store's actions a plan of this kind may name (registered at start-up by agents/apps.py).
+STORE_ACTIONS = {
+    "store.prepare_target": "create the target bucket/prefix for a project",
+    "store.copy_batch": "copy one batch of objects, bounded by the remote's transaction",
+    "store.verify_digests": "verify the digests of copied objects",
+    "store.switch_reference": "point the project's reference at the new location",
+    "store.restore_reference": "point the reference back (compensation of switch)",
+    "store.delete_objects": "delete objects by locator (cleanup, irreversible)",
+}
+
+
+def connector() -> ObjectStoreConnector:
+    """The connector a worker drives a task of this kind with: the configured store
+    (``RECKON_OBJECTSTORE_URL``), deduping by op key or, with ``RECKON_OBJECTSTORE_IDEMPOTENCY=tag``, by tag."""
+    if settings.RECKON_OBJECTSTORE_IDEMPOTENCY == "tag":
+        return ObjectStoreConnector(settings.RECKON_OBJECTSTORE_URL, idempotency="tag")
+    return ObjectStoreConnector(settings.RECKON_OBJECTSTORE_URL, idempotency="remote")
 
 
 def batches(objects: int, max_batch: int) -> list[int]:

@@ -91,3 +91,9 @@ class PayloadTooLarge(PayloadRejected):
 
 class SecretInPayload(PayloadRejected):
     code = "secret_in_payload"
+
+
+class UnknownTaskKind(TaskError):
+    """No app registered this task kind (tasks/registry.py): no worker knows which connector drives it."""
+
+    code = "unknown_task_kind"

@@ -6,11 +6,11 @@ import socket
 from typing import Any
 
 from celery import Task, shared_task
-from django.conf import settings
 
 from leases import clock
-from tasks.connectors.objectstore import ObjectStoreConnector
+from tasks.models import Task as TaskRow
 from tasks.recovery import tasks_needing_work
+from tasks.registry import connector_for
 from tasks.runner import run_task_once
 
 # A wake-up asked for further away than this is left to the recovery scan (it finds the task from the database).
@@ -21,15 +21,15 @@ def _holder_id() -> str:
     return f"worker:{socket.gethostname()}:{os.getpid()}"
 
 
-def connector() -> ObjectStoreConnector:
-    if settings.RECKON_OBJECTSTORE_IDEMPOTENCY == "tag":
-        return ObjectStoreConnector(settings.RECKON_OBJECTSTORE_URL, idempotency="tag")
-    return ObjectStoreConnector(settings.RECKON_OBJECTSTORE_URL, idempotency="remote")
-
-
 @shared_task(name="tasks.drive_task", acks_late=True, ignore_result=True, bind=True)
 def drive_task(self: Task[Any, Any], task_id: int, seen_version: int | None = None) -> str:
-    wake = run_task_once(task_id=task_id, holder_id=_holder_id(), connector=connector(), seen_version=seen_version)
+    """One wake-up, with the connector registered for the task's kind (tasks/registry.py); a kind no app registered
+    raises UnknownTaskKind (the worker logs it; the task is left as it is, for the scan to find again)."""
+    kind = TaskRow.objects.filter(pk=task_id).values_list("kind", flat=True).first()
+    if kind is None:
+        return "skipped: task_not_found"
+    connector = connector_for(kind)
+    wake = run_task_once(task_id=task_id, holder_id=_holder_id(), connector=connector, seen_version=seen_version)
     if wake.wake_at is not None:
         # Backoff or an accepted operation to observe: ask for the next wake-up. Losing this message costs only
         # latency (the scan finds the task); a duplicate finds nothing to do.
