@@ -431,6 +431,28 @@ def _failed(snap: Snapshot, op: Operation, outcome: Failed, data: dict[str, Any]
     )
 
 
+def settle_not_done(snap: Snapshot, op: Operation, *, by: str) -> Change:
+    """A person holding the takeover confirms ``op`` never took effect (the remote could not say): the operation is
+    rejected as not done, its node may run again under a new op key, and a recorded cancel moves on as with any
+    other settlement."""
+    if op.status not in OPEN_OPERATION_STATUSES:
+        raise InvalidTransition(f"operation {op.op_key} is {op.status}: nothing to settle")
+    node = op.node
+    fields = {
+        "status": OperationStatus.REJECTED.value,
+        "failure_class": "not_done",
+        "failure_detail": f"confirmed not done by {by}"[:500],
+        "settled_by": by,
+    }
+    return Change(
+        event="operation_resolved_not_done",
+        task=_after_settling(snap, op, OperationStatus.REJECTED),
+        nodes=[(node, {"status": NodeStatus.PENDING.value})] if node.status != NodeStatus.PENDING else [],
+        operations=[(op, fields)],
+        data={"op_key": op.op_key, "by": by},
+    )
+
+
 def _compensation_committed(snap: Snapshot, op: Operation, outcome: Committed) -> Change:
     """The remote committed a compensation: its receipt is kept as evidence; the node it undoes keeps its own
     receipt too (both happened). The plan no longer describes what is true, so the task pauses ``needs_replan``

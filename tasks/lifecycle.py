@@ -218,7 +218,8 @@ PERMITS: dict[tuple[ChangeKind, Actor], frozenset[TaskStatus]] = {
     (ChangeKind.CANCEL, Actor.SYSTEM): _ACTIVE | {_T.PAUSED, _T.HUMAN},  # the agent or system that created it
     (ChangeKind.TAKEOVER, Actor.PERSON): NOT_ENDED,
     (ChangeKind.TAKEOVER, Actor.OPERATOR): NOT_ENDED,
-    (ChangeKind.DECIDE, Actor.OPERATOR): _SETTLING | {_T.HUMAN},
+    # A cancel may stop the task while a person holds it: what they did by hand is still recorded as it happened.
+    (ChangeKind.DECIDE, Actor.OPERATOR): _SETTLING | {_T.HUMAN, _T.STOPPED},
     (ChangeKind.PROPOSE, Actor.AGENT): _ACTIVE | {_T.PAUSED},
     (ChangeKind.PROPOSE, Actor.OPERATOR): frozenset({_T.HUMAN}),
     # Accepted only while nobody advances the old plan; without a lease only when nobody holds the task.

@@ -64,7 +64,11 @@ def require_cancel(principal: Principal, task: Task, *, lease: Any = None) -> No
     if principal.kind == "user":
         require_operate(principal, task)
         return
-    holds = lease is not None and lease.task_id == task.pk and lease.holder_id == principal.id
+    holds = (
+        lease is not None
+        and principal.kind == "agent"
+        and (lease.holder_kind, lease.task_id, lease.holder_id) == ("agent", task.pk, principal.id)
+    )
     created = task.created_by in (principal.id, str(principal))
     if not (holds or created):
         raise PermissionDenied(

@@ -37,7 +37,7 @@ from leases.services import (
     lease_reserve,
     lease_unreserve,
 )
-from tasks import opkeys
+from tasks import decisions, opkeys
 from tasks.attachments import AttachmentIn, store_attachment
 from tasks.cas import Audit, Change, audited_compare_and_set, compare_and_set
 from tasks.decisions import receipt_summary, succeeded_fields
@@ -480,15 +480,18 @@ def operation_resolve_by_person(
         raise InvalidTransition(f"unknown resolution {resolution!r}")
     with transaction.atomic():
         before = expected_version
+        snap = task_snapshot(task_id=op.task_id, lease=lease)
+        if snap.version != expected_version:
+            raise _stale_form(snap.task, expected_version)
         if receipt is not None:
-            snap = task_snapshot(task_id=op.task_id, lease=lease)
-            if snap.version != expected_version:
-                raise _stale_form(snap.task, expected_version)
             step_settle(snap, op_key, receipt, lease=lease, settled_by=str(actor))
-            expected_version += 1
         else:
-            _record_not_done(op, expected_version, lease, actor)
-            expected_version += 1
+            settled = snap.operation(op_key)
+            if settled is None:  # settled meanwhile, at this very version: nothing outstanding
+                raise InvalidTransition(f"operation {op_key} has nothing outstanding to settle")
+            change = decisions.settle_not_done(snap, settled, by=str(actor))
+            compare_and_set(op.task_id, snap.version, change, lease=lease, snapshot=snap)
+        expected_version += 1
         if resolution == "compensate":
             _register_compensation(op, expected_version, lease, actor)
             expected_version += 1
@@ -508,32 +511,6 @@ def operation_resolve_by_person(
             },
         )
     return Operation.objects.get(pk=op.pk)
-
-
-def _record_not_done(op: Operation, expected_version: int, lease: Lease, actor: Principal) -> None:
-    node = op.node
-    compare_and_set(
-        op.task_id,
-        expected_version,
-        Change(
-            event="operation_resolved_not_done",
-            kind=ChangeKind.SETTLE,
-            nodes=[(node, {"status": NodeStatus.PENDING.value})] if node.status != NodeStatus.PENDING else [],
-            operations=[
-                (
-                    op,
-                    {
-                        "status": OperationStatus.REJECTED.value,
-                        "failure_class": "not_done",
-                        "failure_detail": f"confirmed not done by {actor}",
-                        "settled_by": str(actor),
-                    },
-                )
-            ],
-            data={"op_key": op.op_key, "by": str(actor)},
-        ),
-        lease=lease,
-    )
 
 
 def _register_compensation(op: Operation, expected_version: int, lease: Lease, actor: Principal) -> None:
