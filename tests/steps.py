@@ -18,12 +18,3 @@ def send(task: Task, lease: Lease, key: str) -> Operation:
 def record(op: Operation, outcome: Outcome, lease: Lease) -> Operation:
     return record_outcome(op_key=op.op_key, outcome=outcome, expected_version=version(op.task), lease=lease)
 
-
-# Transitional, for test files not yet ported to the one-commit start (removed once they are): registering an
-# intent and dispatching it are one commit now, so "register" starts the operation and "dispatch" returns it.
-def register(task: Task, lease: Lease, key: str) -> Operation:
-    return send(task, lease, key)
-
-
-def dispatch(op: Operation, lease: Lease) -> Operation:
-    return op
