@@ -29,6 +29,7 @@ from django.contrib.auth.models import Group, User
 
 from agents import migrate_project
 from audit.principals import Principal
+from tasks.cancel import task_request_cancel
 from tasks.cleanup import ENDED
 from tasks.connectors.objectstore import Idempotency, ObjectStoreConnector
 from tasks.errors import TaskError
@@ -37,7 +38,6 @@ from tasks.failpoints import hits
 from tasks.jobs import drive_task, recovery_scan
 from tasks.lifecycle import OPEN_OPERATION_STATUSES, NodeStatus, OperationStatus, TaskStatus
 from tasks.models import Event, Node, Operation, OperationPurpose, Receipt, Task, TempResource, TempResourceStatus
-from tasks.protocol import task_request_cancel
 from tasks.takeover import NodeResult, takeover_claim, takeover_submit
 from tasks.verification import find_problems
 

@@ -19,13 +19,13 @@ from leases.models import Lease
 from tasks import opkeys
 from tasks.cas import Change, compare_and_set
 from tasks.connectors.base import Connector
-from tasks.decisions import receipt_of, receipt_summary
 from tasks.failpoints import failpoint
 from tasks.lifecycle import OPEN_OPERATION_STATUSES, ChangeKind, FailureClass, OperationStatus, TaskStatus
 from tasks.models import Operation, OperationPurpose, Task, TempResource, TempResourceStatus
 from tasks.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
 from tasks.plans import digest_of
 from tasks.queries import get_task
+from tasks.receipts import receipt_of, receipt_summary
 
 ENDED = (TaskStatus.COMPLETED.value, TaskStatus.STOPPED.value, TaskStatus.FAILED.value)
 MAX_CLEANUP_ATTEMPTS = 3

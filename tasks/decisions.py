@@ -41,9 +41,10 @@ from tasks.lifecycle import (
     PauseReason,
     TaskStatus,
 )
-from tasks.models import Node, Operation, OperationPurpose, Receipt, Task, TempResource
+from tasks.models import Node, Operation, OperationPurpose, Task, TempResource
 from tasks.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
 from tasks.plans import digest_of
+from tasks.receipts import receipt_of, receipt_summary, succeeded_fields, temp_locators
 from tasks.snapshot import Snapshot
 
 type DirectiveKind = Literal["execute", "reconcile", "wait", "stop", "done"]
@@ -561,47 +562,6 @@ def pause(task: Task, reason: PauseReason, detail: str) -> dict[str, Any]:
 
 
 _pause = pause
-
-
-# ------------------------------------------------------------------------------------------------ receipts
-
-
-def receipt_of(op: Operation, outcome: Committed) -> Receipt:
-    """The receipt row for what the remote committed (inserted by the recording compare-and-set)."""
-    return Receipt(
-        operation=op,
-        remote_id=outcome.remote_id,
-        remote_version=outcome.remote_version,
-        count=outcome.count,
-        digest=outcome.digest,
-        data=outcome.data,
-    )
-
-
-RECEIPT_FIELDS = ("remote_id", "remote_version", "count", "digest")
-
-
-def receipt_summary(receipt: Any) -> dict[str, Any]:
-    """The receipt as the log records it, and as a node's output holds it (tasks/verification.py compares)."""
-    return {name: getattr(receipt, name) for name in RECEIPT_FIELDS}
-
-
-def succeeded_fields(receipt: Receipt | Committed) -> dict[str, Any]:
-    """A node's fields once a receipt proved its effect."""
-    return {
-        "status": NodeStatus.SUCCEEDED.value,
-        "output": receipt_summary(receipt),
-        "last_error_class": "",
-        "next_allowed_action": "",
-        "not_before": None,
-    }
-
-
-def temp_locators(outcome: Committed) -> list[str]:
-    temp = outcome.data.get("temp", [])
-    if not isinstance(temp, list) or not all(isinstance(t, str) and t and len(t) <= 500 for t in temp):
-        raise EvidenceInsufficient("a receipt's temp resources must be a list of locators")
-    return list(dict.fromkeys(temp))
 
 
 # ------------------------------------------------------------------------------------------------ inputs, cancel

@@ -42,11 +42,12 @@ from tasks.failures import ALLOWED_DESTINATIONS, resolved_destinations
 from tasks.hygiene import NODE_INPUT_CAP_BYTES, PLAN_CAP_BYTES, canonical_json, check_payload
 from tasks.lifecycle import OPEN_OPERATION_STATUSES, Actor, ChangeKind, FailureClass, NodeStatus, TaskStatus
 from tasks.models import Node, Operation, PlanRevision, ProposalStatus, Task
+from tasks.receipts import RECEIPT_FIELDS
 
 KEY_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,99}$")
 # Bounded so that the plan_accepted event (one entry per node) stays under the event payload cap.
 MAX_NODES = 100
-OUTPUT_FIELDS = ("remote_id", "remote_version", "count", "digest")
+OUTPUT_FIELDS = RECEIPT_FIELDS
 REF_FIELDS = ("source", "locator", "version", "digest")
 EVIDENCE_KEYS = ("remote_id", "count", "digest", "remote_version")
 NODE_KEYS = {

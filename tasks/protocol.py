@@ -14,18 +14,14 @@ leaves its op keys to the reconciler.
 
 from typing import Any
 
-from audit.principals import Principal
 from leases.services import LeaseRef
 from tasks import decisions
-from tasks.cas import Applied, Audit, audited_compare_and_set, compare_and_set
-from tasks.decisions import Directive, receipt_of, receipt_summary, resolved_input
+from tasks.cas import Applied, compare_and_set
+from tasks.decisions import Directive, resolved_input
 from tasks.errors import InvalidTransition, TaskNotFound, VersionConflict
-from tasks.hygiene import check_payload
-from tasks.lifecycle import OPEN_OPERATION_STATUSES, TERMINAL_TASK_STATUSES, Actor, TaskStatus
+from tasks.lifecycle import OPEN_OPERATION_STATUSES
 from tasks.models import Node, Operation, Task
 from tasks.outcomes import Outcome
-from tasks.permissions import require_cancel
-from tasks.queries import get_task
 from tasks.snapshot import Snapshot, task_snapshot
 
 __all__ = [
@@ -34,13 +30,10 @@ __all__ = [
     "next_directive",
     "open_operations",
     "operation_start",
-    "receipt_of",
-    "receipt_summary",
     "record_outcome",
     "resolve_input",
     "step_settle",
     "step_start",
-    "task_request_cancel",
 ]
 
 
@@ -131,36 +124,6 @@ def inputs_confirm(*, task_id: int, current_versions: dict[str, str], expected_v
         task_id, snap.version, decisions.confirm_inputs(snap, current_versions), lease=lease, snapshot=snap
     )
     return _written(applied).task
-
-
-def task_request_cancel(*, actor: Principal, task_id: int, reason: str, lease: LeaseRef | None = None) -> Task:
-    """Record a cancel. From now on no operation can start; intents never sent are withdrawn; what is in flight
-    settles (stopping) and is recorded as it truly ended.
-
-    Who may: a person allowed to operate the task (holding its takeover lease or not), the agent holding the
-    task's lease (``lease``), or the agent or system that created the task. Asking twice changes nothing. Audited.
-    """
-    check_payload({"reason": reason}, what="cancel reason")
-    for _attempt in range(10):
-        snap = task_snapshot(task_id=task_id, lease=lease)
-        task = snap.task
-        require_cancel(actor, task, lease=lease)
-        if task.cancel_requested_at is not None or task.status in TERMINAL_TASK_STATUSES | {TaskStatus.QUARANTINED}:
-            return task
-        change = decisions.cancel(snap, by=str(actor), reason=reason)
-        try:
-            audited_compare_and_set(
-                task_id,
-                snap.version,
-                change,
-                lease=lease,
-                actor=None if lease is not None else Actor.PERSON if actor.kind == "user" else Actor.SYSTEM,
-                audit=Audit(actor, "cancel_requested", reason=reason),
-            )
-        except VersionConflict:
-            continue
-        return get_task(task_id)
-    raise VersionConflict(f"task {task_id} kept changing; the cancel was not recorded, ask again")
 
 
 def open_operations(task_id: int) -> list[Operation]:

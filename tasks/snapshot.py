@@ -60,7 +60,8 @@ def _now_expression() -> Func | Value:
     sql, params = clock.now_sql()
     if params:
         return Value(params[0], output_field=DateTimeField())
-    return Func(template=sql.replace("%", "%%"), output_field=DateTimeField())  # the database server's clock
+    # The template is %-formatted by the expression, then again with the query's parameters: double twice.
+    return Func(template=sql.replace("%", "%%%%"), output_field=DateTimeField())  # the database server's clock
 
 
 def task_snapshot(*, task_id: int, lease: LeaseRef | None = None) -> Snapshot:

@@ -40,7 +40,6 @@ from leases.services import (
 from tasks import decisions, opkeys
 from tasks.attachments import AttachmentIn, store_attachment
 from tasks.cas import Audit, Change, audited_compare_and_set, compare_and_set
-from tasks.decisions import receipt_summary, succeeded_fields
 from tasks.errors import (
     EvidenceInsufficient,
     InvalidTransition,
@@ -70,6 +69,7 @@ from tasks.permissions import PermissionDenied, require_admin, require_operate
 from tasks.plans import digest_of
 from tasks.protocol import resolve_input, step_settle
 from tasks.queries import get_task as _task
+from tasks.receipts import receipt_summary, succeeded_fields
 from tasks.snapshot import task_snapshot
 
 MIN_FORCE_TEXT = 20  # characters of justification and of impact, at least

@@ -15,6 +15,7 @@ from tasks.hygiene import scan_payload
 from tasks.lifecycle import Actor, ChangeKind, TaskStatus
 from tasks.models import Event, Node, PlanRevision, ProposalStatus, Receipt, Task
 from tasks.plans import NodeSpec, digest_of, validate_plan
+from tasks.receipts import RECEIPT_FIELDS
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def _receipt_problems(task: Task) -> list[str]:
         logged.update(data.get("receipts", {}))
     problems = []
     for receipt in Receipt.objects.filter(operation__task=task).select_related("operation"):
-        fields = {name: getattr(receipt, name) for name in ("remote_id", "remote_version", "count", "digest")}
+        fields = {name: getattr(receipt, name) for name in RECEIPT_FIELDS}
         if logged.get(receipt.operation.op_key) != fields:
             problems.append(f"receipt of {receipt.operation.op_key} is not the one the log recorded")
     return problems

@@ -17,13 +17,14 @@ from audit.services import GENESIS, audit_append, verify_audit
 from leases.clock import ControllableClock
 from leases.models import ForcedRelease, Lease
 from leases.services import lease_release
+from tasks.cancel import task_request_cancel
 from tasks.errors import SecretInPayload, VersionConflict
 from tasks.hygiene import scan_payload
 from tasks.models import Task
 from tasks.outcomes import Committed
 from tasks.permissions import permission_grant, permission_revoke
 from tasks.plans import plan_accept, plan_propose
-from tasks.protocol import next_directive, operation_start, task_request_cancel
+from tasks.protocol import next_directive, operation_start
 from tasks.takeover import (
     NodeResult,
     TakeoverRefused,

@@ -11,14 +11,14 @@ from django.db import connection
 
 from audit.principals import Principal
 from leases.models import Lease
+from tasks.cancel import task_request_cancel
 from tasks.events import GENESIS_DIGEST, find_log_problem
 from tasks.lifecycle import FailureClass, NodeStatus, TaskStatus
 from tasks.models import Event, Node, Receipt, Task
 from tasks.outcomes import Accepted, Committed, Failed, NotFound, Unprovable
-from tasks.protocol import task_request_cancel
 from tasks.verification import task_verify_log
 from tests.conftest import chain_plan, effect_node, snapshot
-from tests.steps import record, send, version
+from tests.steps import record, send
 
 
 def quote(name: str) -> str:

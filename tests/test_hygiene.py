@@ -14,6 +14,7 @@ from django.db import connection
 
 from audit.principals import Principal
 from leases.models import Lease
+from tasks.cancel import task_request_cancel
 from tasks.errors import PayloadTooLarge, PlanInvalid, SecretInPayload
 from tasks.events import append_event, event_digest, find_log_problem
 from tasks.hygiene import (
@@ -28,7 +29,7 @@ from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, PauseReas
 from tasks.models import Event, Operation, Receipt, Task
 from tasks.outcomes import Committed, Failed, Outcome
 from tasks.plans import MAX_NODES, plan_propose, task_create
-from tasks.protocol import next_directive, operation_start, record_outcome, task_request_cancel
+from tasks.protocol import next_directive, operation_start, record_outcome
 from tasks.takeover import lease_force_release
 from tasks.verification import find_secrets, task_verify_log
 from tests.conftest import chain_plan, effect_node, person, snapshot

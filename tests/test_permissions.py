@@ -12,9 +12,10 @@ from audit.models import AuditEvent
 from audit.principals import Principal
 from leases.models import ForcedRelease, Lease
 from leases.services import lease_open, lease_release
+from tasks.cancel import task_request_cancel
 from tasks.models import ScopeGrant, Task
 from tasks.permissions import PermissionDenied, permission_grant, permission_revoke
-from tasks.protocol import next_directive, operation_start, task_request_cancel
+from tasks.protocol import next_directive, operation_start
 from tasks.takeover import (
     forced_release_review,
     lease_force_release,

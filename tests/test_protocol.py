@@ -14,6 +14,7 @@ from leases.errors import LeaseExpired, LeaseLost, LeaseRefused
 from leases.models import Lease
 from leases.services import lease_release
 from tasks import opkeys
+from tasks.cancel import task_request_cancel
 from tasks.cas import Change, compare_and_set
 from tasks.errors import (
     BackoffActive,
@@ -35,7 +36,7 @@ from tasks.models import Event, Node, Operation, Receipt, Task
 from tasks.outcomes import Accepted, Committed, Failed, NotFound, Unprovable
 from tasks.permissions import PermissionDenied
 from tasks.plans import plan_accept, plan_propose
-from tasks.protocol import next_directive, operation_start, record_outcome, step_start, task_request_cancel
+from tasks.protocol import next_directive, operation_start, record_outcome, step_start
 from tasks.snapshot import task_snapshot
 from tasks.verification import task_quarantine
 from tests.conftest import SOURCE_REF, chain_plan, copy_node, effect_node, snapshot

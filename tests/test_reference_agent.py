@@ -11,13 +11,13 @@ from audit.principals import Principal
 from harness.simulator import STAGING_PREFIX
 from leases.models import Lease
 from leases.services import lease_acquire, lease_release
+from tasks.cancel import task_request_cancel
 from tasks.cleanup import cleanup_temp_resources
 from tasks.connectors.objectstore import ObjectStoreConnector
 from tasks.failpoints import FailpointHit, configure
 from tasks.lifecycle import FailureClass, OperationStatus, TaskStatus
 from tasks.models import Event, Operation, OperationPurpose, Receipt, Task, TempResource, TempResourceStatus
 from tasks.outcomes import Committed, Failed, Outcome
-from tasks.protocol import task_request_cancel
 from tasks.recovery import tasks_needing_work
 from tasks.runner import recheck_receipts, run_steps, run_task_once
 from tasks.takeover import operation_resolve_by_person, takeover_claim, takeover_submit

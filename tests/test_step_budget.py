@@ -67,6 +67,16 @@ def test_a_node_through_run_steps_costs_two_commits_and_at_most_the_budget(make_
     assert statements == 3 + NODES * 15
 
 
+def test_the_step_path_runs_on_the_database_servers_own_clock(make_task, agent_lease) -> None:
+    """No test clock: the snapshot's and the heartbeat's time come from the database in the statement itself."""
+    task = make_task(chain_plan("a", "b"))
+    lease = agent_lease(task, ttl=timedelta(minutes=5))
+    before = Lease.objects.get(pk=lease.pk).expires_at
+    report = run_steps(task_id=task.pk, lease=lease, connector=Receipts())
+    assert report.directive is not None and report.directive.kind == "done"
+    assert Lease.objects.get(pk=lease.pk).expires_at >= before  # every write was a heartbeat
+
+
 @pytest.mark.parametrize("service", ["start", "settle"])
 def test_each_step_write_on_a_snapshot_is_one_transaction_of_pinned_statements(
     make_task, agent_lease, clock, service: str

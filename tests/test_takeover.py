@@ -36,6 +36,7 @@ from leases.errors import (
 )
 from leases.models import ForcedRelease, Lease, ReleaseReason
 from leases.services import lease_open, lease_release, lease_renew, lease_reservation
+from tasks.cancel import task_request_cancel
 from tasks.cas import Change, compare_and_set
 from tasks.errors import (
     EvidenceInsufficient,
@@ -56,7 +57,6 @@ from tasks.permissions import PermissionDenied, permission_grant, permission_rev
 from tasks.protocol import (
     inputs_confirm,
     next_directive,
-    task_request_cancel,
 )
 from tasks.takeover import (
     MIN_FORCE_TEXT,

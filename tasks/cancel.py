@@ -1,0 +1,46 @@
+"""Cancel: who may ask, and what it records (DESIGN §5). From the recorded cancel on, nothing new starts — the
+permit table refuses every start of a task whose cancel is recorded — intents never sent are withdrawn, and what is
+in flight settles and is recorded as it truly ended (tasks/decisions.py decides the status: stopping, stopped_pending,
+stopped)."""
+
+from audit.principals import Principal
+from leases.services import LeaseRef
+from tasks import decisions
+from tasks.cas import Audit, audited_compare_and_set
+from tasks.errors import VersionConflict
+from tasks.hygiene import check_payload
+from tasks.lifecycle import TERMINAL_TASK_STATUSES, Actor, TaskStatus
+from tasks.models import Task
+from tasks.permissions import require_cancel
+from tasks.queries import get_task
+from tasks.snapshot import task_snapshot
+
+
+def task_request_cancel(*, actor: Principal, task_id: int, reason: str, lease: LeaseRef | None = None) -> Task:
+    """Record a cancel. From now on no operation can start; intents never sent are withdrawn; what is in flight
+    settles (stopping) and is recorded as it truly ended.
+
+    Who may: a person allowed to operate the task (holding its takeover lease or not), the agent holding the
+    task's lease (``lease``), or the agent or system that created the task. Asking twice changes nothing. Audited.
+    """
+    check_payload({"reason": reason}, what="cancel reason")
+    for _attempt in range(10):
+        snap = task_snapshot(task_id=task_id, lease=lease)
+        task = snap.task
+        require_cancel(actor, task, lease=lease)
+        if task.cancel_requested_at is not None or task.status in TERMINAL_TASK_STATUSES | {TaskStatus.QUARANTINED}:
+            return task
+        change = decisions.cancel(snap, by=str(actor), reason=reason)
+        try:
+            audited_compare_and_set(
+                task_id,
+                snap.version,
+                change,
+                lease=lease,
+                actor=None if lease is not None else Actor.PERSON if actor.kind == "user" else Actor.SYSTEM,
+                audit=Audit(actor, "cancel_requested", reason=reason),
+            )
+        except VersionConflict:
+            continue
+        return get_task(task_id)
+    raise VersionConflict(f"task {task_id} kept changing; the cancel was not recorded, ask again")
