@@ -38,7 +38,11 @@ from tasks.failpoints import hits
 from tasks.jobs import drive_task, recovery_scan
 from tasks.lifecycle import OPEN_OPERATION_STATUSES, NodeStatus, OperationStatus, TaskStatus
 from tasks.models import Event, Node, Operation, OperationPurpose, Receipt, Task, TempResource, TempResourceStatus
-from tasks.takeover import NodeResult, takeover_claim, takeover_submit
+from tasks.takeover import (
+    NodeResult,
+    takeover_claim,
+    takeover_submit,
+)
 from tasks.verification import find_problems
 
 ROOT = Path(settings.BASE_DIR)

@@ -1,4 +1,5 @@
-"""Human takeover (DESIGN §7): claim, renew, release, decide, settle by hand, forced release and its review.
+"""Human takeover (DESIGN §7): claim, renew, release and decide (settlement by hand: tasks/settlement.py; forced
+release and its review: tasks/forced_release.py).
 
 Lease and takeover states (per task)::
 
@@ -26,10 +27,9 @@ from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
 from leases.errors import LeaseHeld, LeaseReserved
-from leases.models import ForcedRelease, HolderKind, Lease, ReviewStatus
+from leases.models import HolderKind, Lease
 from leases.services import (
     lease_acquire,
-    lease_force_close,
     lease_open,
     lease_release,
     lease_renew,
@@ -37,7 +37,7 @@ from leases.services import (
     lease_reserve,
     lease_unreserve,
 )
-from tasks import decisions, opkeys
+from tasks import opkeys
 from tasks.attachments import AttachmentIn, store_attachment
 from tasks.cas import Audit, Change, audited_compare_and_set, compare_and_set
 from tasks.errors import (
@@ -45,8 +45,6 @@ from tasks.errors import (
     InvalidTransition,
     OperationsOpen,
     TakeoverHeld,
-    TaskError,
-    TaskNotFound,
     TaskNotRunnable,
     VersionConflict,
 )
@@ -63,20 +61,12 @@ from tasks.lifecycle import (
     PauseReason,
     TaskStatus,
 )
-from tasks.models import Attachment, Event, Node, Operation, OperationPurpose, Receipt, Task
-from tasks.outcomes import Committed
+from tasks.models import Attachment, Event, Node, Operation, Receipt, Task
 from tasks.permissions import PermissionDenied, require_admin, require_operate
 from tasks.plans import digest_of
-from tasks.protocol import resolve_input, step_settle
+from tasks.protocol import resolve_input
 from tasks.queries import get_task as _task
 from tasks.receipts import receipt_summary, succeeded_fields
-from tasks.snapshot import task_snapshot
-
-MIN_FORCE_TEXT = 20  # characters of justification and of impact, at least
-
-
-class TakeoverRefused(TaskError):
-    code = "takeover_refused"
 
 
 @dataclass(frozen=True)
@@ -440,202 +430,6 @@ def _decision_fields(
         "status_reason": PauseReason.NEEDS_REPLAN.value,
         "status_detail": replan_reason[:500],
     }
-
-
-Resolution = Literal["done", "not_done", "compensate"]
-
-
-def operation_resolve_by_person(
-    *,
-    actor: Principal,
-    lease: Lease,
-    op_key: str,
-    expected_version: int,
-    resolution: Resolution,
-    receipt: Committed | None = None,
-    note: str = "",
-) -> Operation:
-    """A person holding the takeover lease settles an operation the remote could not settle.
-
-    ``done``: it happened, and ``receipt`` proves it (checked against the node's evidence spec).
-    ``not_done``: it never took effect; the node may run again (a new op key).
-    ``compensate``: it happened (``receipt``), and a compensation is registered as a new operation with its
-    own op key, to be sent like any other. Each is audited.
-    """
-    _own_lease(actor, lease)
-    op = Operation.objects.select_related("node", "task").filter(op_key=op_key).first()
-    if op is None:
-        raise TaskNotFound(f"no operation with op key {op_key!r}")
-    require_operate(actor, op.task)
-    if op.status not in OPEN_OPERATION_STATUSES:
-        raise InvalidTransition(f"operation {op_key} is {op.status}: nothing to settle")
-    if resolution in ("done", "compensate") and (receipt is None or not receipt.remote_id):
-        raise EvidenceInsufficient(f"settling {op_key} as done needs the receipt (with its remote id) that proves it")
-    if resolution == "not_done" and receipt is not None:
-        raise InvalidTransition(f"{op_key} confirmed not done cannot come with a receipt of a commit")
-    check_payload({"note": note, "receipt": receipt.data if receipt else {}}, what="settlement")
-    if resolution == "compensate" and not op.node.compensation:
-        raise InvalidTransition(f"node {op.node.key} has no compensation action")
-    if resolution not in ("done", "not_done", "compensate"):
-        raise InvalidTransition(f"unknown resolution {resolution!r}")
-    with transaction.atomic():
-        before = expected_version
-        snap = task_snapshot(task_id=op.task_id, lease=lease)
-        if snap.version != expected_version:
-            raise _stale_form(snap.task, expected_version)
-        if receipt is not None:
-            step_settle(snap, op_key, receipt, lease=lease, settled_by=str(actor))
-        else:
-            settled = snap.operation(op_key)
-            if settled is None:  # settled meanwhile, at this very version: nothing outstanding
-                raise InvalidTransition(f"operation {op_key} has nothing outstanding to settle")
-            change = decisions.settle_not_done(snap, settled, by=str(actor))
-            compare_and_set(op.task_id, snap.version, change, lease=lease, snapshot=snap)
-        expected_version += 1
-        if resolution == "compensate":
-            _register_compensation(op, expected_version, lease, actor)
-            expected_version += 1
-        audit_append(
-            actor=actor,
-            action="operation_resolved_by_person",
-            at=clock.now(),
-            task_id=op.task_id,
-            lease_epoch=lease.epoch,
-            version_before=before,
-            version_after=expected_version,
-            reason=note,
-            details={
-                "op_key": op_key,
-                "resolution": resolution,
-                "receipt": receipt_summary(receipt) if receipt else None,
-            },
-        )
-    return Operation.objects.get(pk=op.pk)
-
-
-def _register_compensation(op: Operation, expected_version: int, lease: Lease, actor: Principal) -> None:
-    node = op.node
-
-    def build(current: Task, now: datetime) -> Change:
-        # The compensation acts on what the effect was sent with, and names the effect it undoes.
-        original = op.request.get("input", {}) if isinstance(op.request, dict) else {}
-        request = {"action": node.compensation, "input": original, "compensates": op.op_key, "remote_id": op.remote_id}
-        compensation = Operation(
-            node=node,
-            op_key=opkeys.compensation(op.op_key),
-            action=node.compensation,
-            target=op.target,
-            request=request,
-            request_digest=digest_of(request),
-            registered_at=now,
-            compensates=op,
-            purpose=OperationPurpose.COMPENSATION.value,
-        )
-        return Change(
-            event="compensation_registered",
-            kind=ChangeKind.DECIDE,
-            operations=[(compensation, {"status": OperationStatus.INTENT.value})],
-            data={"op_key": compensation.op_key, "compensates": op.op_key, "by": str(actor)},
-            requires={"cancel_requested_at__isnull": True},
-        )
-
-    compare_and_set(op.task_id, expected_version, build, lease=lease)
-
-
-def lease_force_release(*, actor: Principal, task_id: int, justification: str, impact: str) -> ForcedRelease:
-    """An admin removes whoever holds the task's lease. Needs a justification and an impact statement
-    (each at least MIN_FORCE_TEXT characters). Records the removed holder, the epoch, the task version and
-    the operations open at that moment; the removed holder can write nothing more (its epoch's lease is
-    closed, and the task version moves). The release waits in a review queue for another admin."""
-    require_admin(actor, "force-release a lease")
-    for label, text in (("justification", justification), ("impact", impact)):
-        if len(text.strip()) < MIN_FORCE_TEXT:
-            raise TakeoverRefused(f"a forced release needs a {label} of at least {MIN_FORCE_TEXT} characters")
-    check_payload({"justification": justification, "impact": impact}, what="forced release")
-    task = _task(task_id)
-    with transaction.atomic():
-        holder = lease_open(task_id)
-        if holder is None:
-            raise TakeoverRefused(f"task {task_id} has no lease to release")
-        open_ops = list(
-            Operation.objects.filter(task=task, status__in=[s.value for s in OPEN_OPERATION_STATUSES]).values(
-                "op_key", "status"
-            )
-        )
-        closed = lease_force_close(lease=holder)
-        current = _task(task_id)
-        applied = compare_and_set(
-            task_id,
-            current.version,
-            Change(
-                event="lease_forced_release",
-                kind=ChangeKind.FORCE_RELEASE,
-                data={"by": str(actor), "holder": f"{holder.holder_kind}:{holder.holder_id}", "epoch": holder.epoch},
-            ),
-            lease=None,
-            actor=Actor.PERSON,
-        )
-        forced = ForcedRelease.objects.create(
-            lease=closed,
-            task=task,
-            forced_by=str(actor),
-            forced_by_user=actor.user,
-            forced_at=applied.at,
-            justification=justification,
-            impact=impact,
-            removed_holder=f"{holder.holder_kind}:{holder.holder_id}",
-            epoch=holder.epoch,
-            task_version=current.version,
-            open_operations=open_ops,
-        )
-        audit_append(
-            actor=actor,
-            action="lease_forced_release",
-            at=applied.at,
-            task_id=task_id,
-            lease_epoch=holder.epoch,
-            version_before=current.version,
-            version_after=applied.version,
-            reason=justification,
-            impact=impact,
-            details={"removed_holder": forced.removed_holder, "open_operations": open_ops, "review": forced.pk},
-        )
-        return forced
-
-
-def forced_release_review(
-    *, actor: Principal, forced_release_id: int, verdict: Literal["accepted", "disputed"], note: str
-) -> ForcedRelease:
-    """Another admin — never the one who forced it — accepts or disputes a forced release, with a note."""
-    require_admin(actor, "review a forced release")
-    forced = ForcedRelease.objects.filter(pk=forced_release_id).first()
-    if forced is None:
-        raise TaskNotFound(f"no forced release {forced_release_id}")
-    same_user = actor.user is not None and forced.forced_by_user_id == actor.user.pk
-    if forced.forced_by == str(actor) or same_user:
-        raise PermissionDenied("a forced release is reviewed by another admin, not by the one who forced it")
-    if verdict not in (ReviewStatus.ACCEPTED, ReviewStatus.DISPUTED):
-        raise InvalidTransition(f"a review is accepted or disputed, not {verdict!r}")
-    if len(note.strip()) < MIN_FORCE_TEXT:
-        raise TakeoverRefused(f"a review needs a note of at least {MIN_FORCE_TEXT} characters")
-    check_payload({"note": note}, what="review note")
-    with transaction.atomic():
-        now = clock.now()
-        updated = ForcedRelease.objects.filter(pk=forced.pk, status=ReviewStatus.PENDING).update(
-            status=verdict, reviewed_by=str(actor), reviewed_at=now, review_note=note
-        )
-        if updated != 1:
-            raise InvalidTransition(f"forced release {forced.pk} was already reviewed")
-        audit_append(
-            actor=actor,
-            action=f"forced_release_{verdict}",
-            at=now,
-            task_id=forced.task_id,
-            lease_epoch=forced.epoch,
-            reason=note,
-            details={"forced_release": forced.pk, "forced_by": forced.forced_by},
-        )
-    return ForcedRelease.objects.get(pk=forced.pk)
 
 
 def takeover_package(task_id: int) -> dict[str, Any]:

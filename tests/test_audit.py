@@ -19,18 +19,16 @@ from leases.models import ForcedRelease, Lease
 from leases.services import lease_release
 from tasks.cancel import task_request_cancel
 from tasks.errors import SecretInPayload, VersionConflict
+from tasks.forced_release import TakeoverRefused, forced_release_review, lease_force_release
 from tasks.hygiene import scan_payload
 from tasks.models import Task
 from tasks.outcomes import Committed
 from tasks.permissions import permission_grant, permission_revoke
 from tasks.plans import plan_accept, plan_propose
 from tasks.protocol import next_directive, operation_start
+from tasks.settlement import operation_resolve_by_person
 from tasks.takeover import (
     NodeResult,
-    TakeoverRefused,
-    forced_release_review,
-    lease_force_release,
-    operation_resolve_by_person,
     takeover_claim,
     takeover_release,
     takeover_renew,

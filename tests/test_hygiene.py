@@ -17,6 +17,7 @@ from leases.models import Lease
 from tasks.cancel import task_request_cancel
 from tasks.errors import PayloadTooLarge, PlanInvalid, SecretInPayload
 from tasks.events import append_event, event_digest, find_log_problem
+from tasks.forced_release import lease_force_release
 from tasks.hygiene import (
     NODE_INPUT_CAP_BYTES,
     PAYLOAD_CAP_BYTES,
@@ -30,7 +31,6 @@ from tasks.models import Event, Operation, Receipt, Task
 from tasks.outcomes import Committed, Failed, Outcome
 from tasks.plans import MAX_NODES, plan_propose, task_create
 from tasks.protocol import next_directive, operation_start, record_outcome
-from tasks.takeover import lease_force_release
 from tasks.verification import find_secrets, task_verify_log
 from tests.conftest import chain_plan, effect_node, person, snapshot
 

@@ -130,13 +130,13 @@ def test_a_race_between_two_acquirers_grants_exactly_one_lease(
     task_id = task.pk
     if connection.vendor == "postgresql":
         barrier = threading.Barrier(2, timeout=10)
-        read_version = services._task_version
+        read_state = services._task_state
 
-        def both_past_the_check(task_id: int) -> int:
+        def both_past_the_check(task_id: int) -> tuple[int, str]:
             barrier.wait()
-            return read_version(task_id)
+            return read_state(task_id)
 
-        monkeypatch.setattr(services, "_task_version", both_past_the_check)
+        monkeypatch.setattr(services, "_task_state", both_past_the_check)
     outcomes: dict[str, Lease | BaseException] = {}
 
     def contend(holder: str) -> None:

@@ -13,13 +13,12 @@ from audit.principals import Principal
 from leases.models import ForcedRelease, Lease
 from leases.services import lease_open, lease_release
 from tasks.cancel import task_request_cancel
+from tasks.forced_release import forced_release_review, lease_force_release
 from tasks.models import ScopeGrant, Task
 from tasks.permissions import PermissionDenied, permission_grant, permission_revoke
 from tasks.protocol import next_directive, operation_start
+from tasks.settlement import operation_resolve_by_person
 from tasks.takeover import (
-    forced_release_review,
-    lease_force_release,
-    operation_resolve_by_person,
     takeover_claim,
     takeover_release,
     takeover_submit,

@@ -20,7 +20,11 @@ from tasks.models import Event, Operation, OperationPurpose, Receipt, Task, Temp
 from tasks.outcomes import Committed, Failed, Outcome
 from tasks.recovery import tasks_needing_work
 from tasks.runner import recheck_receipts, run_steps, run_task_once
-from tasks.takeover import operation_resolve_by_person, takeover_claim, takeover_submit
+from tasks.settlement import operation_resolve_by_person
+from tasks.takeover import (
+    takeover_claim,
+    takeover_submit,
+)
 from tasks.verification import find_problems
 from tests.conftest import person as make_person
 from tests.conftest import snapshot

@@ -11,7 +11,10 @@ from tasks.lifecycle import OperationStatus, TaskStatus
 from tasks.models import Operation, Task
 from tasks.plans import task_create
 from tasks.runner import run_steps
-from tasks.takeover import takeover_claim, takeover_submit
+from tasks.takeover import (
+    takeover_claim,
+    takeover_submit,
+)
 
 pytestmark = pytest.mark.django_db
 

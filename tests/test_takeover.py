@@ -50,6 +50,7 @@ from tasks.errors import (
     TaskNotRunnable,
     VersionConflict,
 )
+from tasks.forced_release import MIN_FORCE_TEXT, TakeoverRefused, forced_release_review, lease_force_release
 from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, PauseReason, TaskStatus
 from tasks.models import Event, Node, Operation, Receipt, Task
 from tasks.outcomes import Committed, Failed, NotFound
@@ -58,13 +59,9 @@ from tasks.protocol import (
     inputs_confirm,
     next_directive,
 )
+from tasks.settlement import operation_resolve_by_person
 from tasks.takeover import (
-    MIN_FORCE_TEXT,
     NodeResult,
-    TakeoverRefused,
-    forced_release_review,
-    lease_force_release,
-    operation_resolve_by_person,
     takeover_claim,
     takeover_package,
     takeover_release,

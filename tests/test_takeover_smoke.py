@@ -5,6 +5,7 @@ import pytest
 from audit.models import AuditEvent
 from audit.services import verify_audit
 from leases.services import lease_release
+from tasks.forced_release import forced_release_review, lease_force_release
 from tasks.lifecycle import TaskStatus
 from tasks.models import Task
 from tasks.outcomes import Committed
@@ -12,8 +13,6 @@ from tasks.permissions import permission_grant
 from tasks.protocol import inputs_confirm, next_directive, operation_start
 from tasks.takeover import (
     NodeResult,
-    forced_release_review,
-    lease_force_release,
     takeover_claim,
     takeover_submit,
 )
@@ -37,7 +36,7 @@ def test_a_takeover_round_trip(make_task, agent_lease, clock) -> None:
     assert claim.granted and claim.lease is not None
     t = Task.objects.get(pk=task.pk)
     assert t.status == TaskStatus.HUMAN
-    from tasks.takeover import operation_resolve_by_person
+    from tasks.settlement import operation_resolve_by_person
 
     operation_resolve_by_person(
         actor=ann,

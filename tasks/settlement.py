@@ -1,0 +1,133 @@
+"""Settlement by hand: a person holding the takeover lease settles an operation the remote could not settle —
+it happened (with the receipt that proves it), it never took effect, or it happened and is to be compensated (a new
+operation with its own op key, sent like any other). Each is audited in the transaction of the change."""
+
+from datetime import datetime
+from typing import Literal
+
+from django.db import transaction
+
+from audit.principals import Principal
+from audit.services import audit_append
+from leases import clock
+from leases.models import Lease
+from tasks import decisions, opkeys
+from tasks.cas import Change, compare_and_set
+from tasks.errors import (
+    EvidenceInsufficient,
+    InvalidTransition,
+    TaskNotFound,
+)
+from tasks.hygiene import check_payload
+from tasks.lifecycle import (
+    OPEN_OPERATION_STATUSES,
+    ChangeKind,
+    OperationStatus,
+)
+from tasks.models import Operation, OperationPurpose, Task
+from tasks.outcomes import Committed
+from tasks.permissions import require_operate
+from tasks.plans import digest_of
+from tasks.protocol import step_settle
+from tasks.receipts import receipt_summary
+from tasks.snapshot import task_snapshot
+from tasks.takeover import _own_lease, _stale_form
+
+Resolution = Literal["done", "not_done", "compensate"]
+
+
+def operation_resolve_by_person(
+    *,
+    actor: Principal,
+    lease: Lease,
+    op_key: str,
+    expected_version: int,
+    resolution: Resolution,
+    receipt: Committed | None = None,
+    note: str = "",
+) -> Operation:
+    """A person holding the takeover lease settles an operation the remote could not settle.
+
+    ``done``: it happened, and ``receipt`` proves it (checked against the node's evidence spec).
+    ``not_done``: it never took effect; the node may run again (a new op key).
+    ``compensate``: it happened (``receipt``), and a compensation is registered as a new operation with its
+    own op key, to be sent like any other. Each is audited.
+    """
+    _own_lease(actor, lease)
+    op = Operation.objects.select_related("node", "task").filter(op_key=op_key).first()
+    if op is None:
+        raise TaskNotFound(f"no operation with op key {op_key!r}")
+    require_operate(actor, op.task)
+    if op.status not in OPEN_OPERATION_STATUSES:
+        raise InvalidTransition(f"operation {op_key} is {op.status}: nothing to settle")
+    if resolution in ("done", "compensate") and (receipt is None or not receipt.remote_id):
+        raise EvidenceInsufficient(f"settling {op_key} as done needs the receipt (with its remote id) that proves it")
+    if resolution == "not_done" and receipt is not None:
+        raise InvalidTransition(f"{op_key} confirmed not done cannot come with a receipt of a commit")
+    check_payload({"note": note, "receipt": receipt.data if receipt else {}}, what="settlement")
+    if resolution == "compensate" and not op.node.compensation:
+        raise InvalidTransition(f"node {op.node.key} has no compensation action")
+    if resolution not in ("done", "not_done", "compensate"):
+        raise InvalidTransition(f"unknown resolution {resolution!r}")
+    with transaction.atomic():
+        before = expected_version
+        snap = task_snapshot(task_id=op.task_id, lease=lease)
+        if snap.version != expected_version:
+            raise _stale_form(snap.task, expected_version)
+        if receipt is not None:
+            step_settle(snap, op_key, receipt, lease=lease, settled_by=str(actor))
+        else:
+            settled = snap.operation(op_key)
+            if settled is None:  # settled meanwhile, at this very version: nothing outstanding
+                raise InvalidTransition(f"operation {op_key} has nothing outstanding to settle")
+            change = decisions.settle_not_done(snap, settled, by=str(actor))
+            compare_and_set(op.task_id, snap.version, change, lease=lease, snapshot=snap)
+        expected_version += 1
+        if resolution == "compensate":
+            _register_compensation(op, expected_version, lease, actor)
+            expected_version += 1
+        audit_append(
+            actor=actor,
+            action="operation_resolved_by_person",
+            at=clock.now(),
+            task_id=op.task_id,
+            lease_epoch=lease.epoch,
+            version_before=before,
+            version_after=expected_version,
+            reason=note,
+            details={
+                "op_key": op_key,
+                "resolution": resolution,
+                "receipt": receipt_summary(receipt) if receipt else None,
+            },
+        )
+    return Operation.objects.get(pk=op.pk)
+
+
+def _register_compensation(op: Operation, expected_version: int, lease: Lease, actor: Principal) -> None:
+    node = op.node
+
+    def build(current: Task, now: datetime) -> Change:
+        # The compensation acts on what the effect was sent with, and names the effect it undoes.
+        original = op.request.get("input", {}) if isinstance(op.request, dict) else {}
+        request = {"action": node.compensation, "input": original, "compensates": op.op_key, "remote_id": op.remote_id}
+        compensation = Operation(
+            node=node,
+            op_key=opkeys.compensation(op.op_key),
+            action=node.compensation,
+            target=op.target,
+            request=request,
+            request_digest=digest_of(request),
+            registered_at=now,
+            compensates=op,
+            purpose=OperationPurpose.COMPENSATION.value,
+        )
+        return Change(
+            event="compensation_registered",
+            kind=ChangeKind.DECIDE,
+            operations=[(compensation, {"status": OperationStatus.INTENT.value})],
+            data={"op_key": compensation.op_key, "compensates": op.op_key, "by": str(actor)},
+            requires={"cancel_requested_at__isnull": True},
+        )
+
+    compare_and_set(op.task_id, expected_version, build, lease=lease)
