@@ -1,7 +1,7 @@
 """Agent leases: acquire, renew, release. Every write is a conditional UPDATE or a constrained INSERT.
 
 Times come from ``leases.clock`` (the database server's clock). Human takeover and forced release
-build on the same rows in the next issue.
+build on the same rows (tasks/takeover.py, tasks/forced_release.py).
 """
 
 from datetime import UTC, datetime, timedelta

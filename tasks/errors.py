@@ -1,4 +1,5 @@
-"""One named error per rule. ``code`` is stable: the API maps it to problem details, the console to a message.
+"""One named error per rule. ``code`` is stable: the agent API maps it to problem details, the
+console to a message (both to be built on these codes).
 
 Every service raises before it writes, or inside the transaction it rolls back: a refusal leaves the
 database exactly as it was.

@@ -1,6 +1,7 @@
 """The state machines of tasks, nodes and operations as pure tables. No ORM here.
 
-Every status change in tasks.services is checked against these tables; tests pin them as literal sets.
+Every status change the compare-and-set (tasks/cas.py) applies is checked against these tables, and every change
+against the permit table at the bottom; tests pin them as literal sets.
 """
 
 from enum import StrEnum
@@ -12,7 +13,7 @@ class TaskStatus(StrEnum):
     OBSERVING = "observing"  # a remote operation is accepted and still running
     BACKING_OFF = "backing_off"  # until a node's not_before
     PAUSED = "paused"  # with a PauseReason
-    HUMAN = "human"  # a person holds the takeover lease (next issue)
+    HUMAN = "human"  # a person holds (or last held) the takeover lease
     STOPPING = "stopping"  # cancel requested, in-flight work settling
     STOPPED_PENDING = "stopped_pending"  # stopped, operations still to reconcile
     STOPPED = "stopped"

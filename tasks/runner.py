@@ -1,6 +1,6 @@
 """The step protocol driven end to end for one lease holder: the loop every agent and worker runs.
 
-It holds no rule of its own — every decision is a service call (next_directive, register_intent, …) — and
+It holds no rule of its own — every decision is a service call (next_directive, step_start, step_settle, …) — and
 it stops at the first refusal: a stale version or a lost lease means someone else moved the task, and the
 op keys already registered are for the reconciler, never for a blind retry.
 """
