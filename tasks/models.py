@@ -4,6 +4,7 @@ from django.db import models
 from django.db.models import Q
 
 from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, PauseReason, TaskStatus
+from tasks.querysets import TaskQuerySet
 
 type _Enum = type[TaskStatus | PauseReason | NodeStatus | OperationStatus | FailureClass]
 
@@ -42,6 +43,8 @@ class Task(models.Model):
     created_by = models.CharField(max_length=200)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
+
+    objects = TaskQuerySet.as_manager()
 
     class Meta:
         permissions = [("operate_task", "Can take over, decide on and cancel this task")]

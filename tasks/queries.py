@@ -1,10 +1,22 @@
-"""Reads for pages and the API."""
+"""Reads for pages and the API: the selectors, on Task.objects (tasks/querysets.py: workable, with_progress,
+with_attention, needs_attention, operable_by), and keyset pagination."""
 
-from django.db.models import Count, F, Q, QuerySet
+import base64
+import binascii
+from datetime import datetime
 
-from tasks.errors import TaskNotFound
-from tasks.lifecycle import OPEN_OPERATION_STATUSES, NodeStatus
+from django.db.models import Q, QuerySet
+
+from tasks.errors import TaskError, TaskNotFound
 from tasks.models import Task
+from tasks.querysets import Attention, attention_field
+
+# The order of every task list, newest change first; the pk breaks ties, so a cursor names one place.
+RECENT_FIRST = ("-updated_at", "-pk")
+
+
+class InvalidCursor(TaskError):
+    code = "invalid_cursor"
 
 
 def get_task(task_id: int) -> Task:
@@ -16,12 +28,48 @@ def get_task(task_id: int) -> Task:
 
 
 def task_overview() -> QuerySet[Task]:
-    """Tasks, newest change first, with progress on their current plan and their open operations."""
-    current_plan = Q(nodes__plan_version=F("plan_version"))
-    return Task.objects.annotate(
-        nodes_total=Count("nodes", filter=current_plan, distinct=True),
-        nodes_done=Count("nodes", filter=current_plan & Q(nodes__status=NodeStatus.SUCCEEDED.value), distinct=True),
-        open_operations=Count(
-            "operations", filter=Q(operations__status__in=[s.value for s in OPEN_OPERATION_STATUSES]), distinct=True
-        ),
-    ).order_by("-updated_at")
+    """Tasks, newest change first, with progress on their current plan, their open operations and what needs a
+    person (attention_reasons). Page it with page()."""
+    return Task.objects.with_progress().with_attention().order_by(*RECENT_FIRST)
+
+
+def attention_reasons(task: Task) -> list[Attention]:
+    """Why ``task`` needs a person, from the annotations of with_attention() / needs_attention(): no query."""
+    try:
+        return [reason for reason in Attention if getattr(task, attention_field(reason))]
+    except AttributeError:
+        raise ValueError("attention_reasons needs a task read with Task.objects.with_attention()") from None
+
+
+def page(qs: QuerySet[Task], *, after: str | None, size: int) -> tuple[list[Task], str | None]:
+    """Up to ``size`` rows of ``qs`` after the cursor ``after`` (None: from the start), newest change first, and
+    the cursor of the next page (None on the last). Keyset, not offset: a task created while someone pages sorts
+    before every cursor already handed out, so it neither repeats nor pushes a row off a later page. (A task that
+    changes moves to the front, as in any list ordered by change.) Raises InvalidCursor."""
+    if size < 1:
+        raise ValueError("a page holds at least one row")
+    rows = qs.order_by(*RECENT_FIRST)
+    if after is not None:
+        updated_at, pk = _decode(after)
+        rows = rows.filter(Q(updated_at__lt=updated_at) | Q(updated_at=updated_at, pk__lt=pk))
+    found = list(rows[: size + 1])
+    if len(found) <= size:
+        return found, None
+    last = found[size - 1]
+    return found[:size], _encode(last.updated_at, last.pk)
+
+
+def _encode(updated_at: datetime, pk: int) -> str:
+    return base64.urlsafe_b64encode(f"{updated_at.isoformat()}|{pk}".encode()).decode().rstrip("=")
+
+
+def _decode(cursor: str) -> tuple[datetime, int]:
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        moment, pk = text.split("|")
+        updated_at = datetime.fromisoformat(moment)
+        if updated_at.tzinfo is None:
+            raise ValueError("a cursor's time names its zone")
+        return updated_at, int(pk)
+    except (binascii.Error, UnicodeDecodeError, ValueError) as error:
+        raise InvalidCursor(f"not a cursor of this list: {cursor[:40]!r}") from error
