@@ -4,12 +4,18 @@ with_attention, needs_attention, operable_by), and keyset pagination."""
 import base64
 import binascii
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from django.db.models import Q, QuerySet
 
 from tasks.errors import TaskError, TaskNotFound
 from tasks.models import Task
 from tasks.querysets import Attention, attention_field
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
+
+    from tasks.querysets import Progress, TaskQuerySet
 
 # The order of every task list, newest change first; the pk breaks ties, so a cursor names one place.
 RECENT_FIRST = ("-updated_at", "-pk")
@@ -27,7 +33,7 @@ def get_task(task_id: int) -> Task:
     return task
 
 
-def task_overview() -> QuerySet[Task]:
+def task_overview() -> "TaskQuerySet[WithAnnotations[Task, Progress]]":
     """Tasks, newest change first, with progress on their current plan, their open operations and what needs a
     person (attention_reasons). Page it with page()."""
     return Task.objects.with_progress().with_attention().order_by(*RECENT_FIRST)
@@ -41,7 +47,7 @@ def attention_reasons(task: Task) -> list[Attention]:
         raise ValueError("attention_reasons needs a task read with Task.objects.with_attention()") from None
 
 
-def page(qs: QuerySet[Task], *, after: str | None, size: int) -> tuple[list[Task], str | None]:
+def page[T: Task](qs: QuerySet[T], *, after: str | None, size: int) -> tuple[list[T], str | None]:
     """Up to ``size`` rows of ``qs`` after the cursor ``after`` (None: from the start), newest change first, and
     the cursor of the next page (None on the last). Keyset, not offset: a task created while someone pages sorts
     before every cursor already handed out, so it neither repeats nor pushes a row off a later page. (A task that

@@ -1,0 +1,250 @@
+"""``Task.objects``: the named selections every reader builds on (tasks/queries.py, the console, the agent API).
+
+tasks/models.py attaches this QuerySet, so this module cannot import tasks.models (nor the modules that do) when
+it loads: the row classes are imported inside the methods, when they run.
+"""
+
+from datetime import datetime
+from functools import reduce
+from operator import or_
+from typing import TYPE_CHECKING, Any, Self, TypedDict, TypeVar
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import NotSupportedError, models
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import (
+    BooleanField,
+    Count,
+    Exists,
+    ExpressionWrapper,
+    F,
+    Func,
+    IntegerField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+)
+from django.db.models.functions import Coalesce
+from django.db.models.sql.compiler import SQLCompiler
+
+from leases import clock
+from leases.models import Lease, LeaseReservation
+from leases.services import lease_grace
+from tasks.actions import get_action, known_actions
+from tasks.lifecycle import (
+    NOT_ENDED,
+    OPEN_OPERATION_STATUSES,
+    TERMINAL_TASK_STATUSES,
+    UNSETTLED_OPERATION_STATUSES,
+    NodeStatus,
+    OperationStatus,
+    PauseReason,
+    TaskStatus,
+)
+
+if TYPE_CHECKING:
+    from django.db.models.sql.compiler import _AsSqlType
+    from django_stubs_ext import WithAnnotations
+
+    from tasks.models import Task
+
+_Task = TypeVar("_Task", bound="Task", covariant=True)
+
+# Statuses in which an agent has something to do: run nodes, observe or reconcile operations, settle a cancel.
+WORKABLE = [
+    TaskStatus.PENDING.value,
+    TaskStatus.RUNNING.value,
+    TaskStatus.OBSERVING.value,
+    TaskStatus.BACKING_OFF.value,
+    TaskStatus.STOPPING.value,
+    TaskStatus.STOPPED_PENDING.value,
+]
+# Operation.failure_class of an unknown operation the remote can neither dedupe nor answer for (tasks.decisions).
+UNPROVABLE = "unprovable"
+# In these, next_directive never reaches the plan's nodes (tasks.decisions.directive).
+_DIRECTIVE_STOPS_BEFORE_NODES = sorted(
+    TERMINAL_TASK_STATUSES | {TaskStatus.QUARANTINED, TaskStatus.HUMAN, TaskStatus.PAUSED}
+)
+
+
+class Attention(models.TextChoices):
+    """Why a task needs a person, as the console names it. A task may have several."""
+
+    HUMAN = "human", "a person holds it"
+    PAUSED = "paused", "paused"
+    AWAITING_APPROVAL = "awaiting_approval", "awaiting approval"
+    STOPPED_PENDING = "stopped_pending", "stopped, operations to reconcile"
+    QUARANTINED = "quarantined", "quarantined"
+    UNKNOWN_OPERATION = "unknown_operation", "operation outcome unknown"
+    UNPROVABLE_OPERATION = "unprovable_operation", "operation unprovable"
+    BUDGET_EXHAUSTED = "budget_exhausted", "attempt budget exhausted"
+    TEMP_RESOURCE_STUCK = "temp_resource_stuck", "temp resource stuck"
+    TAKEOVER_REQUESTED = "takeover_requested", "takeover requested"
+
+
+class Progress(TypedDict):
+    """What with_progress() annotates."""
+
+    nodes_total: int
+    nodes_done: int
+    open_operations: int
+
+
+def attention_field(reason: Attention) -> str:
+    """The boolean annotation with_attention() sets for ``reason``."""
+    return f"attention_{reason.value}"
+
+
+class TaskQuerySet(models.QuerySet[_Task]):
+    def workable(self, now: datetime | None = None) -> Self:
+        """What the recovery scan hands to a worker: workable tasks, and ended tasks with temp resources left to
+        delete, that nobody holds (no lease still inside its grace) and no person waits for."""
+        from tasks.models import TempResource, TempResourceStatus
+
+        now = now or clock.now()
+        held = Lease.objects.open().filter(task_id=OuterRef("pk"), expires_at__gt=now - lease_grace())
+        reserved = LeaseReservation.objects.filter(task_id=OuterRef("pk"))
+        litter = TempResource.objects.filter(
+            task_id=OuterRef("pk"), status__in=[TempResourceStatus.ACTIVE, TempResourceStatus.CLEANING]
+        )
+        ended = sorted(s.value for s in TERMINAL_TASK_STATUSES)
+        needs_work = Q(status__in=WORKABLE) | (Q(status__in=ended) & Q(Exists(litter)))
+        return self.filter(needs_work).exclude(Exists(held)).exclude(Exists(reserved))
+
+    def with_progress(self) -> "TaskQuerySet[WithAnnotations[Task, Progress]]":
+        """Annotates ``nodes_total`` and ``nodes_done`` (on the current plan) and ``open_operations`` (dispatched,
+        accepted or unknown), each a correlated COUNT: no JOIN, so no row fan-out to undo with DISTINCT."""
+        from tasks.models import Node, Operation
+
+        plan = Node.objects.filter(task_id=OuterRef("pk"), plan_version=OuterRef("plan_version"))
+        open_operations = Operation.objects.filter(
+            task_id=OuterRef("pk"), status__in=sorted(s.value for s in OPEN_OPERATION_STATUSES)
+        )
+        return self.annotate(
+            nodes_total=_count(plan),
+            nodes_done=_count(plan.filter(status=NodeStatus.SUCCEEDED.value)),
+            open_operations=_count(open_operations),
+        )
+
+    def with_attention(self) -> Self:
+        """Annotates one boolean per Attention reason (``attention_field(reason)``); read them with
+        tasks.queries.attention_reasons. Part of the same query: no query per task."""
+        return self.annotate(
+            **{
+                attention_field(reason): ExpressionWrapper(condition, output_field=BooleanField())
+                for reason, condition in _attention_conditions().items()
+            }
+        )
+
+    def needs_attention(self) -> Self:
+        """Tasks a person should look at, with their reasons annotated (with_attention)."""
+        annotated = self.with_attention()
+        return annotated.filter(reduce(or_, (Q(**{attention_field(reason): True}) for reason in Attention)))
+
+    def operable_by(self, user: AbstractBaseUser | AnonymousUser) -> Self:
+        """The tasks ``user`` may operate, as tasks.permissions.can_operate decides for one task: one query."""
+        from audit.principals import Principal
+        from tasks.permissions import operable_condition
+
+        return self.filter(operable_condition(Principal.of_user(user)))
+
+
+def _count(rows: QuerySet[Any]) -> Coalesce:
+    """COUNT(*) of ``rows`` (filtered on ``task_id=OuterRef("pk")``) as a correlated subquery."""
+    counted = rows.order_by().values("task_id").annotate(n=Count("*")).values("n")
+    return Coalesce(Subquery(counted, output_field=IntegerField()), 0)
+
+
+def _attention_conditions() -> dict[Attention, Q]:
+    from tasks.models import Node, Operation, TempResource, TempResourceStatus
+
+    def exists(rows: QuerySet[Any]) -> Q:
+        return Q(Exists(rows.filter(task_id=OuterRef("pk"))))
+
+    unknown = Operation.objects.filter(status=OperationStatus.UNKNOWN.value)
+    # An operation already unknown when its lookup came back unprovable keeps its failure class: the task's pause
+    # says it (tasks.decisions.settle).
+    paused_unprovable = Q(status=TaskStatus.PAUSED.value, status_reason=PauseReason.UNPROVABLE.value)
+    spent_node = Node.objects.filter(
+        plan_version=OuterRef("plan_version"), status=NodeStatus.PENDING.value, attempts__gte=F("max_attempts")
+    )
+    budget_exhausted = Q(status=TaskStatus.PAUSED.value, status_reason=PauseReason.BUDGET_EXHAUSTED.value) | (
+        Q(status__in=sorted(s.value for s in NOT_ENDED))
+        & (Q(attempts_used__gte=F("attempt_budget")) | exists(spent_node))
+    )
+    return {
+        Attention.HUMAN: Q(status=TaskStatus.HUMAN.value),
+        Attention.PAUSED: Q(status=TaskStatus.PAUSED.value),
+        Attention.AWAITING_APPROVAL: _awaiting_approval(),
+        Attention.STOPPED_PENDING: Q(status=TaskStatus.STOPPED_PENDING.value),
+        Attention.QUARANTINED: Q(status=TaskStatus.QUARANTINED.value),
+        Attention.UNKNOWN_OPERATION: exists(unknown.exclude(failure_class=UNPROVABLE)) & ~paused_unprovable,
+        Attention.UNPROVABLE_OPERATION: exists(unknown.filter(failure_class=UNPROVABLE))
+        | (paused_unprovable & exists(unknown)),
+        Attention.BUDGET_EXHAUSTED: budget_exhausted,
+        Attention.TEMP_RESOURCE_STUCK: exists(TempResource.objects.filter(status=TempResourceStatus.STUCK.value)),
+        Attention.TAKEOVER_REQUESTED: exists(LeaseReservation.objects.all()),
+    }
+
+
+def _awaiting_approval() -> Q:
+    """next_directive would say ``stop: awaiting_approval``: nothing comes before the plan's nodes (no pause, no
+    person, no cancel, no takeover request, no recheck, no unsettled operation), and the first ready node — the
+    lowest position among pending nodes of the current plan whose dependencies all succeeded — is an approval."""
+    from tasks.models import Node, Operation
+
+    approvals = [name for name in known_actions() if (spec := get_action(name)) and spec.kind == "approval"]
+    plan_of_outer = {"task_id": OuterRef("task_id"), "plan_version": OuterRef("plan_version")}
+    ready_before = Node.objects.filter(**plan_of_outer, position__lt=OuterRef("position")).filter(_ready())
+    first_ready_approval = Node.objects.filter(
+        task_id=OuterRef("pk"), plan_version=OuterRef("plan_version"), action__in=approvals
+    ).filter(_ready(), ~Exists(ready_before))
+    unsettled = Operation.objects.filter(
+        task_id=OuterRef("pk"), status__in=sorted(s.value for s in UNSETTLED_OPERATION_STATUSES)
+    )
+    reserved = LeaseReservation.objects.filter(task_id=OuterRef("pk"))
+    return (
+        ~Q(status__in=[s.value for s in _DIRECTIVE_STOPS_BEFORE_NODES])
+        & Q(cancel_requested_at__isnull=True, inputs_recheck_required=False)
+        & ~Q(Exists(unsettled))
+        & ~Q(Exists(reserved))
+        & Q(Exists(first_ready_approval))
+    )
+
+
+def _ready() -> Q:
+    """The node of the enclosing query is pending and every node it depends on (same task and plan) succeeded."""
+    from tasks.models import Node
+
+    unmet = (
+        Node.objects.filter(task_id=OuterRef("task_id"), plan_version=OuterRef("plan_version"))
+        .exclude(status=NodeStatus.SUCCEEDED.value)
+        .filter(JsonArrayHas(OuterRef("depends_on"), F("key")))
+    )
+    return Q(status=NodeStatus.PENDING.value) & ~Q(Exists(unmet))
+
+
+class JsonArrayHas(Func):
+    """``array`` (a JSON array of strings) has ``item`` as an element. Written per database: Django's JSON
+    lookups test object keys (has_key) or are missing on SQLite (contains)."""
+
+    arity = 2
+    output_field = BooleanField()
+
+    def as_sql(
+        self,
+        compiler: SQLCompiler,
+        connection: BaseDatabaseWrapper,
+        function: str | None = None,
+        template: str | None = None,
+        arg_joiner: str | None = None,
+        **extra_context: Any,
+    ) -> "_AsSqlType":
+        (array, array_params), (item, item_params) = (compiler.compile(e) for e in self.get_source_expressions())
+        params = (*array_params, *item_params)
+        if connection.vendor == "postgresql":
+            return f"({array} ? {item})", params  # jsonb: a string element of a top-level array
+        if connection.vendor == "sqlite":
+            return f"EXISTS (SELECT 1 FROM json_each({array}) WHERE json_each.value = {item})", params  # noqa: S608
+        raise NotSupportedError(f"JsonArrayHas is written for SQLite and PostgreSQL, not {connection.vendor}")
