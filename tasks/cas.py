@@ -174,21 +174,32 @@ def compare_and_set(
             )
             params.append(connection.ops.adapt_datetimefield_value(now - lease_grace()))
         update = {**task_fields, "updated_at": now, "log_head": event.digest}
-        if sql.update(Task, update, where=where, params=params, increments=("version",)) != 1:
+        inserted = [op for op, _fields in op_fields if op.pk is None]
+        batch = sql.Batch()
+        batch.update(Task, update, where=where, params=params, increments=("version",))
+        node_parts = [_node_part(batch, task_id, node, fields, change) for node, fields in node_fields]
+        op_parts = [_operation_part(batch, task_id, op, fields, now) for op, fields in op_fields]
+        for receipt in change.receipts:
+            receipt.received_at = now
+            if receipt.operation_id is None:  # pragma: no cover - a receipt names an operation that exists
+                raise ValueError("a receipt is recorded for an operation already registered")
+            batch.insert(Receipt, sql.row_values(receipt, _RECEIPT_COLUMNS), returning=False)
+        batch.insert(Event, sql.row_values(event, _EVENT_COLUMNS), returning=False)
+        results = batch.run()
+        if results[0] != 1:
             _raise_refusal(task_id, expected_version, change, lease, actor, now)
+        _insert_new_nodes(task_id, node_fields)
+        for (node, _fields), part in zip(node_fields, node_parts, strict=True):
+            if part is not None and results[part] != 1:
+                _raise_node_refusal(node, change.node_requires.get(node.pk, {}))
+        for op, part in zip((op for op, _f in op_fields), op_parts, strict=True):
+            if op.pk is None:
+                op.pk, op._state.adding = results[part], False
+            elif results[part] != 1:
+                raise VersionConflict(f"operation {op.op_key} changed under the task version", op_key=op.op_key)
         for name, value in task_fields.items():  # the row as the UPDATE left it, without reading it again
             setattr(task, name, value)
         task.version, task.updated_at, task.log_head = version, now, event.digest
-        inserted: list[Operation] = []
-        for node, fields in node_fields:
-            _write_node(task_id, node, fields, change.node_requires.get(node.pk, {}))
-        for op, fields in op_fields:
-            if op.pk is None:
-                inserted.append(op)
-            _write_operation(task_id, op, fields, now)
-        for receipt in change.receipts:
-            receipt.received_at = now
-            receipt.pk = sql.insert(Receipt, sql.row_values(receipt, _RECEIPT_COLUMNS))
         if change.temp_resources:
             retention: timedelta = settings.RECKON_TEMP_RETENTION
             for temp in change.temp_resources:
@@ -198,7 +209,6 @@ def compare_and_set(
             failpoint("after_receipt", task_id=task_id)
         if before_event is not None:
             before_event(task, now)
-        sql.insert(Event, sql.row_values(event, _EVENT_COLUMNS), returning=False)
     new_snapshot = None
     if snapshot is not None:
         new_snapshot = after_write(
@@ -287,37 +297,46 @@ def _logged_operation(op: Operation, fields: dict[str, Any]) -> dict[str, Any]:
     return {name: jsonable(value) for name, value in fields.items()}
 
 
-def _write_node(task_id: int, node: Node, fields: dict[str, Any], requires: dict[str, Any]) -> None:
-    if node.pk is None:  # a plan's new nodes (plan acceptance), not the step's path
-        for name, value in fields.items():
-            setattr(node, name, value)
-        node.task_id = task_id
-        node.save(force_insert=True)
-        return
+def _node_part(batch: sql.Batch, task_id: int, node: Node, fields: dict[str, Any], change: Change) -> int | None:
+    """The node's UPDATE in the batch (conditional on the status read, and on budget when it spends an attempt)."""
+    if node.pk is None:
+        return None  # inserted once the task row is won (_insert_new_nodes)
+    requires = change.node_requires.get(node.pk, {})
     where = "id = %s AND task_id = %s AND status = %s"
     if requires:
         if requires != {"attempts__lt": F("max_attempts")}:
             raise ValueError(f"unknown node condition {requires!r}")
         where += " AND attempts < max_attempts"
-    if sql.update(Node, fields, where=where, params=[node.pk, task_id, node.status]) != 1:
-        if requires:
-            raise BudgetExhausted(f"node {node.key} used its {node.max_attempts} attempts", scope="node", node=node.key)
-        raise VersionConflict(f"node {node.key} changed under the task version", node=node.key)
+    return batch.update(Node, fields, where=where, params=[node.pk, task_id, node.status])
 
 
-def _write_operation(task_id: int, op: Operation, fields: dict[str, Any], now: datetime) -> None:
+def _insert_new_nodes(task_id: int, node_fields: list[tuple[Node, dict[str, Any]]]) -> None:
+    """A newly accepted plan's nodes, inserted after the task row's UPDATE won: a concurrent acceptance waits on
+    that row and is refused by name, never by the nodes' unique constraint."""
+    for node, fields in node_fields:
+        if node.pk is None:
+            for name, value in fields.items():
+                setattr(node, name, value)
+            node.task_id = task_id
+            node.save(force_insert=True)
+
+
+def _raise_node_refusal(node: Node, requires: dict[str, Any]) -> None:
+    if requires:
+        raise BudgetExhausted(f"node {node.key} used its {node.max_attempts} attempts", scope="node", node=node.key)
+    raise VersionConflict(f"node {node.key} changed under the task version", node=node.key)
+
+
+def _operation_part(batch: sql.Batch, task_id: int, op: Operation, fields: dict[str, Any], now: datetime) -> int:
     if op.pk is None:
         for name, value in fields.items():
             setattr(op, name, value)
         op.task_id = task_id
         if op.registered_at is None:
             op.registered_at = now
-        op.pk = sql.insert(Operation, sql.row_values(op, _OPERATION_COLUMNS))
-        op._state.adding = False
-        return
+        return batch.insert(Operation, sql.row_values(op, _OPERATION_COLUMNS))
     where = "id = %s AND task_id = %s AND status = %s"
-    if sql.update(Operation, fields, where=where, params=[op.pk, task_id, op.status]) != 1:
-        raise VersionConflict(f"operation {op.op_key} changed under the task version", op_key=op.op_key)
+    return batch.update(Operation, fields, where=where, params=[op.pk, task_id, op.status])
 
 
 def _concrete(model: type[Any]) -> tuple[str, ...]:

@@ -75,3 +75,84 @@ def insert(model: type[models.Model], fields: dict[str, Any], *, returning: bool
 def row_values(instance: models.Model, names: Iterable[str]) -> dict[str, Any]:
     """The instance's values for ``names`` (attribute names: ``node_id`` for a foreign key)."""
     return {name: getattr(instance, name) for name in names}
+
+
+class Batch:
+    """The writes of one compare-and-set, gated on the first (the task row's conditional UPDATE): on PostgreSQL one
+    statement of data-modifying CTEs — every later part runs only if the first matched its row — so a step's commit
+    costs one round trip after the lease check; elsewhere the parts run one by one, stopping if the first matched
+    nothing. ``run`` gives per part the row count (updates) or the new id (inserts; None when gated out)."""
+
+    def __init__(self) -> None:
+        self._parts: list[tuple[str, type[models.Model], tuple[str, ...], str, tuple[str, ...], bool]] = []
+        self._values: list[tuple[list[Any], list[Any]]] = []
+
+    def update(
+        self,
+        model: type[models.Model],
+        fields: dict[str, Any],
+        *,
+        where: str,
+        params: list[Any],
+        increments: tuple[str, ...] = (),
+    ) -> int:
+        names = tuple(fields)
+        self._parts.append(("update", model, names, where, increments, True))
+        self._values.append((_adapt(model, names, fields.values()), params))
+        return len(self._parts) - 1
+
+    def insert(self, model: type[models.Model], fields: dict[str, Any], *, returning: bool = True) -> int:
+        names = tuple(fields)
+        self._parts.append(("insert", model, names, "", (), returning))
+        self._values.append((_adapt(model, names, fields.values()), []))
+        return len(self._parts) - 1
+
+    def run(self) -> list[int | None]:
+        if connection.vendor == "postgresql":
+            return self._run_as_one()
+        results: list[int | None] = []
+        with connection.cursor() as cursor:
+            for index, ((kind, model, names, where, increments, returning), (values, params)) in enumerate(
+                zip(self._parts, self._values, strict=True)
+            ):
+                if index and results[0] != 1:
+                    results.append(None if kind == "insert" else 0)
+                    continue
+                if kind == "update":
+                    cursor.execute(_update_sql(model, names, where, increments), [*values, *params])
+                    results.append(int(cursor.rowcount))
+                else:
+                    cursor.execute(_insert_sql(model, names, returning), values)
+                    results.append(int(cursor.fetchone()[0]) if returning else 1)
+        return results
+
+    def _run_as_one(self) -> list[int | None]:
+        shape = tuple(self._parts)
+        params: list[Any] = []
+        for (kind, *_rest), (values, where_params) in zip(self._parts, self._values, strict=True):
+            params += [*values, *where_params] if kind == "update" else values
+        with connection.cursor() as cursor:
+            cursor.execute(_batch_sql(shape), params)
+            row = cursor.fetchone()
+        return [None if value is None else int(value) for value in row]
+
+
+@cache
+def _batch_sql(shape: tuple[tuple[str, type[models.Model], tuple[str, ...], str, tuple[str, ...], bool], ...]) -> str:
+    ctes, selects = [], []
+    for index, (kind, model, names, where, increments, _returning) in enumerate(shape):
+        gate = "" if index == 0 else " AND EXISTS (SELECT 1 FROM p0)"
+        if kind == "update":
+            statement = _update_sql(model, names, where + gate if gate else where, increments) + " RETURNING 1 AS x"
+            selects.append(f"(SELECT count(*) FROM p{index})")  # noqa: S608
+        else:
+            columns = ", ".join(_quote(column) for column, _field in _columns(model, names))
+            # INSERT … SELECT types its values on their own, not from the columns: say each column's type.
+            values = ", ".join(f"CAST(%s AS {field.db_type(connection)})" for _column, field in _columns(model, names))
+            gate_where = " WHERE EXISTS (SELECT 1 FROM p0)" if index else ""
+            pk = _quote(str(model._meta.pk.column))
+            table = _quote(model._meta.db_table)
+            statement = f"INSERT INTO {table} ({columns}) SELECT {values}{gate_where} RETURNING {pk} AS x"
+            selects.append(f"(SELECT x FROM p{index})")  # noqa: S608
+        ctes.append(f"p{index} AS ({statement})")
+    return "WITH " + ", ".join(ctes) + " SELECT " + ", ".join(selects)

@@ -1,4 +1,4 @@
-"""The object-store connector: a stdlib HTTP client for the store (tasks/connectors/simulator.py speaks its API).
+"""The object-store connector: a stdlib HTTP client for the store (harness/simulator.py speaks its API).
 
 Two ways to be idempotent (DESIGN §6), chosen per store:
 
