@@ -82,8 +82,8 @@ def test_the_compare_and_set_enforces_the_table_in_every_status(make_task, clock
         _set_status(task, status.value)
         version = Task.objects.values_list("version", flat=True).get(pk=task.pk)
         probe = Change(event="probe", kind=kind, data={"status": status.value})
-        write = lambda: compare_and_set(  # noqa: E731
-            task.pk, version, probe, lease=lease, actor=None if lease else actor
+        write = lambda v=version, c=probe: compare_and_set(  # noqa: E731
+            task.pk, v, c, lease=lease, actor=None if lease else actor
         )
         if status in allowed:
             assert write().version == version + 1, f"{actor} {kind} in {status} should land"
