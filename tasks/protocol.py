@@ -19,7 +19,6 @@ from tasks import decisions
 from tasks.cas import Applied, compare_and_set
 from tasks.decisions import Directive, resolved_input
 from tasks.errors import InvalidTransition, TaskNotFound, VersionConflict
-from tasks.lifecycle import OPEN_OPERATION_STATUSES
 from tasks.models import Node, Operation, Task
 from tasks.outcomes import Outcome
 from tasks.snapshot import Snapshot, task_snapshot
@@ -28,7 +27,6 @@ __all__ = [
     "Directive",
     "inputs_confirm",
     "next_directive",
-    "open_operations",
     "operation_start",
     "record_outcome",
     "resolve_input",
@@ -124,14 +122,6 @@ def inputs_confirm(*, task_id: int, current_versions: dict[str, str], expected_v
         task_id, snap.version, decisions.confirm_inputs(snap, current_versions), lease=lease, snapshot=snap
     )
     return _written(applied).task
-
-
-def open_operations(task_id: int) -> list[Operation]:
-    return list(
-        Operation.objects.filter(task_id=task_id, status__in=[s.value for s in OPEN_OPERATION_STATUSES]).order_by(
-            "registered_at"
-        )
-    )
 
 
 def resolve_input(task: Task, node: Node) -> dict[str, Any]:
