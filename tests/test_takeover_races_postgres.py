@@ -23,7 +23,7 @@ from audit.principals import Principal
 from audit.services import verify_audit
 from leases import clock
 from leases.clock import DatabaseClock, use_clock
-from leases.errors import LeaseError, LeaseHeld, LeaseLost, LeaseReserved
+from leases.errors import LeaseError, LeaseHeld, LeaseLost, LeaseRefused, LeaseReserved
 from leases.models import HolderKind, Lease, ReleaseReason
 from leases.services import lease_acquire, lease_release
 from tasks.cas import Change, compare_and_set
@@ -33,8 +33,13 @@ from tasks.lifecycle import TaskStatus
 from tasks.models import Event, Operation, Task
 from tasks.outcomes import Committed
 from tasks.permissions import ADMIN, OPERATOR, permission_grant
-from tasks.protocol import next_directive, operation_dispatch, record_outcome, register_intent
-from tasks.takeover import Claim, takeover_claim, takeover_release, takeover_submit
+from tasks.protocol import next_directive, operation_start, record_outcome
+from tasks.takeover import (
+    Claim,
+    takeover_claim,
+    takeover_release,
+    takeover_submit,
+)
 from tests.conftest import chain_plan, person
 from tests.test_races_postgres import run_threads
 
@@ -182,7 +187,7 @@ def _agent_loop(task: Task, index: int, stop: threading.Event, figures: Figures)
     while not stop.is_set():
         try:
             lease = lease_acquire(task_id=task.pk, holder_kind=HolderKind.AGENT, holder_id=name, ttl=AGENT_TTL)
-        except (LeaseHeld, LeaseReserved) as exc:
+        except (LeaseHeld, LeaseReserved, LeaseRefused) as exc:  # refused: people hold the task (human)
             figures.count(figures.agent_refusals, f"acquire: {type(exc).__name__}")
             time.sleep(AGENT_PAUSE)
             continue
@@ -192,14 +197,12 @@ def _agent_loop(task: Task, index: int, stop: threading.Event, figures: Figures)
         for _ in range(AGENT_STEPS):
             try:
                 d = next_directive(task_id=task.pk, lease=lease)
-                if d.kind == "execute" and not d.op_key:
-                    op = register_intent(
+                if d.kind == "execute":
+                    # One commit: the operation registered and marked sent (the call itself is the remote's).
+                    op = operation_start(
                         task_id=task.pk, node_key=d.node_key, expected_version=d.task_version, lease=lease
                     )
-                    written = ("intent_registered", op.op_key)
-                elif d.kind == "execute":
-                    operation_dispatch(op_key=d.op_key, expected_version=d.task_version, lease=lease)
-                    written = ("operation_dispatched", d.op_key)
+                    written = ("operation_dispatched", op.op_key)
                 elif d.kind == "reconcile" and d.op_key:
                     # The remote committed every dispatched operation; a query by op key says so.
                     receipt = Committed(remote_id=f"r-{d.op_key}")
@@ -256,7 +259,7 @@ def _operator_loop(task: Task, actor: Principal, index: int, figures: Figures) -
             )
             time.sleep(0.002)
         if (round_, index) == (1, 0):
-            # The task stays with people: agents are told "human_takeover" until someone decides.
+            # The task stays with people: no agent is granted a lease (LeaseRefused) until someone decides.
             takeover_release(actor=actor, lease=lease, reason=f"round {round_}")
         else:
             takeover_submit(
@@ -355,7 +358,7 @@ def test_an_operator_racing_agents_never_shares_the_task(make_task: Callable[...
         for lease, _requested, end in takeovers
         if lease.granted_at < e.created_at < end
     ]
-    late_intents = [
+    late_starts = [
         (op.op_key, op.registered_at, str(lease))
         for op in Operation.objects.filter(task=task)
         for lease, requested, end in takeovers
@@ -379,7 +382,7 @@ def test_an_operator_racing_agents_never_shares_the_task(make_task: Callable[...
         f"\n  operator refusals={dict(figures.operator_refusals)}"
         f"\n  agent refusals={dict(figures.agent_refusals)}"
         f"\n  agent stop directives={dict(figures.directives)}"
-        f"\n  agent events inside an operator's lease={during} intents inside a takeover={late_intents}"
+        f"\n  agent events inside an operator's lease={during} operations started inside a takeover={late_starts}"
         f"\n  lease rows granted before the previous one was released (see the interleaving test below)="
         f"{len(overlaps)}, by up to {max((o[2] for o in overlaps), default=timedelta(0)).total_seconds() * 1000:.1f}ms"
     )
@@ -391,8 +394,9 @@ def test_an_operator_racing_agents_never_shares_the_task(make_task: Callable[...
     assert len(agent_events) == len(figures.agent_writes), "an agent's write is missing from the log"
     assert len(takeovers) == len(figures.operator_grants)
     assert figures.agent_refusals["acquire: LeaseReserved"] > 0, "no agent met a pending takeover"
+    assert figures.agent_refusals["acquire: LeaseRefused"] > 0, "no agent met the task left with people"
     assert during == []
-    assert late_intents == []
+    assert late_starts == []
     assert ordered_writers == sorted(ordered_writers), "an older epoch wrote after a newer one"
     granted = list(Lease.objects.filter(task=task).order_by("pk").values_list("epoch", flat=True))
     assert granted == list(range(1, len(granted) + 1))
@@ -441,8 +445,8 @@ class InterleavingClock(DatabaseClock):
 
 
 def test_a_takeover_is_recorded_as_granted_after_the_agent_it_follows_let_go(make_task: Callable[..., Task]) -> None:
-    """The agent registers an intent and releases its lease, both committed, while the operator's claim is between
-    reading the clock and finding the lease free. The log and the audit order the takeover after the intent; the
+    """The agent starts an operation and releases its lease, both committed, while the operator's claim is between
+    reading the clock and finding the lease free. The log and the audit order the takeover after the start; the
     lease history must too, or it shows the person holding the task while the agent was still writing."""
     task = make_task()
     ann = person("ann", ADMIN)
@@ -450,7 +454,7 @@ def test_a_takeover_is_recorded_as_granted_after_the_agent_it_follows_let_go(mak
     d = next_directive(task_id=task.pk, lease=agent)
 
     def agent_writes_then_lets_go() -> None:
-        register_intent(task_id=task.pk, node_key=d.node_key, expected_version=d.task_version, lease=agent)
+        operation_start(task_id=task.pk, node_key=d.node_key, expected_version=d.task_version, lease=agent)
         lease_release(lease=agent)
 
     with use_clock(InterleavingClock(agent_writes_then_lets_go)):
@@ -460,21 +464,21 @@ def test_a_takeover_is_recorded_as_granted_after_the_agent_it_follows_let_go(mak
     operator = claim.lease
     released = Lease.objects.get(pk=agent.pk).released_at
     assert released is not None
-    intent = Event.objects.get(task=task, type="intent_registered")
+    started = Event.objects.get(task=task, type="operation_dispatched")
     granted = Event.objects.get(task=task, type="takeover_granted")
     audited = AuditEvent.objects.get(task_id=task.pk, action="takeover_granted")
     print(
         f"\n[claim between the clock and the check] agent lease released at {released.time()}, "
-        f"agent intent at {intent.created_at.time()} (seq {intent.seq}), operator lease granted_at "
+        f"agent start at {started.created_at.time()} (seq {started.seq}), operator lease granted_at "
         f"{operator.granted_at.time()}, takeover_granted event at {granted.created_at.time()} (seq {granted.seq}), "
         f"audit at {audited.at.time()}"
     )
-    assert intent.seq < granted.seq
-    assert intent.created_at < audited.at
+    assert started.seq < granted.seq
+    assert started.created_at < audited.at
     assert operator.granted_at >= released, (
         f"the operator's lease (epoch {operator.epoch}) is recorded as granted at {operator.granted_at}, "
         f"{(released - operator.granted_at).total_seconds() * 1000:.1f}ms before the agent's lease was released "
-        f"and before the agent's intent at {intent.created_at}: lease_acquire stamps granted_at (and expires_at) "
+        f"and before the agent's start at {started.created_at}: lease_acquire stamps granted_at (and expires_at) "
         "with a time read before it found the task free"
     )
-    assert not operator.granted_at < intent.created_at, "an agent's event falls inside the operator's lease"
+    assert not operator.granted_at < started.created_at, "an agent's event falls inside the operator's lease"
