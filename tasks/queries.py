@@ -55,10 +55,14 @@ def page[T: Task](qs: QuerySet[T], *, after: str | None, size: int) -> tuple[lis
     if size < 1:
         raise ValueError("a page holds at least one row")
     rows = qs.order_by(*RECENT_FIRST)
+    window = rows
     if after is not None:
         updated_at, pk = _decode(after)
-        rows = rows.filter(Q(updated_at__lt=updated_at) | Q(updated_at=updated_at, pk__lt=pk))
-    found = list(rows[: size + 1])
+        # (updated_at, pk) < the cursor's; the redundant ``lte`` bounds an index range scan on updated_at.
+        window = rows.filter(Q(updated_at__lte=updated_at), Q(updated_at__lt=updated_at) | Q(pk__lt=pk))
+    # The page's keys first, in a subquery of the same statement: the annotations (correlated subqueries) are
+    # then computed for these rows only — given the whole table, PostgreSQL may hash a subquery over all of it.
+    found = list(rows.filter(pk__in=window.values("pk")[: size + 1]))
     if len(found) <= size:
         return found, None
     last = found[size - 1]
