@@ -12,7 +12,6 @@ from tasks.hygiene import check_payload
 from tasks.lifecycle import TERMINAL_TASK_STATUSES, Actor, TaskStatus
 from tasks.models import Task
 from tasks.permissions import require_cancel
-from tasks.queries import get_task
 from tasks.snapshot import task_snapshot
 
 
@@ -32,15 +31,18 @@ def task_request_cancel(*, actor: Principal, task_id: int, reason: str, lease: L
             return task
         change = decisions.cancel(snap, by=str(actor), reason=reason)
         try:
-            audited_compare_and_set(
+            applied = audited_compare_and_set(
                 task_id,
                 snap.version,
                 change,
                 lease=lease,
                 actor=None if lease is not None else Actor.PERSON if actor.kind == "user" else Actor.SYSTEM,
                 audit=Audit(actor, "cancel_requested", reason=reason),
+                snapshot=snap,
             )
         except VersionConflict:
             continue
-        return get_task(task_id)
+        if applied.snapshot is None:  # pragma: no cover - given a snapshot, the compare-and-set returns one
+            raise RuntimeError("compare_and_set returned no snapshot")
+        return applied.snapshot.task
     raise VersionConflict(f"task {task_id} kept changing; the cancel was not recorded, ask again")

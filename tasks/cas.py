@@ -425,12 +425,13 @@ def audited_compare_and_set(
     lease: LeaseRef | None,
     audit: Audit,
     actor: Actor | None = None,
+    snapshot: Snapshot | None = None,
     before_event: Callable[[Task, datetime], None] | None = None,
 ) -> Applied:
     """compare_and_set and its audit row, in one transaction: both land or neither does."""
     with transaction.atomic():
         applied = compare_and_set(
-            task_id, expected_version, change, lease=lease, actor=actor, before_event=before_event
+            task_id, expected_version, change, lease=lease, actor=actor, snapshot=snapshot, before_event=before_event
         )
         audit_append(
             actor=audit.actor,

@@ -14,11 +14,13 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from audit.principals import Principal
 from leases.models import Lease
+from tasks.cancel import task_request_cancel
 from tasks.connectors.base import Connector
 from tasks.models import Task
 from tasks.outcomes import Committed, NotFound, Outcome
-from tasks.protocol import next_directive, operation_start, record_outcome, step_settle, step_start
+from tasks.protocol import inputs_confirm, next_directive, operation_start, record_outcome, step_settle, step_start
 from tasks.runner import run_steps
 from tasks.snapshot import task_snapshot
 from tests.conftest import chain_plan
@@ -147,3 +149,21 @@ def test_a_lease_passed_as_a_token_needs_no_row(make_task, agent_lease, clock) -
     token = Token(row.pk, row.task_id, row.epoch, row.holder_kind, row.ttl)
     report = run_steps(task_id=task.pk, lease=token, connector=Receipts())  # type: ignore[arg-type]
     assert report.directive is not None and report.directive.kind == "done"
+
+
+def test_confirming_inputs_and_cancelling_cost_pinned_statements(make_task, agent_lease, clock) -> None:
+    """The other two protocol services: one snapshot, one transaction (the cancel's with its audit row)."""
+    task = make_task(chain_plan("a", "b"))
+    lease = agent_lease(task)
+    Task.objects.filter(pk=task.pk).update(inputs_recheck_required=True)
+    with CaptureQueriesContext(connection) as confirm:
+        inputs_confirm(task_id=task.pk, current_versions={}, expected_version=task.version, lease=lease)
+    with CaptureQueriesContext(connection) as cancel:
+        task_request_cancel(actor=Principal.agent("tester"), task_id=task.pk, reason="no longer needed")
+    pg = connection.vendor == "postgresql"
+    # confirm: 3 reads, SAVEPOINT, heartbeat, the rows (PostgreSQL one statement; SQLite task, event), RELEASE
+    assert len(confirm.captured_queries) == (7 if pg else 8), [q["sql"][:60] for q in confirm.captured_queries]
+    assert commits(confirm) == 1 and commits(cancel) >= 1
+    # cancel: 3 reads, the audited transaction (the clock, the rows, the audit chain's head and row); no read after
+    # (the first audit row of a database also creates the audit chain's head: a SAVEPOINT, an INSERT and a RELEASE)
+    assert len(cancel.captured_queries) == (14 if pg else 15), [q["sql"][:70] for q in cancel.captured_queries]
