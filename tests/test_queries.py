@@ -95,7 +95,7 @@ def test_progress_counts_only_the_current_plan(make_task, agent_lease, clock) ->
     assert (row.nodes_total, row.nodes_done) == (3, 0)
 
 
-def test_progress_is_counted_by_correlated_subqueries_not_a_join(make_task, clock) -> None:
+def test_progress_is_counted_by_correlated_subqueries_not_a_join() -> None:
     sql = str(Task.objects.with_progress().query).upper()
     assert "JOIN" not in sql
     assert "DISTINCT" not in sql
@@ -384,6 +384,15 @@ def test_a_later_task_of_a_granted_project_is_operable_at_once(people, tasks, gr
     assert Task.objects.operable_by(people["operator with a project grant"]).filter(pk=later.pk).exists()
 
 
+def test_scope_grants_are_rows_the_query_reads(people, tasks, grants) -> None:
+    """A grant revoked behind the service's back is gone from both answers at once: nothing is cached."""
+    user = people["operator with a project grant"]
+    ScopeGrant.objects.filter(user=user).delete()
+    user = User.objects.get(pk=user.pk)
+    assert not Task.objects.operable_by(user).exists()
+    assert not can_operate(Principal.of_user(user), tasks["acme copy"])
+
+
 def test_an_anonymous_visitor_operates_nothing(tasks) -> None:
     assert not Task.objects.operable_by(AnonymousUser()).exists()
 
@@ -463,12 +472,3 @@ def test_the_overview_pages_with_progress_and_reasons_in_one_query(make_task, cl
         shown = [attention_reasons(row) for row in rows]
     assert shown == [[], []]
     assert len(queries) == 1
-
-
-def test_scope_grants_are_rows_the_query_reads(people, tasks, grants) -> None:
-    """A grant revoked behind the service's back is gone from both answers at once: nothing is cached."""
-    user = people["operator with a project grant"]
-    ScopeGrant.objects.filter(user=user).delete()
-    user = User.objects.get(pk=user.pk)
-    assert not Task.objects.operable_by(user).exists()
-    assert not can_operate(Principal.of_user(user), tasks["acme copy"])
