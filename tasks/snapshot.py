@@ -16,7 +16,7 @@ from django.db.models.functions import Coalesce
 from leases import clock
 from leases.models import Lease, LeaseReservation
 from leases.services import LeaseRef
-from tasks.errors import TaskNotFound
+from tasks.errors import TaskNotFound, VersionConflict
 from tasks.lifecycle import OPEN_OPERATION_STATUSES, UNSETTLED_OPERATION_STATUSES, NodeStatus, OperationStatus
 from tasks.models import Node, Operation, Task
 
@@ -65,8 +65,24 @@ def _now_expression() -> Func | Value:
 
 
 def task_snapshot(*, task_id: int, lease: LeaseRef | None = None) -> Snapshot:
-    """Read the task with its lease, reservation and the database time (one query), the current plan's nodes
-    (one) and its unsettled operations (one). Raises TaskNotFound."""
+    """Read the task with its lease, reservation and the database time (one query), its unsettled operations (one)
+    and the current plan's nodes (one). Raises TaskNotFound.
+
+    The three reads are one snapshot of one version: every change of these rows moves the task's version in the
+    same commit, and the last read also reads the version again — if another commit landed after the task row was
+    read, the version differs and the snapshot is read again (a torn read would pair one version with another's
+    rows: a wrong directive, or a refusal naming a condition no version showed)."""
+    for _attempt in range(_ATTEMPTS):
+        snap = _read(task_id, lease)
+        if snap is not None:
+            return snap
+    raise VersionConflict(f"task {task_id} kept changing while it was read; read it again", task_id=task_id)
+
+
+_ATTEMPTS = 5
+
+
+def _read(task_id: int, lease: LeaseRef | None) -> Snapshot | None:
     rows = Task.objects.filter(pk=task_id).annotate(
         db_now=_now_expression(),
         reserved_for=Coalesce(
@@ -79,16 +95,26 @@ def task_snapshot(*, task_id: int, lease: LeaseRef | None = None) -> Snapshot:
     task = rows.first()
     if task is None:
         raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
-    nodes = tuple(
-        Node.objects.filter(task_id=task_id, plan_version=task.plan_version)
-        .annotate(retries=Count("operations", filter=Q(operations__status=OperationStatus.REJECTED.value)))
-        .order_by("position")
-    )
     unsettled = tuple(
         Operation.objects.filter(task_id=task_id, status__in=_UNSETTLED)
         .select_related("node")
         .order_by("registered_at", "pk")
     )
+    version_now = Subquery(Task.objects.filter(pk=task_id).values("version")[:1])
+    nodes = tuple(
+        Node.objects.filter(task_id=task_id, plan_version=task.plan_version)
+        .annotate(
+            retries=Count("operations", filter=Q(operations__status=OperationStatus.REJECTED.value)),
+            task_version_now=version_now,
+        )
+        .order_by("position")
+    )
+    if nodes:
+        moved = nodes[0].task_version_now != task.version
+    else:  # no plan yet: ask the version itself
+        moved = Task.objects.filter(pk=task_id).values_list("version", flat=True).first() != task.version
+    if moved:
+        return None
     by_pk = {n.pk: n for n in nodes}
     for op in unsettled:
         if op.node_id in by_pk:

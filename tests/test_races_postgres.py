@@ -527,12 +527,6 @@ def test_a_cancel_racing_the_step_protocol_stops_every_new_side_effect(make_task
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=OperationsOpen,
-    reason="core bug: task_snapshot's three reads are not one snapshot; a start whose read straddles another "
-    "start's commit raises OperationsOpen naming the winner's operation instead of VersionConflict",
-)
 def test_a_start_whose_read_straddles_another_start_is_refused_as_a_version_conflict(
     make_task: Callable[..., Task], agent_lease: Callable[..., Lease]
 ) -> None:
@@ -565,11 +559,6 @@ def test_a_start_whose_read_straddles_another_start_is_refused_as_a_version_conf
     assert Operation.objects.filter(task=task).count() == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: task_snapshot's three reads are not one snapshot; a directive read across another commit "
-    "says stop/no_ready_node at a version whose operation was still open",
-)
 def test_a_directive_whose_read_straddles_a_commit_is_the_directive_of_one_version(
     make_task: Callable[..., Task], agent_lease: Callable[..., Lease]
 ) -> None:
