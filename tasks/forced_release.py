@@ -2,7 +2,8 @@
 impact; the removed holder can write nothing more (its epoch's lease is closed and the version moves); the release
 waits in a review queue for another admin."""
 
-from typing import Literal
+from datetime import datetime
+from typing import Any, Literal
 
 from django.db import transaction
 
@@ -14,7 +15,7 @@ from leases.services import (
     lease_force_close,
     lease_open,
 )
-from tasks.cas import Change, compare_and_set
+from tasks.cas import Audit, Change, audited_compare_and_set
 from tasks.errors import (
     InvalidTransition,
     TaskError,
@@ -26,7 +27,7 @@ from tasks.lifecycle import (
     Actor,
     ChangeKind,
 )
-from tasks.models import Operation
+from tasks.models import Operation, Task
 from tasks.permissions import PermissionDenied, require_admin
 from tasks.queries import get_task as _task
 
@@ -59,42 +60,44 @@ def lease_force_release(*, actor: Principal, task_id: int, justification: str, i
         )
         closed = lease_force_close(lease=holder)
         current = _task(task_id)
-        applied = compare_and_set(
+        removed = f"{holder.holder_kind}:{holder.holder_id}"
+        details: dict[str, Any] = {"removed_holder": removed, "open_operations": open_ops}
+        created: list[ForcedRelease] = []
+
+        def queue_for_review(_task: Task, now: datetime) -> None:
+            created.append(
+                ForcedRelease.objects.create(
+                    lease=closed,
+                    task=task,
+                    forced_by=str(actor),
+                    forced_by_user=actor.user,
+                    forced_at=now,
+                    justification=justification,
+                    impact=impact,
+                    removed_holder=removed,
+                    epoch=holder.epoch,
+                    task_version=current.version,
+                    open_operations=open_ops,
+                )
+            )
+            details["review"] = created[0].pk  # the audit row, written next in this transaction, names it
+
+        audited_compare_and_set(
             task_id,
             current.version,
             Change(
                 event="lease_forced_release",
                 kind=ChangeKind.FORCE_RELEASE,
-                data={"by": str(actor), "holder": f"{holder.holder_kind}:{holder.holder_id}", "epoch": holder.epoch},
+                data={"by": str(actor), "holder": removed, "epoch": holder.epoch},
             ),
             lease=None,
             actor=Actor.PERSON,
+            audit=Audit(
+                actor, "lease_forced_release", epoch=holder.epoch, reason=justification, impact=impact, details=details
+            ),
+            before_event=queue_for_review,
         )
-        forced = ForcedRelease.objects.create(
-            lease=closed,
-            task=task,
-            forced_by=str(actor),
-            forced_by_user=actor.user,
-            forced_at=applied.at,
-            justification=justification,
-            impact=impact,
-            removed_holder=f"{holder.holder_kind}:{holder.holder_id}",
-            epoch=holder.epoch,
-            task_version=current.version,
-            open_operations=open_ops,
-        )
-        audit_append(
-            actor=actor,
-            action="lease_forced_release",
-            at=applied.at,
-            task_id=task_id,
-            lease_epoch=holder.epoch,
-            version_before=current.version,
-            version_after=applied.version,
-            reason=justification,
-            impact=impact,
-            details={"removed_holder": forced.removed_holder, "open_operations": open_ops, "review": forced.pk},
-        )
+        forced = created[0]
         return forced
 
 

@@ -39,7 +39,7 @@ from leases.services import (
 )
 from tasks import opkeys
 from tasks.attachments import AttachmentIn, store_attachment
-from tasks.cas import Audit, Change, audited_compare_and_set, compare_and_set
+from tasks.cas import Audit, Change, audited_compare_and_set
 from tasks.errors import (
     EvidenceInsufficient,
     InvalidTransition,
@@ -325,30 +325,27 @@ def takeover_submit(
             for node_key, name, sha256, size in stored
         )
 
+    audit = Audit(
+        actor,
+        "takeover_result_submitted",
+        reason=replan_reason or note,
+        details={
+            "decision": decision,
+            "end_status": end_status,
+            "results": [{"node": r.node_key, **receipt_summary(r), "evidence": r.evidence} for r in results],
+            "attachments": [
+                {"node": n, "name": name, "sha256": digest, "size": size} for n, name, digest, size in stored
+            ],
+        },
+    )
     with transaction.atomic():
         try:
-            applied = compare_and_set(task.pk, based_on_version, build, lease=lease, before_event=save_receipts)
+            audited_compare_and_set(
+                task.pk, based_on_version, build, lease=lease, audit=audit, before_event=save_receipts
+            )
         except VersionConflict:
             raise _stale_form(_task(task.pk), based_on_version) from None  # moved while we validated
         lease_release(lease=lease)
-        audit_append(
-            actor=actor,
-            action="takeover_result_submitted",
-            at=applied.at,
-            task_id=task.pk,
-            lease_epoch=lease.epoch,
-            version_before=based_on_version,
-            version_after=applied.version,
-            reason=replan_reason or note,
-            details={
-                "decision": decision,
-                "end_status": end_status,
-                "results": [{"node": r.node_key, **receipt_summary(r), "evidence": r.evidence} for r in results],
-                "attachments": [
-                    {"node": n, "name": name, "sha256": digest, "size": size} for n, name, digest, size in stored
-                ],
-            },
-        )
     return _task(task.pk)
 
 
