@@ -320,9 +320,10 @@ def settle(snap: Snapshot, op: Operation, outcome: Outcome, *, settled_by: str =
             task=_after_settling(snap, op, OperationStatus.UNKNOWN)
             if cancelled
             else _pause(task, PauseReason.UNPROVABLE, outcome.detail or "the remote can neither dedupe nor be queried"),
+            # An operation already unknown (a dropped answer) that now cannot be proven either is recorded as such.
             operations=[(op, {"status": OperationStatus.UNKNOWN.value, "failure_class": "unprovable"})]
             if op.status != OperationStatus.UNKNOWN
-            else [],
+            else [(op, {"failure_class": "unprovable"})],
             data=data,
         )
     if op.purpose == OperationPurpose.COMPENSATION and not interrupted:

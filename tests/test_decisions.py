@@ -322,3 +322,11 @@ def test_cancel_withdraws_intents_and_waits_for_what_is_in_flight() -> None:
     )
     assert change.task["status"] == TaskStatus.STOPPING
     assert [fields["status"] for _op, fields in change.operations] == ["rejected"]
+
+
+def test_an_unknown_operation_found_unprovable_is_recorded_as_unprovable() -> None:
+    a = node("a", 1, status="running", attempts=1)
+    op = operation(a, "unknown", failure_class="connection_interrupted")
+    change = decisions.settle(snap(task(), [a], [op]), op, Unprovable())
+    assert change is not None and change.operations[0][1] == {"failure_class": "unprovable"}
+    assert change.task["status_reason"] == "unprovable"
