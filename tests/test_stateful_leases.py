@@ -11,7 +11,9 @@ DESIGN §7; after every step the invariants below hold:
 - at every instant at most one principal can advance the task: a harmless compare_and_set is tried with each
   principal's lease (and every earlier lease) in a savepoint that is rolled back; at most one lands, and only
   with the open, unexpired lease; every stale epoch is refused;
-- a pending takeover blocks every agent grant; a live takeover lease means the task shows ``human``;
+- a pending takeover blocks every agent grant, and so does a task people hold (``human``); a live takeover lease
+  means the task shows ``human``;
+- a write that lands extends its writer's lease by the lease's ttl (a write is a heartbeat); a refused one does not;
 - every grant, forced release and lapsed takeover has its audit row; the audit chain and the task's log verify.
 
 Each example runs in a savepoint rolled back at its end, so the audit chain each one verifies stays short.
@@ -35,22 +37,28 @@ from audit.models import AuditEvent
 from audit.principals import Principal
 from audit.services import verify_audit
 from leases.clock import ControllableClock
-from leases.errors import LeaseError, LeaseExpired, LeaseHeld, LeaseLost, LeaseReserved, RenewalOutOfOrder
+from leases.errors import (
+    LeaseError,
+    LeaseExpired,
+    LeaseHeld,
+    LeaseLost,
+    LeaseRefused,
+    LeaseReserved,
+    RenewalOutOfOrder,
+)
 from leases.models import ForcedRelease, HolderKind, Lease, ReleaseReason
 from leases.services import lease_acquire, lease_grace, lease_open, lease_release, lease_renew, lease_reservation
 from tasks.cas import Change, compare_and_set
 from tasks.errors import InvalidTransition, TakeoverHeld, TaskError, VersionConflict
 from tasks.events import find_log_problem
-from tasks.lifecycle import NodeStatus, OperationStatus, TaskStatus
+from tasks.forced_release import MIN_FORCE_TEXT, TakeoverRefused, lease_force_release
+from tasks.lifecycle import TERMINAL_TASK_STATUSES, ChangeKind, NodeStatus, OperationStatus, TaskStatus
 from tasks.models import Node, Operation, Task
-from tasks.outcomes import Committed
+from tasks.outcomes import Committed, NotFound
 from tasks.permissions import ADMIN, OPERATOR, PermissionDenied, permission_grant
 from tasks.plans import task_create
-from tasks.protocol import next_directive, operation_dispatch, record_outcome, register_intent
+from tasks.protocol import next_directive, operation_start, record_outcome
 from tasks.takeover import (
-    MIN_FORCE_TEXT,
-    TakeoverRefused,
-    lease_force_release,
     operator_ttl,
     takeover_claim,
     takeover_release,
@@ -74,6 +82,12 @@ REACHED: Counter[str] = Counter()
 
 class Rollback(Exception):
     """Raised inside a savepoint to undo a probe write."""
+
+
+def probe(event: str, status: str) -> Change:
+    """A harmless change that the permit table lets the task's holder make in ``status``: a settlement while the
+    task is not ended (an agent's, or a person's while they hold it), a cleanup once it has ended."""
+    return Change(event=event, kind=ChangeKind.CLEANUP if status in TERMINAL_TASK_STATUSES else ChangeKind.SETTLE)
 
 
 class LeaseMachine(RuleBasedStateMachine):
@@ -162,15 +176,20 @@ class LeaseMachine(RuleBasedStateMachine):
     def agent_acquires(self, name: str) -> None:
         reserved = lease_reservation(self.task.pk) is not None
         free = self._blocking() is None
+        with_people = Task.objects.get(pk=self.task.pk).status == TaskStatus.HUMAN
         try:
             lease = lease_acquire(task_id=self.task.pk, holder_kind=HolderKind.AGENT, holder_id=name)
-        except (LeaseHeld, LeaseReserved) as refusal:
-            assert not free or reserved, f"agent {name} was refused a free task: {refusal}"
-            assert not free or isinstance(refusal, LeaseReserved)
+        except (LeaseHeld, LeaseReserved, LeaseRefused) as refusal:
+            assert not free or reserved or with_people, f"agent {name} was refused a free task: {refusal}"
+            if free:  # a person waits for the task first; else people hold it (no agent lease while it is human)
+                assert isinstance(refusal, LeaseReserved if reserved else LeaseRefused), refusal
+            else:
+                assert isinstance(refusal, LeaseHeld), refusal
             self._refused("agent acquire", refusal)
             return
         assert not reserved, f"agent {name} was granted the lease while a person waited to take over"
         assert free, f"agent {name} was granted the lease while another holder was inside its grace"
+        assert not with_people, f"agent {name} was granted the lease while people hold the task"
         self._granted(name, lease)
         STATS["agent acquire: granted"] += 1
 
@@ -208,55 +227,99 @@ class LeaseMachine(RuleBasedStateMachine):
 
     @rule(
         name=st.sampled_from(AGENTS),
-        write=st.sampled_from(["compare_and_set", "register_intent", "dispatch", "record"]),
+        write=st.sampled_from(["compare_and_set", "start", "start", "not_found", "record"]),
         stale_version=st.sampled_from([False, False, False, True]),
     )
     def agent_writes(self, name: str, write: str, stale_version: bool) -> None:
-        """The agent writes with the lease it last held, whatever became of it since."""
+        """The agent writes with the lease it last held, whatever became of it since: a probe, the start of the
+        next node (or of an intent, sent again), or what a query by op key said of a sent operation — nothing
+        (an intent to send again) or a receipt."""
         lease = self.leases[name]
         if lease is None:
             return
+        version = self._version() - (1 if stale_version else 0)
+        call = self._agent_write(lease, write, version)
+        if call is not None:
+            self._agent_call(name, lease, write, call, stale_version=stale_version)
+
+    @rule(name=st.sampled_from(AGENTS), answer=st.sampled_from(["committed", "committed", "not_found"]))
+    def agent_follows_its_directive(self, name: str, answer: str) -> None:
+        """A well-behaved agent: it reads the directive with its lease and does what it says at once — start the
+        node (or send an intent again), or record what the query by op key answered. A directive never sends the
+        agent into a refusal: it tells a holder whose lease is gone to stop."""
+        lease = self.leases[name]
+        if lease is None:
+            return
+        task_id = self.task.pk
+        d = next_directive(task_id=task_id, lease=lease)
+        if d.kind == "execute":
+            node_key = d.node_key
+
+            def call() -> Any:
+                return operation_start(task_id=task_id, node_key=node_key, expected_version=d.task_version, lease=lease)
+
+        elif d.kind == "reconcile" and d.op_key:
+            op_key = d.op_key
+            outcome = NotFound() if answer == "not_found" else Committed(remote_id=f"r-{op_key}")
+
+            def call() -> Any:
+                return record_outcome(op_key=op_key, outcome=outcome, expected_version=d.task_version, lease=lease)
+
+        else:
+            STATS[f"agent directive: {d.kind} {d.reason}"] += 1
+            return
+        assert self._live(lease), f"agent {name} was directed to {d.kind} with a lease that is not live"
+        what = f"directed {d.kind}" + (f" ({answer})" if d.kind == "reconcile" else " again" if d.op_key else "")
+        assert self._agent_call(name, lease, what, call, stale_version=False), f"{what} was refused"
+
+    def _agent_call(self, name: str, lease: Lease, write: str, call: Callable[[], Any], *, stale_version: bool) -> bool:
+        """Run an agent's write and check it against the model: it lands only with the live lease and the version
+        now, moves the version by one and extends the lease by its ttl; a refusal changes neither. Landed?"""
         live = self._live(lease)
         before = self._version()
-        version = before - 1 if stale_version else before
-        call = self._agent_write(lease, write, version)
-        if call is None:
-            return
+        expires_at = Lease.objects.values_list("expires_at", flat=True).get(pk=lease.pk)
         try:
             call()
         except (TaskError, LeaseError) as refusal:
             assert self._version() == before, f"a refused {write} changed the task"
+            assert Lease.objects.get(pk=lease.pk).expires_at == expires_at, f"a refused {write} extended the lease"
             self._refused(f"agent {write}", refusal)
             if live and not stale_version:
                 STATS[f"agent {write} with a live lease refused: {type(refusal).__name__}"] += 1
-            return
+            return False
         after = self._version()
-        if after == before:  # register_intent handing back an intent already registered writes nothing
-            STATS[f"agent {write}: no write"] += 1
-            return
         assert live, f"agent {name} wrote with epoch {lease.epoch}, which is not the live lease"
-        assert not stale_version and after == before + 1
-        STATS[f"agent {write}: written"] += 1
+        assert not stale_version and after == before + 1, f"agent {write}: v{before} -> v{after}"
+        # A write is a heartbeat: it extends the writer's lease by its ttl (never shortens it).
+        assert lease.ttl is not None
+        extended = Lease.objects.get(pk=lease.pk).expires_at
+        assert extended == max(expires_at, self.clock.now() + lease.ttl), f"agent {write} left the lease at {extended}"
+        STATS[f"agent {write}: written{self._when(lease)}"] += 1
+        return True
 
     def _agent_write(self, lease: Lease, write: str, version: int) -> Callable[[], Any] | None:
         task_id = self.task.pk
         if write == "compare_and_set":
-            return lambda: compare_and_set(task_id, version, Change(event="agent_probe"), lease=lease)
-        if write == "register_intent":
+            status = Task.objects.get(pk=task_id).status
+            return lambda: compare_and_set(task_id, version, probe("agent_probe", status), lease=lease)
+        if write == "start":
+            intent = Operation.objects.filter(task_id=task_id, status=OperationStatus.INTENT).first()
             node = (
-                Node.objects.filter(task_id=task_id).exclude(status=NodeStatus.SUCCEEDED).order_by("position").first()
+                intent.node
+                if intent is not None
+                else Node.objects.filter(task_id=task_id)
+                .exclude(status=NodeStatus.SUCCEEDED)
+                .order_by("position")
+                .first()
             )
             if node is None:
                 return None
-            return lambda: register_intent(task_id=task_id, node_key=node.key, expected_version=version, lease=lease)
-        status = OperationStatus.INTENT if write == "dispatch" else OperationStatus.DISPATCHED
-        op = Operation.objects.filter(task_id=task_id, status=status).first()
+            return lambda: operation_start(task_id=task_id, node_key=node.key, expected_version=version, lease=lease)
+        op = Operation.objects.filter(task_id=task_id, status=OperationStatus.DISPATCHED).first()
         if op is None:
             return None
-        if write == "dispatch":
-            return lambda: operation_dispatch(op_key=op.op_key, expected_version=version, lease=lease)
-        receipt = Committed(remote_id=f"r-{op.op_key}")
-        return lambda: record_outcome(op_key=op.op_key, outcome=receipt, expected_version=version, lease=lease)
+        outcome = NotFound() if write == "not_found" else Committed(remote_id=f"r-{op.op_key}")
+        return lambda: record_outcome(op_key=op.op_key, outcome=outcome, expected_version=version, lease=lease)
 
     # --- operators -----------------------------------------------------------------------------------
 
@@ -345,7 +408,8 @@ class LeaseMachine(RuleBasedStateMachine):
             return
         assert renewable, f"{name} renewed {'with a wrong renewal_seq' if seq_offset else 'a lapsed lease'}"
         assert renewed.expires_at == self.clock.now() + operator_ttl()
-        assert AuditEvent.objects.order_by("-seq").values_list("action", flat=True)[0] == "takeover_renewed"
+        # A renewal is the browser's heartbeat: not audited row by row (the claim, release and expiry are).
+        assert AuditEvent.objects.count() == audit_rows
         self.leases[name] = renewed
         STATS[f"operator renew: renewed{self._when(lease)}"] += 1
 
@@ -463,10 +527,11 @@ class LeaseMachine(RuleBasedStateMachine):
         candidates |= {lease.pk: lease for lease in self.leases.values() if lease is not None}
         version = self._version()
         landed = []
+        status = Task.objects.get(pk=self.task.pk).status
         for lease in candidates.values():
             try:
                 with transaction.atomic():
-                    compare_and_set(self.task.pk, version, Change(event="authority_probe"), lease=lease)
+                    compare_and_set(self.task.pk, version, probe("authority_probe", status), lease=lease)
                     raise Rollback
             except Rollback:
                 landed.append(lease)

@@ -2,7 +2,9 @@
 
 Stale versions, duplicate calls, lease expiry on a controllable database clock, remote calls that
 commit and then drop the connection, and crashes (an agent forgetting everything it had in memory)
-are all in the mix. After every step it checks invariants 1, 2, 3, 6, 7 and 10 of DESIGN §3; at the
+are all in the mix. A crash between an operation's start (registered and marked sent, one commit) and the
+call leaves it to a query by op key: it finds nothing, and the same op key is sent again as an intent.
+After every step it checks invariants 1, 2, 3, 6, 7 and 10 of DESIGN §3; at the
 end a fresh agent must be able to settle every operation (invariant 4's "eventually").
 
 The remote here does NOT deduplicate by op key: every submit that commits counts as a side effect,
@@ -28,21 +30,15 @@ from leases.clock import ControllableClock
 from leases.errors import LeaseError
 from leases.models import Lease
 from leases.services import lease_acquire, lease_release, lease_renew
+from tasks.cancel import task_request_cancel
 from tasks.errors import TaskError
 from tasks.events import find_log_problem
 from tasks.evidence import evidence_problems
 from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, TaskStatus
-from tasks.models import Node, Operation, Receipt, Task
+from tasks.models import Event, Node, Operation, Receipt, Task
 from tasks.outcomes import Accepted, Committed, Failed, NotFound, Outcome
 from tasks.plans import task_create
-from tasks.protocol import (
-    Directive,
-    next_directive,
-    operation_dispatch,
-    record_outcome,
-    register_intent,
-    task_request_cancel,
-)
+from tasks.protocol import Directive, next_directive, operation_start, record_outcome
 
 COUNT = 5
 PLAN = {
@@ -86,6 +82,8 @@ MODES = st.sampled_from(
     ]
 )
 
+
+CREATOR = Principal.agent("machine")  # the task's creator: it may cancel the task
 
 # What the examples reached, printed at the end (pytest -s): a machine that never gets anywhere proves nothing.
 STATS: Counter[str] = Counter()
@@ -137,7 +135,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.remote = Remote()
-        self.task = task_create(kind="stateful", title="machine", plan=PLAN, created_by="machine", attempt_budget=12)
+        self.task = task_create(kind="stateful", title="machine", plan=PLAN, created_by=str(CREATOR), attempt_budget=12)
         self.agents = {name: Agent(name) for name in ("a", "b")}
 
     # --- helpers -------------------------------------------------------------------------------------
@@ -198,7 +196,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         name=st.sampled_from(["a", "b"]),
         mode=MODES,
         crash_at=st.sampled_from(
-            ["", "", "", "after_intent", "after_dispatch", "after_call", "stall", "stall_before_intent", "duplicate"]
+            ["", "", "", "after_start", "after_start", "after_call", "stall", "stall_before_start", "duplicate"]
         ),
         stale=st.sampled_from([False, False, False, True]),
         seconds=st.sampled_from([0, 0, 1, 2, 5, 13, 31]),
@@ -235,25 +233,31 @@ class ProtocolMachine(RuleBasedStateMachine):
             return
         if directive.kind != "execute":
             return
-        if crash_at == "stall_before_intent":
+        if crash_at == "stall_before_start":
             agent.held = directive
             return
+        cancelled_before = Task.objects.get(pk=self.task.pk).cancel_requested_at is not None
+        started_at = agent.version
+        # One commit: the operation registered and marked sent (or an intent sent again), before the call.
         op = self._write(
             agent,
-            lambda: register_intent(
-                task_id=self.task.pk, node_key=directive.node_key, expected_version=agent.version, lease=agent.lease
+            lambda: operation_start(
+                task_id=self.task.pk, node_key=directive.node_key, expected_version=started_at, lease=agent.lease
             ),
-        )
-        if not isinstance(op, Operation) or crash_at == "after_intent":
-            return agent.crash()
-        cancelled_before = Task.objects.get(pk=self.task.pk).cancel_requested_at is not None
-        op = self._write(
-            agent, lambda: operation_dispatch(op_key=op.op_key, expected_version=agent.version, lease=agent.lease)
         )
         if not isinstance(op, Operation):
             return agent.crash()
-        assert not cancelled_before, "an operation was dispatched after the cancel was recorded"
-        if crash_at == "after_dispatch":
+        assert not cancelled_before, "an operation was started after the cancel was recorded"
+        if directive.op_key:
+            # An intent left by a query that found nothing: sent again under its own op key.
+            assert (op.op_key, op.status) == (directive.op_key, OperationStatus.DISPATCHED)
+            assert op.dispatch_count > 1
+            STATS.update(["start: an intent sent again"])
+        else:
+            assert op.dispatch_count == 1 and op.op_key not in self.remote.effects
+            STATS.update(["start: first send"])
+        if crash_at == "after_start":
+            # The process dies between the start's commit and the call: a query by op key will find nothing.
             return agent.crash()
         # The call happens outside any transaction; its answer may be lost with a crash before record.
         outcome = self.remote.submit(op.op_key, mode)
@@ -263,35 +267,69 @@ class ProtocolMachine(RuleBasedStateMachine):
             # The process stalls with the answer in hand and records it later (late_record), maybe too late.
             agent.op_key, agent.outcome = op.op_key, outcome
             return
-        self._record(agent, op.op_key, outcome)
+        recorded_at = agent.version
+        recorded = self._record(agent, op.op_key, outcome)
         if crash_at == "duplicate":
-            # The same messages delivered twice: the second register, dispatch and record change nothing new.
-            version = agent.version
-            again = self._write(
+            # The same messages delivered twice, with the versions they carried: refused, nothing written.
+            lease = agent.lease
+            duplicate = self._write(
                 agent,
-                lambda: register_intent(
-                    task_id=self.task.pk, node_key=directive.node_key, expected_version=version, lease=agent.lease
+                lambda: operation_start(
+                    task_id=self.task.pk, node_key=directive.node_key, expected_version=started_at, lease=lease
                 ),
             )
-            assert not isinstance(again, Operation) or again.op_key != op.op_key or again.status == "intent"
-            self._write(
-                agent, lambda: operation_dispatch(op_key=op.op_key, expected_version=version, lease=agent.lease)
+            assert duplicate is None, "a start delivered twice was applied twice"
+            duplicate = self._write(
+                agent,
+                lambda: record_outcome(op_key=op.op_key, outcome=outcome, expected_version=recorded_at, lease=lease),
             )
+            assert duplicate is None or recorded is None, "an outcome delivered twice was recorded twice"
+            # And the start once more at the version now, as an agent that re-read it: the op key is not sent again.
+            again = self._write(
+                agent,
+                lambda: operation_start(
+                    task_id=self.task.pk, node_key=directive.node_key, expected_version=agent.version, lease=lease
+                ),
+            )
+            assert not isinstance(again, Operation) or again.op_key != op.op_key, "the same op key was sent twice"
+            if isinstance(again, Operation):  # a new attempt (a retry the rules allow): never called, as a crash
+                return agent.crash()
             self._record(agent, op.op_key, outcome)
 
-    def _record(self, agent: Agent, op_key: str, outcome: Outcome) -> None:
+    def _record(self, agent: Agent, op_key: str, outcome: Outcome) -> Any:
         lease = agent.lease
         assert lease is not None
-        self._write(
+        return self._write(
             agent,
             lambda: record_outcome(op_key=op_key, outcome=outcome, expected_version=agent.version, lease=lease),
         )
 
     # Rare (1 in 50 draws, away from the bounds hypothesis favours): a cancel ends the interesting part of a run.
-    @rule(now=st.integers(min_value=0, max_value=49).map(lambda n: n == 17))
-    def cancel(self, now: bool) -> None:
-        if now:
-            task_request_cancel(task_id=self.task.pk, actor=Principal.agent("operator:machine"), reason="stateful test")
+    # Asked by the agent that created the task, or by an agent holding (or having held) the task's lease.
+    @rule(now=st.integers(min_value=0, max_value=49).map(lambda n: n == 17), by=st.sampled_from(["creator", "a", "b"]))
+    def cancel(self, now: bool, by: str) -> None:
+        if not now:
+            return
+        if by == "creator":
+            task_request_cancel(task_id=self.task.pk, actor=CREATOR, reason="stateful test")
+            return
+        agent = self.agents[by]
+        if agent.lease is None:
+            return
+        live = self._lease_is_live(agent)
+        before = Task.objects.get(pk=self.task.pk).version
+        try:
+            task_request_cancel(
+                task_id=self.task.pk, actor=Principal.agent(by), reason="the holder gives up", lease=agent.lease
+            )
+        except (TaskError, LeaseError) as refusal:
+            STATS.update([f"holder's cancel refused: {type(refusal).__name__}"])
+            assert not live, f"the live lease holder's cancel was refused: {refusal}"
+            assert Task.objects.get(pk=self.task.pk).version == before
+            return
+        if Task.objects.get(pk=self.task.pk).version != before:
+            assert live, f"agent {by} cancelled without a live lease"
+            STATS.update(["holder's cancel recorded"])
 
     # --- invariants ----------------------------------------------------------------------------------
 
@@ -326,11 +364,14 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     @invariant()
     def cancel_stops_new_side_effects(self) -> None:
-        """Invariant 6: no intent registered after the cancel; commits after it are flagged, never undone."""
+        """Invariant 6: no operation registered, and none sent (again), after the cancel; no intent survives it;
+        commits after it are flagged, never undone."""
         task = Task.objects.get(pk=self.task.pk)
         if task.cancel_requested_at is None:
             return
         assert not Operation.objects.filter(task=task, registered_at__gt=task.cancel_requested_at).exists()
+        cancelled_at = Event.objects.get(task=task, type="cancel_requested").seq
+        assert not Event.objects.filter(task=task, type="operation_dispatched", seq__gt=cancelled_at).exists()
         assert not Operation.objects.filter(task=task, status=OperationStatus.INTENT).exists()
         assert task.status in (TaskStatus.STOPPING, TaskStatus.STOPPED_PENDING, TaskStatus.STOPPED)
         for receipt in Receipt.objects.filter(operation__task=task, received_at__gt=task.cancel_requested_at):
@@ -344,16 +385,21 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     @invariant()
     def budgets_are_persisted(self) -> None:
-        """Invariant 10: attempts counted in the database match the dispatches, within the budgets."""
+        """Invariant 10: attempts counted in the database match the operations started — the first send of an op
+        key is an attempt, sending it again after a query found nothing is not — within the budgets; every send
+        is logged."""
         task = Task.objects.get(pk=self.task.pk)
-        total = 0
+        total = sends = 0
         for node in Node.objects.filter(task=task):
-            dispatched = sum(Operation.objects.filter(node=node).values_list("dispatch_count", flat=True))
-            assert node.attempts == dispatched
+            counts = list(Operation.objects.filter(node=node).values_list("dispatch_count", flat=True))
+            assert all(count >= 1 for count in counts), "an operation exists that was never started as sent"
+            assert node.attempts == len(counts)
             assert node.attempts <= node.max_attempts
             assert (node.last_attempt_at is not None) == (node.attempts > 0)
-            total += dispatched
+            total += len(counts)
+            sends += sum(counts)
         assert task.attempts_used == total <= task.attempt_budget
+        assert Event.objects.filter(task=task, type="operation_dispatched").count() == sends
 
     def teardown(self) -> None:
         """Unknowns are eventually settled: a fresh agent, after every old lease lapsed, settles them all."""
@@ -376,9 +422,8 @@ class ProtocolMachine(RuleBasedStateMachine):
                 )
             elif directive.kind == "execute":
                 v = directive.task_version
-                op = register_intent(task_id=self.task.pk, node_key=directive.node_key, expected_version=v, lease=lease)
-                v = Task.objects.get(pk=self.task.pk).version
-                operation_dispatch(op_key=op.op_key, expected_version=v, lease=lease)
+                op = operation_start(task_id=self.task.pk, node_key=directive.node_key, expected_version=v, lease=lease)
+                assert not directive.op_key or op.op_key == directive.op_key
                 record_outcome(
                     op_key=op.op_key,
                     outcome=self.remote.submit(op.op_key, "commit"),
