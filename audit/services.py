@@ -99,6 +99,8 @@ def verify_audit() -> AuditVerdict:
             return AuditVerdict(checked, event.seq, f"audit event #{event.seq} was altered after it was written")
         prev, expected = event.digest, expected + 1
     head = AuditHead.objects.filter(pk=1).first()
+    if head is None and checked:
+        return AuditVerdict(checked, expected - 1, f"the audit chain's head is missing (the chain ends at #{checked})")
     if head is not None and (head.seq != expected - 1 or head.digest != prev):
         return AuditVerdict(checked, head.seq, f"the chain ends at #{expected - 1} but its head says #{head.seq}")
     return AuditVerdict(checked, None, None)

@@ -26,6 +26,7 @@ from tasks.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unpro
 from tasks.plans import digest_of
 from tasks.queries import get_task
 from tasks.receipts import receipt_of, receipt_summary
+from tasks.verification import temp_locator_verified
 
 ENDED = (TaskStatus.COMPLETED.value, TaskStatus.STOPPED.value, TaskStatus.FAILED.value)
 MAX_CLEANUP_ATTEMPTS = 3
@@ -69,6 +70,7 @@ def _clean_one(temp: TempResource, lease: Lease, connector: Connector) -> str:
                 return "needs_person"
             op = _register(temp, tries, lease)
         if op.status == OperationStatus.INTENT:
+            temp_locator_verified(temp)  # the row alone is not trusted with what gets deleted
             op = _dispatch(op, lease)
             outcome = connector.delete(op.op_key, temp.locator)
             failpoint("mid_cleanup", task_id=temp.task_id)

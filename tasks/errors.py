@@ -98,3 +98,9 @@ class UnknownTaskKind(TaskError):
     """No app registered this task kind (tasks/registry.py): no worker knows which connector drives it."""
 
     code = "unknown_task_kind"
+
+
+class StoredFactAltered(TaskError):
+    """A stored fact a call would be made from (a request, a locator) is not what the log recorded: nothing is sent."""
+
+    code = "stored_fact_altered"

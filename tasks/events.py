@@ -28,6 +28,7 @@ TASK_FIELDS = (
     "attempts_used",
     "inputs_recheck_required",
     "cancel_requested_at",
+    "input_refs",  # what the agent reads its inputs' versions from after a hand-back
 )
 NODE_FIELDS = (
     "status",
@@ -49,7 +50,8 @@ NODE_DEFAULTS: dict[str, Any] = {
     "not_before": None,
     "output": {},
 }
-OPERATION_FIELDS = ("node", "status", "failure_class", "remote_id", "dispatch_count")
+# request_digest and target: what is sent (and re-sent) is covered by the log, not only by the row.
+OPERATION_FIELDS = ("node", "status", "failure_class", "remote_id", "dispatch_count", "request_digest", "target")
 
 
 def jsonable(value: Any) -> Any:
@@ -156,6 +158,8 @@ def find_log_problem(task: Task) -> str | None:
     rebuilt, stored = fold(events), stored_projection(task)
     if rebuilt.version != stored.version:
         return f"log ends at seq {rebuilt.version} but the task is at version {stored.version}"
+    if task.log_head != prev:
+        return f"the task row's log head is not the digest of event seq {rebuilt.version}: the log's end was changed"
     for name in TASK_FIELDS:
         if rebuilt.task.get(name) != stored.task[name]:
             return f"task.{name} is {stored.task[name]!r}, the log says {rebuilt.task.get(name)!r}"

@@ -1,4 +1,5 @@
 import uuid
+from typing import Any, NoReturn
 
 from django.db import models
 from django.db.models import Q
@@ -232,8 +233,23 @@ class Receipt(models.Model):
         return f"receipt {self.remote_id} for operation {self.operation_id}"
 
 
+class EventRefused(Exception):
+    """Events are append-only."""
+
+
+class EventQuerySet(models.QuerySet["Event"]):
+    def update(self, **kwargs: Any) -> NoReturn:
+        raise EventRefused("events are append-only: no update")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise EventRefused("events are append-only: no delete")
+
+
 class Event(models.Model):
-    """Append-only, hash-chained record of every state change of a task; ``seq`` is contiguous from 1."""
+    """Append-only, hash-chained record of every state change of a task; ``seq`` is contiguous from 1.
+
+    Updates and deletes are refused here and, in the database, by triggers (migration 0009), TRUNCATE included on
+    PostgreSQL; the task row keeps the chain's head (``log_head``), so a cut tail is found by verify_log."""
 
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="events")
     seq = models.PositiveBigIntegerField()
@@ -242,6 +258,8 @@ class Event(models.Model):
     prev_digest = models.CharField(max_length=64)
     digest = models.CharField(max_length=64)
     created_at = models.DateTimeField()
+
+    objects = EventQuerySet.as_manager()
 
     class Meta:
         constraints = [
@@ -252,6 +270,14 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"event {self.task_id}#{self.seq} {self.type}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            raise EventRefused("events are append-only: no update")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise EventRefused("events are append-only: no delete")
 
 
 class TempResourceStatus(models.TextChoices):

@@ -22,6 +22,7 @@ from tasks.errors import InvalidTransition, TaskNotFound, VersionConflict
 from tasks.models import Node, Operation, Task
 from tasks.outcomes import Outcome
 from tasks.snapshot import Snapshot, task_snapshot
+from tasks.verification import operation_request_verified
 
 __all__ = [
     "Directive",
@@ -54,6 +55,8 @@ def next_directive(*, task_id: int, lease: LeaseRef, snapshot: Snapshot | None =
 def step_start(snap: Snapshot, node_key: str, *, lease: LeaseRef) -> tuple[Operation, Snapshot]:
     """Commit 1 of a node: its operation registered and marked sent (or an intent sent again), on ``snap``."""
     change, op = decisions.start(snap, node_key)
+    if op.pk is not None:  # sent again: the stored request must be the one the log registered
+        operation_request_verified(op)
     applied = compare_and_set(snap.task.pk, snap.version, change, lease=lease, snapshot=snap)
     new = _written(applied)
     return new.operation(op.op_key) or op, new

@@ -24,6 +24,7 @@ from tasks.outcomes import Accepted, Failed
 from tasks.protocol import Directive, inputs_confirm, next_directive, step_settle, step_start
 from tasks.queries import get_task
 from tasks.snapshot import Snapshot, task_snapshot
+from tasks.verification import input_refs_verified
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: in
                 if isinstance(outcome, Accepted) and op.status == OperationStatus.ACCEPTED:
                     return RunReport(step + 1, d, lease, "observing", wake_at=_later(OBSERVE_EVERY))
             elif d.kind == "reconcile":  # handed back by a person: re-read the inputs' versions first
+                input_refs_verified(snap.task)
                 refs = snap.task.input_refs
                 versions = {name: connector.current_version(ref["locator"]) for name, ref in refs.items()}
                 inputs_confirm(task_id=task_id, current_versions=versions, expected_version=d.task_version, lease=lease)

@@ -2,18 +2,25 @@
 
 Checked: the event log (contiguous seq, hash chain) rebuilds the stored projection; every node's
 definition is the one of the accepted plan revision whose digest the log carries; every receipt is
-the one the log recorded; no stored payload carries credential-like data.
+the one the log recorded; the facts a call is made from (an operation's request and target, the task's input
+refs, a temp resource's locator) are the ones the log recorded; the task row's head is the log's last digest; no
+stored payload carries credential-like data. One task's problem never stops the others from being checked.
 """
 
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import IntegrityError, transaction
+
+from audit.principals import Principal
+from audit.services import audit_append
+from leases import clock
 from tasks.cas import Change, compare_and_set
-from tasks.errors import PlanInvalid, VersionConflict
+from tasks.errors import PlanInvalid, StoredFactAltered, VersionConflict
 from tasks.events import find_log_problem
 from tasks.hygiene import scan_payload
 from tasks.lifecycle import Actor, ChangeKind, TaskStatus
-from tasks.models import Event, Node, PlanRevision, ProposalStatus, Receipt, Task
+from tasks.models import Event, Node, Operation, PlanRevision, ProposalStatus, Receipt, Task, TempResource
 from tasks.plans import NodeSpec, digest_of, validate_plan
 from tasks.receipts import RECEIPT_FIELDS
 
@@ -98,12 +105,82 @@ def _receipt_problems(task: Task) -> list[str]:
     return problems
 
 
+def _stored_fact_problems(task: Task) -> list[str]:
+    """The facts a call is made from, against what the log recorded: every operation's request against its digest
+    (the digest itself is in the log), every temp resource's locator against the receipts that named it."""
+    problems = [
+        f"operation {op_key}'s stored request does not match its registered digest"
+        for op_key, request, digest in Operation.objects.filter(task=task).values_list(
+            "op_key", "request", "request_digest"
+        )
+        if digest_of(request) != digest
+    ]
+    logged: set[str] = set()
+    for data in Event.objects.filter(task=task, type__in=_TEMP_EVENTS).values_list("payload__data", flat=True):
+        if isinstance(data, dict) and isinstance(data.get("temp"), list):
+            logged.update(str(locator) for locator in data["temp"])
+    problems += [
+        f"temp resource {locator!r} is not one a receipt in the log named"
+        for locator in TempResource.objects.filter(task=task).values_list("locator", flat=True)
+        if locator not in logged
+    ]
+    return problems
+
+
+_TEMP_EVENTS = ["node_succeeded", "evidence_insufficient"]
+
+
+def temp_locator_verified(resource: TempResource) -> None:
+    """Before a delete is sent: the locator is one a receipt in the log named (the row alone is not trusted)."""
+    for data in Event.objects.filter(task_id=resource.task_id, type__in=_TEMP_EVENTS).values_list(
+        "payload__data", flat=True
+    ):
+        if isinstance(data, dict) and resource.locator in (data.get("temp") or []):
+            return
+    raise StoredFactAltered(
+        f"temp resource {resource.locator!r} of task {resource.task_id} is not one a receipt in the log named: "
+        "nothing is deleted",
+        locator=resource.locator,
+    )
+
+
+def operation_request_verified(op: Operation) -> None:
+    """Before an operation is sent again: its stored request is the one whose digest the log recorded when it was
+    registered (the row alone is not trusted with what is sent)."""
+    inserted = (
+        Event.objects.filter(task_id=op.task_id, payload__operations__has_key=op.op_key)
+        .order_by("seq")
+        .values_list("payload__operations", flat=True)
+        .first()
+    )
+    logged = inserted.get(op.op_key, {}).get("request_digest") if isinstance(inserted, dict) else None
+    if logged is None or logged != op.request_digest or digest_of(op.request) != logged:
+        raise StoredFactAltered(
+            f"operation {op.op_key}'s stored request is not the one the log registered: it is not sent",
+            op_key=op.op_key,
+        )
+
+
+def input_refs_verified(task: Task) -> None:
+    """Before the inputs' versions are read again: the task's input refs are the ones the log last recorded."""
+    for fields in (
+        Event.objects.filter(task=task, payload__task__has_key="input_refs")
+        .order_by("-seq")
+        .values_list("payload__task", flat=True)[:1]
+    ):
+        if isinstance(fields, dict) and fields.get("input_refs") == task.input_refs:
+            return
+    if not task.input_refs:
+        return
+    raise StoredFactAltered(f"task {task.pk}'s input refs are not the ones the log recorded: nothing is read from them")
+
+
 def find_problems(task: Task) -> list[str]:
     problems = []
     log_problem = find_log_problem(task)
     if log_problem:
         problems.append(log_problem)
-    problems += _definition_problems(task) + _receipt_problems(task)
+    problems += _definition_problems(task) + _receipt_problems(task) + _stored_fact_problems(task)
     secrets = find_secrets(task)
     if secrets:
         problems.append("credential-like data stored at " + ", ".join(secrets[:5]))
@@ -123,10 +200,37 @@ def task_verify_log(*, task_id: int, quarantine: bool = True) -> Verdict:
     if not quarantine:
         return Verdict(task_id, problem)
     try:
-        task_quarantine(task_id=task_id, expected_version=task.version, reason=problem)
+        with transaction.atomic():
+            task_quarantine(task_id=task_id, expected_version=task.version, reason=problem)
     except VersionConflict:
         return Verdict(task_id, problem + " (task moved on while verifying; run again)")
+    except IntegrityError:
+        # The log already holds an event past the task's version (a forged tail): no event can follow it. The task
+        # is stopped all the same, and the audit log says why.
+        if not _quarantine_beside_the_log(task, problem):
+            return Verdict(task_id, problem + " (task moved on while verifying; run again)")
     return Verdict(task_id, problem, quarantined_now=True)
+
+
+def _quarantine_beside_the_log(task: Task, problem: str) -> bool:
+    with transaction.atomic():
+        now = clock.now()
+        stopped = Task.objects.filter(pk=task.pk, version=task.version).update(
+            status=TaskStatus.QUARANTINED.value, status_reason="", status_detail=problem[:500], updated_at=now
+        )
+        if stopped != 1:
+            return False
+        audit_append(
+            actor=Principal.system("verify_log"),
+            action="quarantined_beside_the_log",
+            at=now,
+            task_id=task.pk,
+            version_before=task.version,
+            version_after=task.version,
+            reason=problem,
+            details={"why": "the log holds an event past the task's version: no event can be appended"},
+        )
+    return True
 
 
 def task_quarantine(*, task_id: int, expected_version: int, reason: str) -> Task:

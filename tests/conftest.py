@@ -1,3 +1,4 @@
+import importlib
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -15,6 +16,33 @@ from leases.services import lease_acquire
 from tasks.models import Task
 from tasks.plans import task_create
 from tests.simulator_fixture import Simulator
+
+
+def _flush_past_the_append_only_triggers() -> None:
+    """Transactional tests empty every table afterwards. Events, audit rows and the audit head refuse that in the
+    database (tasks/migrations/0009, audit/migrations/0002-0003), as they must in production; the test suite empties
+    them as someone with DDL rights would: PostgreSQL skips the triggers for the flush's own transaction
+    (superuser), SQLite drops them for the flush and makes them again."""
+    from django.db.backends.base.operations import BaseDatabaseOperations
+
+    audit_triggers = importlib.import_module("audit.migrations.0002_append_only_triggers")
+    head_triggers = importlib.import_module("audit.migrations.0003_truncate_and_head")
+    event_triggers = importlib.import_module("tasks.migrations.0009_event_append_only")
+    original = BaseDatabaseOperations.execute_sql_flush
+
+    def execute_sql_flush(self: BaseDatabaseOperations, sql_list: list[str]) -> None:
+        if self.connection.vendor == "postgresql":
+            sql_list = ["SET LOCAL session_replication_role = replica", *sql_list]
+        elif self.connection.vendor == "sqlite":
+            drops = event_triggers.SQLITE_DROP + audit_triggers.SQLITE_DROP + head_triggers.SQLITE_DROP
+            creates = event_triggers.SQLITE + audit_triggers.SQLITE + head_triggers.SQLITE
+            sql_list = [*drops, *sql_list, *creates]
+        original(self, sql_list)
+
+    BaseDatabaseOperations.execute_sql_flush = execute_sql_flush  # type: ignore[method-assign,assignment]
+
+
+_flush_past_the_append_only_triggers()
 
 hypothesis_settings.register_profile("ci", deadline=None, print_blob=True)
 hypothesis_settings.load_profile("ci")

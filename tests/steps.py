@@ -17,4 +17,3 @@ def send(task: Task, lease: Lease, key: str) -> Operation:
 
 def record(op: Operation, outcome: Outcome, lease: Lease) -> Operation:
     return record_outcome(op_key=op.op_key, outcome=outcome, expected_version=version(op.task), lease=lease)
-

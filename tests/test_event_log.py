@@ -1,6 +1,7 @@
 """Invariant 7: the log is the truth. Contiguous, hash-chained, and folding it rebuilds the projection;
 any gap or mismatch quarantines the task."""
 
+import json
 from collections.abc import Callable
 from io import StringIO
 from typing import Any
@@ -119,20 +120,42 @@ def in_flight_task(make_task: Any, agent_lease: Any) -> Task:
     return Task.objects.get(pk=task.pk)
 
 
+def disarm_event_triggers() -> None:
+    """What a tamperer with DDL rights does first (events refuse UPDATE and DELETE otherwise, tests/
+    test_log_integrity.py). The test's transaction rolls it back."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SET LOCAL session_replication_role = replica")  # a superuser's way past every trigger
+        else:
+            cursor.execute("DROP TRIGGER event_no_update")
+            cursor.execute("DROP TRIGGER event_no_delete")
+
+
 def alter_a_payload(task: Task) -> None:
     event = Event.objects.get(task=task, seq=4)
     payload = dict(event.payload)
     payload["data"] = {**payload.get("data", {}), "receipt": {"remote_id": "r-forged"}}
-    Event.objects.filter(pk=event.pk).update(payload=payload)
+    disarm_event_triggers()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {quote(Event._meta.db_table)} SET payload = %s WHERE id = %s",  # noqa: S608
+            [json.dumps(payload), event.pk],
+        )
 
 
 def delete_a_middle_event(task: Task) -> None:
+    disarm_event_triggers()
     with connection.cursor() as cursor:
         cursor.execute(f"DELETE FROM {quote(Event._meta.db_table)} WHERE task_id = %s AND seq = %s", [task.pk, 3])  # noqa: S608
 
 
 def delete_the_last_event(task: Task) -> None:
-    Event.objects.filter(task=task, seq=task.version).delete()
+    disarm_event_triggers()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {quote(Event._meta.db_table)} WHERE task_id = %s AND seq = %s",  # noqa: S608
+            [task.pk, task.version],
+        )
 
 
 def mark_a_node_succeeded_without_an_event(task: Task) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from leases.models import Lease
 from leases.services import lease_acquire
-from tasks.cas import Change, compare_and_set
+from tasks.cas import Applied, Change, compare_and_set
 from tasks.errors import InvalidTransition, TaskNotRunnable
 from tasks.lifecycle import PERMITS, Actor, ChangeKind, TaskStatus, permitted
 from tasks.models import Task
@@ -82,9 +82,10 @@ def test_the_compare_and_set_enforces_the_table_in_every_status(make_task, clock
         _set_status(task, status.value)
         version = Task.objects.values_list("version", flat=True).get(pk=task.pk)
         probe = Change(event="probe", kind=kind, data={"status": status.value})
-        write = lambda v=version, c=probe: compare_and_set(  # noqa: E731
-            task.pk, v, c, lease=lease, actor=None if lease else actor
-        )
+
+        def write(v: int = version, c: Change = probe) -> Applied:
+            return compare_and_set(task.pk, v, c, lease=lease, actor=None if lease else actor)
+
         if status in allowed:
             assert write().version == version + 1, f"{actor} {kind} in {status} should land"
         else:
