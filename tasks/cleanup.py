@@ -20,7 +20,7 @@ from tasks import opkeys
 from tasks.cas import Change, compare_and_set
 from tasks.connectors.base import Connector
 from tasks.failpoints import failpoint
-from tasks.lifecycle import OPEN_OPERATION_STATUSES, ChangeKind, FailureClass, OperationStatus, TaskStatus
+from tasks.lifecycle import OPEN_OPERATION_STATUSES, TERMINAL_TASK_STATUSES, ChangeKind, FailureClass, OperationStatus
 from tasks.models import Operation, OperationPurpose, Task, TempResource, TempResourceStatus
 from tasks.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
 from tasks.plans import digest_of
@@ -28,7 +28,7 @@ from tasks.queries import get_task
 from tasks.receipts import receipt_of, receipt_summary
 from tasks.verification import temp_locator_verified
 
-ENDED = (TaskStatus.COMPLETED.value, TaskStatus.STOPPED.value, TaskStatus.FAILED.value)
+ENDED = tuple(s.value for s in TERMINAL_TASK_STATUSES)
 MAX_CLEANUP_ATTEMPTS = 3
 _UNDONE = (TempResourceStatus.ACTIVE.value, TempResourceStatus.CLEANING.value)
 

@@ -61,6 +61,17 @@ class FailureClass(StrEnum):
 TERMINAL_TASK_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.STOPPED})
 # An agent may register an intent only in these.
 RUNNABLE_TASK_STATUSES = frozenset({TaskStatus.PENDING, TaskStatus.RUNNING, TaskStatus.BACKING_OFF})
+# Statuses in which an agent has something to do: run nodes, observe or reconcile operations, settle a cancel.
+WORKABLE_TASK_STATUSES = frozenset(
+    {
+        TaskStatus.PENDING,
+        TaskStatus.RUNNING,
+        TaskStatus.OBSERVING,
+        TaskStatus.BACKING_OFF,
+        TaskStatus.STOPPING,
+        TaskStatus.STOPPED_PENDING,
+    }
+)
 # Operations that block anything new until a query by op key settles them (safe handover).
 OPEN_OPERATION_STATUSES = frozenset({OperationStatus.DISPATCHED, OperationStatus.ACCEPTED, OperationStatus.UNKNOWN})
 # Registered and not settled: an intent waiting to be sent (again, with the same op key), or an open operation.

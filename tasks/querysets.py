@@ -37,6 +37,7 @@ from tasks.lifecycle import (
     OPEN_OPERATION_STATUSES,
     TERMINAL_TASK_STATUSES,
     UNSETTLED_OPERATION_STATUSES,
+    WORKABLE_TASK_STATUSES,
     NodeStatus,
     OperationStatus,
     PauseReason,
@@ -51,15 +52,7 @@ if TYPE_CHECKING:
 
 _Task = TypeVar("_Task", bound="Task", covariant=True)
 
-# Statuses in which an agent has something to do: run nodes, observe or reconcile operations, settle a cancel.
-WORKABLE = [
-    TaskStatus.PENDING.value,
-    TaskStatus.RUNNING.value,
-    TaskStatus.OBSERVING.value,
-    TaskStatus.BACKING_OFF.value,
-    TaskStatus.STOPPING.value,
-    TaskStatus.STOPPED_PENDING.value,
-]
+WORKABLE = sorted(s.value for s in WORKABLE_TASK_STATUSES)
 # Operation.failure_class of an unknown operation the remote can neither dedupe nor answer for (tasks.decisions).
 UNPROVABLE = "unprovable"
 # In these, next_directive never reaches the plan's nodes (tasks.decisions.directive).
