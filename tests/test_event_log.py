@@ -127,8 +127,8 @@ def disarm_event_triggers() -> None:
         if connection.vendor == "postgresql":
             cursor.execute("SET LOCAL session_replication_role = replica")  # a superuser's way past every trigger
         else:
-            cursor.execute("DROP TRIGGER event_no_update")
-            cursor.execute("DROP TRIGGER event_no_delete")
+            cursor.execute("DROP TRIGGER IF EXISTS event_no_update")
+            cursor.execute("DROP TRIGGER IF EXISTS event_no_delete")
 
 
 def alter_a_payload(task: Task) -> None:

@@ -33,6 +33,7 @@ from tasks.plans import MAX_NODES, plan_propose, task_create
 from tasks.protocol import next_directive, operation_start, record_outcome
 from tasks.verification import find_secrets, task_verify_log
 from tests.conftest import chain_plan, effect_node, person, snapshot
+from tests.test_event_log import disarm_event_triggers
 
 # Credential-shaped test values, assembled so that no literal credential sits in the source.
 BEARER = "Bearer " + "c2VjcmV0LXRva2Vu" * 2
@@ -691,17 +692,35 @@ def rechain_from(task: Task, seq: int) -> None:
             created_at=event.created_at.isoformat(),
             prev=prev,
         )
-        Event.objects.filter(pk=event.pk).update(prev_digest=prev, digest=digest)
+        raw_update(Event, event.pk, prev_digest=prev, digest=digest)
         prev = digest
+    raw_update(Task, task.pk, log_head=prev)  # and the head the task row keeps: a thorough forger's last step
+
+
+def raw_update(model: Any, pk: int, **fields: Any) -> None:
+    """What a writer with DDL rights does past the append-only triggers (the test's transaction rolls it back)."""
+    disarm_event_triggers()
+    table = connection.ops.quote_name(model._meta.db_table)
+    sets, params = [], []
+    for name, value in fields.items():
+        if isinstance(value, dict):
+            sets.append(f"{name} = " + ("CAST(%s AS jsonb)" if connection.vendor == "postgresql" else "%s"))
+            params.append(json.dumps(value))
+        else:
+            sets.append(f"{name} = %s")
+            params.append(value)
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET {', '.join(sets)} WHERE id = %s", [*params, pk])  # noqa: S608
 
 
 def test_verify_log_finds_and_quarantines_a_secret_in_a_well_chained_event(make_task, agent_lease, clock) -> None:
     task = full_run(make_task, agent_lease)
     event = Event.objects.get(task=task, seq=5)
-    Event.objects.filter(pk=event.pk).update(
-        payload=event.payload | {"data": event.payload["data"] | {"echo": {"api_key": GITHUB_TOKEN}}}
+    raw_update(
+        Event, event.pk, payload=event.payload | {"data": event.payload["data"] | {"echo": {"api_key": GITHUB_TOKEN}}}
     )
     rechain_from(task, 5)
+    task.refresh_from_db()
     assert find_log_problem(task) is None, "the chain and projection are intact: only the scanner can see it"
     assert find_secrets(task) == ["event 5 $.data.echo.api_key"] * 2, "the key and its value"
 
@@ -716,6 +735,7 @@ def test_verify_log_finds_and_quarantines_a_secret_in_a_well_chained_event(make_
 
 
 def inject_with_raw_sql(event: Event, payload: dict[str, Any]) -> None:
+    disarm_event_triggers()
     table = connection.ops.quote_name(Event._meta.db_table)
     value = "CAST(%s AS jsonb)" if connection.vendor == "postgresql" else "%s"
     with connection.cursor() as cursor:
@@ -738,7 +758,7 @@ def test_verify_log_names_the_secret_even_when_the_injection_broke_the_chain(mak
     an event was altered."""
     task = full_run(make_task, agent_lease)
     event = Event.objects.get(task=task, seq=5)
-    Event.objects.filter(pk=event.pk).update(payload=event.payload | {"data": {"password": "hunter2"}})
+    raw_update(Event, event.pk, payload=event.payload | {"data": {"password": "hunter2"}})
     output = failing_verify_log("--task", str(task.pk))
     assert "credential-like data" in output
     assert "event 5 $.data.password" in output
