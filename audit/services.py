@@ -9,6 +9,7 @@ from typing import Any
 
 from django.db import transaction
 
+from audit.append_only import AUDIT_TRIGGERS, missing_triggers
 from audit.models import AuditEvent, AuditHead
 from audit.principals import Principal
 
@@ -86,7 +87,8 @@ class AuditVerdict:
 
 
 def verify_audit() -> AuditVerdict:
-    """Walk the chain in seq order; report the first broken link (gap, altered row, reordered chain)."""
+    """Walk the chain in seq order; report the first broken link (gap, altered row, reordered chain), a head that is
+    missing or does not name the chain's last event, or an append-only trigger that is missing or disabled."""
     prev, expected = GENESIS, 1
     checked = 0
     for event in AuditEvent.objects.order_by("seq").iterator():
@@ -103,4 +105,7 @@ def verify_audit() -> AuditVerdict:
         return AuditVerdict(checked, expected - 1, f"the audit chain's head is missing (the chain ends at #{checked})")
     if head is not None and (head.seq != expected - 1 or head.digest != prev):
         return AuditVerdict(checked, head.seq, f"the chain ends at #{expected - 1} but its head says #{head.seq}")
+    missing = missing_triggers(AUDIT_TRIGGERS)
+    if missing:  # the chain reads sound, but nothing in the database keeps it append-only any more
+        return AuditVerdict(checked, None, "append-only triggers missing or disabled: " + ", ".join(missing))
     return AuditVerdict(checked, None, None)

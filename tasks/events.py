@@ -50,8 +50,18 @@ NODE_DEFAULTS: dict[str, Any] = {
     "not_before": None,
     "output": {},
 }
-# request_digest and target: what is sent (and re-sent) is covered by the log, not only by the row.
-OPERATION_FIELDS = ("node", "status", "failure_class", "remote_id", "dispatch_count", "request_digest", "target")
+# request_digest, target and purpose: what is sent (and re-sent), and which call sends it (submit, compensate,
+# delete), are covered by the log, not only by the row.
+OPERATION_FIELDS = (
+    "node",
+    "status",
+    "failure_class",
+    "remote_id",
+    "dispatch_count",
+    "request_digest",
+    "target",
+    "purpose",
+)
 
 
 def jsonable(value: Any) -> Any:
@@ -136,7 +146,8 @@ def stored_projection(task: Task) -> Projection:
 
 
 def find_log_problem(task: Task) -> str | None:
-    """First problem in the task's log, or None: a gap in seq, a broken chain, or a projection mismatch."""
+    """First problem in the task's log, or None: a gap in seq, a broken chain, a payload that cannot be folded, an
+    end that is not the task's version or its row's head, or a projection mismatch."""
     events = list(Event.objects.filter(task=task).order_by("seq"))
     prev = GENESIS_DIGEST
     for expected_seq, event in enumerate(events, start=1):
@@ -154,6 +165,8 @@ def find_log_problem(task: Task) -> str | None:
         )
         if digest != event.digest:
             return f"event seq {event.seq} was altered: its digest does not match its content"
+        if not _foldable(event.payload):
+            return f"event seq {event.seq} has a payload the log cannot be rebuilt from"
         prev = event.digest
     rebuilt, stored = fold(events), stored_projection(task)
     if rebuilt.version != stored.version:
@@ -175,3 +188,13 @@ def find_log_problem(task: Task) -> str | None:
                 if rebuilt_rows[ref].get(name) != value:
                     return f"{label} {ref}.{name} is {value!r}, the log says {rebuilt_rows[ref].get(name)!r}"
     return None
+
+
+def _foldable(payload: Any) -> bool:
+    """What ``fold`` reads: a mapping under "task", mappings of mappings under "nodes" and "operations"."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("task", {}), dict):
+        return False
+    return all(
+        isinstance(rows, dict) and all(isinstance(fields, dict) for fields in rows.values())
+        for rows in (payload.get("nodes", {}), payload.get("operations", {}))
+    )

@@ -2,9 +2,10 @@
 
 Checked: the event log (contiguous seq, hash chain) rebuilds the stored projection; every node's
 definition is the one of the accepted plan revision whose digest the log carries; every receipt is
-the one the log recorded; the facts a call is made from (an operation's request and target, the task's input
-refs, a temp resource's locator) are the ones the log recorded; the task row's head is the log's last digest; no
-stored payload carries credential-like data. One task's problem never stops the others from being checked.
+the one the log recorded; the facts a call is made from (an operation's request, target and purpose, the task's
+input refs, every temp resource's locator and node, none missing) are the ones the log recorded; the task row's head
+is the log's last digest; no stored payload carries credential-like data. One task's problem never stops the others
+from being checked, not even a record that breaks the checker. The log's append-only triggers are checked too.
 """
 
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
+from audit.append_only import Triggers, missing_triggers
 from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
@@ -115,19 +117,50 @@ def _stored_fact_problems(task: Task) -> list[str]:
         )
         if digest_of(request) != digest
     ]
-    logged: set[str] = set()
-    for data in Event.objects.filter(task=task, type__in=_TEMP_EVENTS).values_list("payload__data", flat=True):
-        if isinstance(data, dict) and isinstance(data.get("temp"), list):
-            logged.update(str(locator) for locator in data["temp"])
+    logged = _logged_temps(task.pk)
+    stored = dict(TempResource.objects.filter(task=task).values_list("locator", "node_id"))
     problems += [
         f"temp resource {locator!r} is not one a receipt in the log named"
-        for locator in TempResource.objects.filter(task=task).values_list("locator", flat=True)
+        for locator in stored
         if locator not in logged
+    ]
+    # The log's record of a temp resource is complete only with its row: without it cleanup never deletes it.
+    unstored = sorted(logged.keys() - stored.keys())
+    problems += [f"temp resource {locator!r} a receipt in the log named is not stored" for locator in unstored]
+    nodes = _node_refs(task)
+    problems += [
+        f"temp resource {locator!r} is stored under another node than the log's"
+        for locator, node_id in stored.items()
+        if locator in logged and nodes.get(node_id) != logged[locator]
     ]
     return problems
 
 
 _TEMP_EVENTS = ["node_succeeded", "evidence_insufficient"]
+
+
+def _logged_temps(task_id: int) -> dict[str, str | None]:
+    """The temp resources the log's receipts named — locator → the node of the receipt's operation as the log
+    recorded it (``p<plan>/<key>``) — the first naming wins, as it does for the row."""
+    op_nodes: dict[str, Any] = {}
+    logged: dict[str, str | None] = {}
+    for kind, payload in Event.objects.filter(task_id=task_id).order_by("seq").values_list("type", "payload"):
+        if not isinstance(payload, dict):
+            continue
+        operations = payload.get("operations")
+        for op_key, fields in operations.items() if isinstance(operations, dict) else ():
+            if isinstance(fields, dict) and "node" in fields:
+                op_nodes.setdefault(op_key, fields["node"])
+        data = payload.get("data")
+        if kind in _TEMP_EVENTS and isinstance(data, dict) and isinstance(data.get("temp"), list):
+            for locator in data["temp"]:
+                logged.setdefault(str(locator), op_nodes.get(str(data.get("op_key"))))
+    return logged
+
+
+def _node_refs(task: Task) -> dict[int, str]:
+    rows = Node.objects.filter(task=task).values_list("pk", "plan_version", "key")
+    return {pk: f"p{plan}/{key}" for pk, plan, key in rows}
 
 
 def temp_locator_verified(resource: TempResource) -> None:
@@ -146,19 +179,28 @@ def temp_locator_verified(resource: TempResource) -> None:
 
 def operation_request_verified(op: Operation) -> None:
     """Before an operation is sent again: its stored request is the one whose digest the log recorded when it was
-    registered (the row alone is not trusted with what is sent)."""
-    inserted = (
+    registered, and its target and purpose (which call sends it: submit or compensate) are the log's too (the row
+    alone is not trusted with what is sent, nor with how)."""
+    logged: dict[str, Any] = {}
+    for operations in (
         Event.objects.filter(task_id=op.task_id, payload__operations__has_key=op.op_key)
         .order_by("seq")
         .values_list("payload__operations", flat=True)
-        .first()
-    )
-    logged = inserted.get(op.op_key, {}).get("request_digest") if isinstance(inserted, dict) else None
-    if logged is None or logged != op.request_digest or digest_of(op.request) != logged:
+    ):
+        if isinstance(operations, dict) and isinstance(operations.get(op.op_key), dict):
+            logged.update(operations[op.op_key])
+    digest = logged.get("request_digest")
+    if digest is None or digest != op.request_digest or digest_of(op.request) != digest:
         raise StoredFactAltered(
             f"operation {op.op_key}'s stored request is not the one the log registered: it is not sent",
             op_key=op.op_key,
         )
+    for name in ("target", "purpose"):
+        if logged.get(name, getattr(op, name)) != getattr(op, name):
+            raise StoredFactAltered(
+                f"operation {op.op_key}'s stored {name} is not the one the log registered: it is not sent",
+                op_key=op.op_key,
+            )
 
 
 def input_refs_verified(task: Task) -> None:
@@ -173,6 +215,18 @@ def input_refs_verified(task: Task) -> None:
     if not task.input_refs:
         return
     raise StoredFactAltered(f"task {task.pk}'s input refs are not the ones the log recorded: nothing is read from them")
+
+
+# The triggers that keep the event log append-only (tasks/migrations/0009): verify_log reports one that is gone.
+EVENT_TRIGGERS: Triggers = {
+    "postgresql": {"tasks_event": ("event_no_update", "event_no_delete", "event_no_truncate")},
+    "sqlite": {"tasks_event": ("event_no_update", "event_no_delete")},
+}
+
+
+def missing_event_triggers() -> list[str]:
+    """The event log's append-only triggers that are missing or disabled, as ``table.trigger``."""
+    return missing_triggers(EVENT_TRIGGERS)
 
 
 def find_problems(task: Task) -> list[str]:
@@ -190,7 +244,10 @@ def find_problems(task: Task) -> list[str]:
 def task_verify_log(*, task_id: int, quarantine: bool = True) -> Verdict:
     """Check the task's record; on a problem, quarantine the task with it (unless already quarantined)."""
     task = Task.objects.get(pk=task_id)
-    problems = find_problems(task)
+    try:
+        problems = find_problems(task)
+    except Exception as exc:  # a record that breaks the checker is one nobody can trust: a problem like the others
+        problems = [f"the record could not be verified: {type(exc).__name__}: {exc}"]
     if task.status == TaskStatus.QUARANTINED:
         # Quarantine stays until a person resolves it, even if the record now reads consistently.
         return Verdict(task_id, "; ".join(problems) or f"quarantined: {task.status_detail}")

@@ -13,11 +13,12 @@ from django.db import connection
 from audit.principals import Principal
 from leases.models import Lease
 from tasks.cancel import task_request_cancel
-from tasks.events import GENESIS_DIGEST, find_log_problem
+from tasks.errors import StoredFactAltered
+from tasks.events import GENESIS_DIGEST, event_digest, find_log_problem, fold
 from tasks.lifecycle import FailureClass, NodeStatus, TaskStatus
-from tasks.models import Event, Node, Receipt, Task
+from tasks.models import Event, Node, Operation, OperationPurpose, Receipt, Task, TempResource
 from tasks.outcomes import Accepted, Committed, Failed, NotFound, Unprovable
-from tasks.verification import task_verify_log
+from tasks.verification import operation_request_verified, task_verify_log
 from tests.conftest import chain_plan, effect_node, snapshot
 from tests.steps import record, send
 
@@ -158,6 +159,26 @@ def delete_the_last_event(task: Task) -> None:
         )
 
 
+def roll_back_the_last_event(task: Task) -> None:
+    """Delete the newest event and put the projection back to what the remaining log says, version included: the
+    log and the rows agree again; only the task row's head still names the deleted event."""
+    events = list(Event.objects.filter(task=task).order_by("seq"))
+    last, rebuilt = events[-1], fold(events[:-1])
+    delete_the_last_event(task)
+    fields = {name: rebuilt.task.get(name) for name in last.payload.get("task", {})}
+    assert Task.objects.filter(pk=task.pk).update(version=last.seq - 1, **fields) == 1
+    for ref, changed in last.payload.get("nodes", {}).items():
+        plan, key = ref[1:].split("/", 1)
+        before = {name: rebuilt.nodes[ref][name] for name in changed}
+        assert Node.objects.filter(task=task, plan_version=int(plan), key=key).update(**before) == 1
+    for op_key, changed in last.payload.get("operations", {}).items():
+        if op_key not in rebuilt.operations:  # the event inserted it
+            assert Operation.objects.filter(op_key=op_key).delete()[0] == 1
+            continue
+        before = {name: rebuilt.operations[op_key][name] for name in changed}
+        assert Operation.objects.filter(op_key=op_key).update(**before) == 1
+
+
 def mark_a_node_succeeded_without_an_event(task: Task) -> None:
     assert Node.objects.filter(task=task, key="b").update(status=NodeStatus.SUCCEEDED) == 1
 
@@ -174,6 +195,7 @@ TAMPERS: dict[str, Callable[[Task], None]] = {
     "payload": alter_a_payload,
     "middle_event": delete_a_middle_event,
     "last_event": delete_the_last_event,
+    "rolled_back_tail": roll_back_the_last_event,
     "node_status": mark_a_node_succeeded_without_an_event,
     "task_status": set_the_task_status_directly,
 }
@@ -217,10 +239,17 @@ def forge_a_receipt(task: Task) -> None:
     assert Receipt.objects.filter(operation__task=task).update(remote_id="r-forged") == 1
 
 
+def turn_an_effect_into_a_compensation(task: Task) -> None:
+    """The purpose picks the call: connector.compensate instead of connector.submit, same op key and request."""
+    op = Operation.objects.get(task=task, node__key="b")
+    assert Operation.objects.filter(pk=op.pk).update(purpose=OperationPurpose.COMPENSATION, compensates=op) == 1
+
+
 DEFINITION_TAMPERS: dict[str, Callable[[Task], None]] = {
     "node_evidence": weaken_the_evidence_spec,
     "task_budget": raise_the_attempt_budget,
     "receipt": forge_a_receipt,
+    "operation_purpose": turn_an_effect_into_a_compensation,
 }
 
 
@@ -282,3 +311,99 @@ def test_verify_log_dry_run_quarantines_nothing(make_task, agent_lease, clock) -
     assert snapshot() == before
     assert f"task {tampered.pk}: node p1/b.status" in out.getvalue()
     assert summary_line(out.getvalue()).endswith("1 ok, 1 with problems, 0 quarantined now")
+
+
+# --- what a call is made from, beyond the request: its purpose; every temp resource the log recorded ----------------
+
+
+def test_an_edited_purpose_or_target_is_refused_before_an_operation_is_sent(make_task, agent_lease, clock) -> None:
+    task = in_flight_task(make_task, agent_lease)
+    op = Operation.objects.get(task=task, node__key="b")
+    operation_request_verified(op)  # as registered: fine
+    turn_an_effect_into_a_compensation(task)
+    with pytest.raises(StoredFactAltered, match=op.op_key):
+        operation_request_verified(Operation.objects.get(pk=op.pk))
+    assert Operation.objects.filter(pk=op.pk).update(purpose=OperationPurpose.EFFECT, compensates=None) == 1
+    assert Operation.objects.filter(pk=op.pk).update(target="projects/someone-else") == 1
+    with pytest.raises(StoredFactAltered, match=op.op_key):
+        operation_request_verified(Operation.objects.get(pk=op.pk))
+
+
+def task_with_temp_copies(make_task: Any, agent_lease: Any) -> Task:
+    """A completed one-node task whose receipt named two staging copies."""
+    task = make_task(chain_plan("a", "b"))
+    lease = agent_lease(task)
+    record(send(task, lease, "a"), Committed(remote_id="r-a", data={"temp": ["staging/a-1"]}), lease)
+    record(send(task, lease, "b"), Committed(remote_id="r-b", data={"temp": ["staging/b-1"]}), lease)
+    assert sorted(TempResource.objects.filter(task=task).values_list("locator", flat=True)) == [
+        "staging/a-1",
+        "staging/b-1",
+    ]
+    return Task.objects.get(pk=task.pk)
+
+
+def drop_a_temp_resource(task: Task) -> None:
+    """Cleanup would never delete it: the staging copy stays behind, unseen."""
+    assert TempResource.objects.filter(task=task, locator="staging/b-1").delete()[0] == 1
+
+
+def move_a_temp_resource_to_another_node(task: Task) -> None:
+    node = Node.objects.get(task=task, key="a")
+    assert TempResource.objects.filter(task=task, locator="staging/b-1").update(node=node) == 1
+
+
+TEMP_TAMPERS: dict[str, Callable[[Task], None]] = {
+    "resource_dropped": drop_a_temp_resource,
+    "node_moved": move_a_temp_resource_to_another_node,
+}
+
+
+@pytest.mark.parametrize("tamper", TEMP_TAMPERS)
+def test_every_temp_resource_the_log_recorded_is_stored_as_recorded(make_task, agent_lease, clock, tamper) -> None:
+    task = task_with_temp_copies(make_task, agent_lease)
+    assert task_verify_log(task_id=task.pk, quarantine=False).problem is None
+    TEMP_TAMPERS[tamper](task)
+    verdict = task_verify_log(task_id=task.pk, quarantine=False)
+    assert verdict.problem is not None
+    assert "staging/b-1" in verdict.problem
+    assert_quarantined_for_tampering(task)
+
+
+# --- a well-chained event that cannot even be read: reported, and the other tasks are still checked ----------------
+
+
+def forge_an_unreadable_event_past_the_version(task: Task) -> None:
+    """An INSERT (the triggers allow appends) of a well-chained event at seq = version + 1 whose payload is not the
+    shape folding expects."""
+    task = Task.objects.get(pk=task.pk)
+    payload: dict[str, Any] = {"nodes": ["not", "a", "mapping"], "operations": 7}
+    seq, at = task.version + 1, clock_of(task)
+    digest = event_digest(
+        task_uid=str(task.uid), seq=seq, type="forged", payload=payload, created_at=at.isoformat(), prev=task.log_head
+    )
+    Event.objects.create(
+        task=task, seq=seq, type="forged", payload=payload, prev_digest=task.log_head, digest=digest, created_at=at
+    )
+
+
+def clock_of(task: Task) -> Any:
+    return Event.objects.get(task=task, seq=task.version).created_at
+
+
+def test_verify_log_reports_an_unreadable_forged_event_and_checks_the_others(make_task, agent_lease, clock) -> None:
+    sound = in_flight_task(make_task, agent_lease)
+    forged = in_flight_task(make_task, agent_lease)
+    tampered = in_flight_task(make_task, agent_lease)
+    forge_an_unreadable_event_past_the_version(forged)
+    mark_a_node_succeeded_without_an_event(tampered)
+    out = StringIO()
+    with pytest.raises(CommandError, match="2 task"):
+        call_command("verify_log", stdout=out)
+    output = out.getvalue()
+    assert f"task {forged.pk}: " in output
+    assert f"task {tampered.pk}: node p1/b.status" in output
+    assert f"task {sound.pk}:" not in output
+    assert summary_line(output).startswith("verify_log: 3 tasks")
+    assert Task.objects.get(pk=tampered.pk).status == TaskStatus.QUARANTINED
+    assert Task.objects.get(pk=forged.pk).status == TaskStatus.QUARANTINED
+    assert Task.objects.get(pk=sound.pk).status != TaskStatus.QUARANTINED

@@ -11,6 +11,9 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         verdict = verify_audit()
         if verdict.problem:
+            if verdict.broken_at is None:  # not a link: the database no longer keeps the chain append-only
+                self.stdout.write(f"verify_audit: {verdict.checked} events, chain intact; PROBLEM: {verdict.problem}")
+                raise CommandError(verdict.problem)
             self.stdout.write(f"verify_audit: {verdict.checked} events read; FIRST BROKEN LINK: {verdict.problem}")
             raise CommandError(f"audit chain broken at #{verdict.broken_at}")
         self.stdout.write(f"verify_audit: {verdict.checked} events, chain intact")

@@ -3,11 +3,14 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tasks.models import Event, Task
-from tasks.verification import task_verify_log
+from tasks.verification import missing_event_triggers, task_verify_log
 
 
 class Command(BaseCommand):
-    help = "Check every task's event log (contiguous seq, hash chain, projection, no secrets); quarantine failures."
+    help = (
+        "Check every task's record (contiguous, chained log ending at the task's version and head; the projection and "
+        "the facts calls are made from as logged; no secrets) and the log's append-only triggers; quarantine failures."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--dry-run", action="store_true", help="report only, quarantine nothing")
@@ -21,15 +24,25 @@ class Command(BaseCommand):
         events = Event.objects.filter(task__in=tasks).count()  # before any quarantine event is added
         for task_id in tasks.values_list("pk", flat=True):
             checked += 1
-            verdict = task_verify_log(task_id=task_id, quarantine=not options["dry_run"])
+            try:
+                verdict = task_verify_log(task_id=task_id, quarantine=not options["dry_run"])
+            except Exception as exc:  # one task's record must not keep the others from being checked
+                failed += 1
+                self.stdout.write(f"task {task_id}: verification failed: {type(exc).__name__}: {exc}")
+                continue
             if verdict.problem:
                 failed += 1
                 quarantined += verdict.quarantined_now
                 note = " → quarantined" if verdict.quarantined_now else ""
                 self.stdout.write(f"task {task_id}: {verdict.problem}{note}")
+        missing = missing_event_triggers()
+        if missing:
+            self.stdout.write("the event log's append-only triggers are missing or disabled: " + ", ".join(missing))
         self.stdout.write(
             f"verify_log: {checked} tasks, {events} events checked; {checked - failed} ok, {failed} with problems, "
             f"{quarantined} quarantined now"
         )
         if failed:
             raise CommandError(f"{failed} task(s) failed verification")
+        if missing:
+            raise CommandError("the event log is not append-only in the database: " + ", ".join(missing))
