@@ -14,6 +14,7 @@ credentials ("the password policy was reviewed") and redactions ("password=***")
 
 import base64
 import binascii
+import functools
 import itertools
 import json
 import re
@@ -124,7 +125,9 @@ def _key_words(key: str) -> list[str]:
     return [w.lower() for w in _KEY_WORDS.findall(key)]
 
 
+@functools.lru_cache(maxsize=4096)
 def _is_secret_key(key: str) -> bool:
+    """Judged once per distinct key: payload keys are a small vocabulary, and every write scans its payload."""
     words = _key_words(key)
     pairs = [a + b for a, b in itertools.pairwise(words)]
     return any(w in _SECRET_WORDS for w in words + pairs)
