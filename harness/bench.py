@@ -923,7 +923,7 @@ def format_report(report: dict[str, Any]) -> str:
         + f", {env['cpus']} CPUs, {env['platform']}",
         "settings: " + ", ".join(f"{k}={v}" for k, v in env["settings"].items()),
         f"{cfg['tasks_per_worker']} tasks per worker x {cfg['nodes']} nodes, {cfg['rounds']} rounds interleaved "
-        "(raw, Reckon, …), medians; a step = one node (intent, call, receipt); figures per step",
+        "(raw, Reckon, …), medians; a step = one node (start, call, receipt); figures per step",
     ]
     for warning in report["warnings"]:
         lines.append(f"!!! {warning}")
