@@ -39,37 +39,12 @@ def _update_sql(model: type[models.Model], names: tuple[str, ...], where: str, i
     return f"UPDATE {_quote(model._meta.db_table)} SET {', '.join(sets)} WHERE {where}"  # noqa: S608
 
 
-def update(
-    model: type[models.Model],
-    fields: dict[str, Any],
-    *,
-    where: str,
-    params: list[Any],
-    increments: tuple[str, ...] = (),
-) -> int:
-    """``UPDATE <model> SET fields… [, column = column + 1…] WHERE <where>``; the row count. ``where`` is SQL with
-    ``%s`` placeholders, written in this codebase (never text from outside), its values in ``params``."""
-    names = tuple(fields)
-    sql = _update_sql(model, names, where, increments)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*_adapt(model, names, fields.values()), *params])
-        return int(cursor.rowcount)
-
-
 @cache
 def _insert_sql(model: type[models.Model], names: tuple[str, ...], returning: bool) -> str:
     columns = ", ".join(_quote(column) for column, _field in _columns(model, names))
     values = ", ".join(["%s"] * len(names))
     tail = f" RETURNING {_quote(str(model._meta.pk.column))}" if returning else ""
     return f"INSERT INTO {_quote(model._meta.db_table)} ({columns}) VALUES ({values}){tail}"  # noqa: S608
-
-
-def insert(model: type[models.Model], fields: dict[str, Any], *, returning: bool = True) -> int | None:
-    """``INSERT INTO <model> (fields…) VALUES (…) [RETURNING id]``; the new primary key when asked."""
-    names = tuple(fields)
-    with connection.cursor() as cursor:
-        cursor.execute(_insert_sql(model, names, returning), _adapt(model, names, fields.values()))
-        return int(cursor.fetchone()[0]) if returning else None
 
 
 def row_values(instance: models.Model, names: Iterable[str]) -> dict[str, Any]:
