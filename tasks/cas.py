@@ -184,7 +184,9 @@ def compare_and_set(
             if receipt.operation_id is None:  # pragma: no cover - a receipt names an operation that exists
                 raise ValueError("a receipt is recorded for an operation already registered")
             batch.insert(Receipt, sql.row_values(receipt, _RECEIPT_COLUMNS), returning=False)
-        batch.insert(Event, sql.row_values(event, _EVENT_COLUMNS), returning=False)
+        row = sql.row_values(event, _EVENT_COLUMNS)
+        row["payload"] = sql.RawJSON(event.canonical_payload)  # type: ignore[attr-defined]
+        batch.insert(Event, row, returning=False)
         results = batch.run()
         if results[0] != 1:
             _raise_refusal(task_id, expected_version, change, lease, actor, now)

@@ -84,19 +84,38 @@ def node_ref(node: Node) -> str:
 
 
 def event_digest(*, task_uid: str, seq: int, type: str, payload: dict[str, Any], created_at: str, prev: str) -> str:
-    body = canonical_json({"task": task_uid, "seq": seq, "type": type, "payload": payload, "at": created_at})
-    return hashlib.sha256((prev + body).encode()).hexdigest()
+    """The digest of an event: SHA-256 over the previous digest and the canonical JSON of
+    ``{"at", "payload", "seq", "task", "type"}``."""
+    return _chain_digest(
+        task_uid=task_uid, seq=seq, type=type, body=canonical_json(payload), created_at=created_at, prev=prev
+    )
+
+
+def _chain_digest(*, task_uid: str, seq: int, type: str, body: str, created_at: str, prev: str) -> str:
+    # The keys in their canonical (sorted) order, the payload's canonical text spliced in: the same text as
+    # canonical_json of the whole object, without serialising the payload again.
+    text = (
+        f'{{"at":{_scalar(created_at)},"payload":{body},"seq":{_scalar(seq)},'
+        f'"task":{_scalar(task_uid)},"type":{_scalar(type)}}}'
+    )
+    return hashlib.sha256((prev + text).encode()).hexdigest()
+
+
+def _scalar(value: str | int) -> str:
+    return json.dumps(value, ensure_ascii=False)
 
 
 def chain_event(*, task: Task, seq: int, type: str, payload: dict[str, Any], at: datetime) -> Event:
     """Event ``seq``, chained to the task row's head (the digest of event ``seq - 1``), not saved yet: the
     compare-and-set moves the head in the task row's UPDATE and then inserts it. Checked for hygiene here."""
     payload = jsonable(payload)
-    check_payload(payload, what=f"event {type}")
+    body = canonical_json(payload)  # made once: for the cap, the digest and the stored value (canonical_payload)
+    check_payload(payload, what=f"event {type}", canonical=body)
     prev = GENESIS_DIGEST if seq == 1 else task.log_head
-    created_at = at.isoformat()
-    digest = event_digest(task_uid=str(task.uid), seq=seq, type=type, payload=payload, created_at=created_at, prev=prev)
-    return Event(task_id=task.pk, seq=seq, type=type, payload=payload, prev_digest=prev, digest=digest, created_at=at)
+    digest = _chain_digest(task_uid=str(task.uid), seq=seq, type=type, body=body, created_at=at.isoformat(), prev=prev)
+    event = Event(task_id=task.pk, seq=seq, type=type, payload=payload, prev_digest=prev, digest=digest, created_at=at)
+    event.canonical_payload = body  # type: ignore[attr-defined]
+    return event
 
 
 def append_event(*, task: Task, seq: int, type: str, payload: dict[str, Any], at: datetime) -> Event:

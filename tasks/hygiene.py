@@ -190,9 +190,10 @@ def scan_payload(value: Any, path: str = "$") -> Iterator[str]:
         yield path
 
 
-def check_payload(value: Any, *, what: str, cap: int = PAYLOAD_CAP_BYTES) -> None:
-    """Raise PayloadTooLarge or SecretInPayload; the message names the place, never the secret."""
-    size = len(canonical_json(value).encode())
+def check_payload(value: Any, *, what: str, cap: int = PAYLOAD_CAP_BYTES, canonical: str | None = None) -> None:
+    """Raise PayloadTooLarge or SecretInPayload; the message names the place, never the secret. ``canonical``: the
+    value's canonical JSON when the caller already made it (it is not made twice)."""
+    size = len((canonical if canonical is not None else canonical_json(value)).encode())
     if size > cap:
         raise PayloadTooLarge(
             f"{what} is {size} bytes, over the {cap}-byte cap: store a reference (id, version, digest)",

@@ -25,9 +25,13 @@ def _columns(model: type[models.Model], names: tuple[str, ...]) -> "tuple[tuple[
     return tuple(fields)
 
 
+class RawJSON(str):
+    """JSON text already serialised (canonical): stored as it is, not serialised again by the field."""
+
+
 def _adapt(model: type[models.Model], names: tuple[str, ...], values: Iterable[Any]) -> list[Any]:
     return [
-        field.get_db_prep_save(value, connection)
+        str(value) if isinstance(value, RawJSON) else field.get_db_prep_save(value, connection)
         for (_column, field), value in zip(_columns(model, names), values, strict=True)
     ]
 

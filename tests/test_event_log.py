@@ -407,3 +407,29 @@ def test_verify_log_reports_an_unreadable_forged_event_and_checks_the_others(mak
     assert Task.objects.get(pk=tampered.pk).status == TaskStatus.QUARANTINED
     assert Task.objects.get(pk=forged.pk).status == TaskStatus.QUARANTINED
     assert Task.objects.get(pk=sound.pk).status != TaskStatus.QUARANTINED
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {},
+        {"task": {"status": "running"}, "data": {"op_key": "rk-1", "n": 3, "none": None, "flag": True}},
+        {"data": {"note": 'Grüße — ünïcödé \u2028 "quoted" \\ back', "list": [1, 2.5, {"z": 1, "a": [None]}]}},
+    ],
+    ids=["empty", "fields", "unicode-and-escapes"],
+)
+def test_the_digest_made_from_the_payloads_text_is_the_canonical_digest(payload: dict[str, Any]) -> None:
+    """The compare-and-set serialises a payload once and splices its text into the digest; verification recomputes
+    the digest from the stored payload. Both must be the same function of the event."""
+    import hashlib
+
+    from tasks.hygiene import canonical_json
+
+    whole = canonical_json(
+        {"task": "uid-1", "seq": 7, "type": "node_succeeded", "payload": payload, "at": "2030-01-01"}
+    )
+    expected = hashlib.sha256(("p" * 64 + whole).encode()).hexdigest()
+    got = event_digest(
+        task_uid="uid-1", seq=7, type="node_succeeded", payload=payload, created_at="2030-01-01", prev="p" * 64
+    )
+    assert got == expected
