@@ -20,12 +20,11 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, OuterRef, Q
+from django.db.models import F, Q
 
 from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
-from leases.models import Lease
 from leases.services import LeaseRef, lease_grace, lease_heartbeat, lease_refusal
 from tasks import sql
 from tasks.errors import (
@@ -61,14 +60,28 @@ class AtCommit:
     offset: timedelta = timedelta(0)
 
 
-# Field conditions a change may add to the task row's UPDATE, each with the refusal it names when it fails.
-# Keys are Task fields; values the required value (or an F() comparison spelled as a lookup below).
-REQUIRES_ERRORS: dict[str, Callable[[], TaskError]] = {
-    "cancel_requested_at__isnull": lambda: CancelRequested("a cancel is recorded: no new side effect"),
-    "inputs_recheck_required": lambda: InputsRecheckRequired(
-        "the task was handed back by a person: confirm the inputs' versions first"
+@dataclass(frozen=True)
+class _Condition:
+    value: Any  # what a change asks for under this key (the key is the ORM lookup the refusal is diagnosed with)
+    sql: str  # the same condition in the task row's UPDATE
+    error: Callable[[], TaskError]  # the refusal it names when it fails
+
+
+# Field conditions a change may add to the task row's UPDATE (``Change.requires``): a closed vocabulary.
+TASK_CONDITIONS: dict[str, _Condition] = {
+    "cancel_requested_at__isnull": _Condition(
+        True, "cancel_requested_at IS NULL", lambda: CancelRequested("a cancel is recorded: no new side effect")
     ),
-    "attempts_used__lt": lambda: BudgetExhausted("the task's attempt budget is used up", scope="task"),
+    "inputs_recheck_required": _Condition(
+        False,
+        "NOT inputs_recheck_required",
+        lambda: InputsRecheckRequired("the task was handed back by a person: confirm the inputs' versions first"),
+    ),
+    "attempts_used__lt": _Condition(
+        F("attempt_budget"),
+        "attempts_used < attempt_budget",
+        lambda: BudgetExhausted("the task's attempt budget is used up", scope="task"),
+    ),
 }
 
 
@@ -83,7 +96,7 @@ class Change:
     receipts: list[Receipt] = field(default_factory=list)  # inserted; their operation is in ``operations``
     temp_resources: list[TempResource] = field(default_factory=list)  # inserted unless already registered
     data: dict[str, Any] = field(default_factory=dict)
-    # Conditions on the task row besides version and status (keys of REQUIRES_ERRORS).
+    # Conditions on the task row besides version and status (keys of TASK_CONDITIONS).
     requires: dict[str, Any] = field(default_factory=dict)
     # Node conditions: node pk → (field lookup → value), e.g. {"attempts__lt": F("max_attempts")}.
     node_requires: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -211,26 +224,23 @@ def compare_and_set(
             failpoint("after_receipt", task_id=task_id)
         if before_event is not None:
             before_event(task, now)
-    new_snapshot = None
-    if snapshot is not None:
-        new_snapshot = after_write(
-            snapshot,
-            task_fields=task_fields,
-            nodes={node.pk: fields for node, fields in node_fields if node.pk is not None},
-            inserted=inserted,
-            operations={op.pk: fields for op, fields in op_fields if op not in inserted},
-            version=version,
-            log_head=event.digest,
-            now=now,
-            lease_expires_at=lease_expires_at,
-        )
-    written = []
+    written = []  # the operation rows as the change left them (copies of updated ones: the caller's stay as read)
     for op, fields in op_fields:
         if op not in inserted:
             op = copy.copy(op)
             for name, value in fields.items():
                 setattr(op, name, value)
         written.append(op)
+    new_snapshot = None
+    if snapshot is not None:
+        new_snapshot = after_write(
+            snapshot,
+            task=task,
+            nodes={node.pk: fields for node, fields in node_fields if node.pk is not None},
+            operations=written,
+            now=now,
+            lease_expires_at=lease_expires_at,
+        )
     return Applied(version=version, at=now, snapshot=new_snapshot, operations=tuple(written))
 
 
@@ -243,11 +253,6 @@ def _actor(lease: LeaseRef | None, actor: Actor | None) -> Actor:
     if actor not in (Actor.PERSON, Actor.SYSTEM):
         raise InvalidTransition("a write without a lease is made by a person or the system, named as such")
     return actor
-
-
-def _held(now: datetime) -> Any:
-    """Someone holds the task: an open lease not yet lapsed past its grace."""
-    return Lease.objects.filter(task_id=OuterRef("pk"), released_at__isnull=True, expires_at__gt=now - lease_grace())
 
 
 def _task_at(task_id: int, expected_version: int) -> Task:
@@ -353,22 +358,16 @@ _EVENT_COLUMNS = _concrete(Event)
 def _task_condition(
     task_id: int, expected_version: int, statuses: frozenset[Any], requires: dict[str, Any]
 ) -> tuple[str, list[Any]]:
-    """The task row's UPDATE condition: version, the table's statuses, and the change's own conditions (a closed
-    vocabulary: REQUIRES_ERRORS)."""
+    """The task row's UPDATE condition: version, the table's statuses, and the change's own conditions
+    (TASK_CONDITIONS)."""
     ordered = sorted(s.value for s in statuses)
     where = f"id = %s AND version = %s AND status IN ({', '.join(['%s'] * len(ordered))})"
-    params: list[Any] = [task_id, expected_version, *ordered]
     for lookup, value in requires.items():
-        if lookup == "cancel_requested_at__isnull":
-            where += " AND cancel_requested_at IS NULL" if value else " AND cancel_requested_at IS NOT NULL"
-        elif lookup == "inputs_recheck_required":
-            where += " AND inputs_recheck_required = %s"
-            params.append(bool(value))
-        elif lookup == "attempts_used__lt" and value == F("attempt_budget"):
-            where += " AND attempts_used < attempt_budget"
-        else:
-            raise ValueError(f"unknown task condition {lookup}={value!r}: add it to REQUIRES_ERRORS and here")
-    return where, params
+        condition = TASK_CONDITIONS.get(lookup)
+        if condition is None or condition.value != value:
+            raise ValueError(f"unknown task condition {lookup}={value!r}: add it to TASK_CONDITIONS")
+        where += f" AND {condition.sql}"
+    return where, [task_id, expected_version, *ordered]
 
 
 def _check_transitions(task: Task, change: Change) -> None:
@@ -398,8 +397,7 @@ def _raise_refusal(
         raise _not_permitted(task_id, row.status, change.kind, actor)
     for lookup, value in change.requires.items():
         if not Task.objects.filter(Q(pk=task_id) & Q(**{lookup: value})).exists():
-            named = REQUIRES_ERRORS.get(lookup)
-            raise named() if named else TaskNotRunnable(f"task {task_id}: {lookup} does not hold")
+            raise TASK_CONDITIONS[lookup].error()
     if (change.kind, actor) in NEEDS_FREE_TASK:
         raise TaskNotRunnable(
             f"task {task_id} is held by a lease: its holder makes this change, or it is released first"

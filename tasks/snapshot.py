@@ -133,21 +133,14 @@ def _read(task_id: int, lease: LeaseRef | None) -> Snapshot | None:
 def after_write(
     snap: Snapshot,
     *,
-    task_fields: dict[str, object],
+    task: Task,
     nodes: dict[int, dict[str, object]],
-    inserted: list[Operation],
-    operations: dict[int, dict[str, object]],
-    version: int,
-    log_head: str,
+    operations: list[Operation],
     now: datetime,
     lease_expires_at: datetime | None,
 ) -> Snapshot:
-    """The snapshot of the version a write produced, from the rows it wrote (copies: the old snapshot stays as
-    it was)."""
-    task = copy.copy(snap.task)
-    for name, value in task_fields.items():
-        setattr(task, name, value)
-    task.version, task.log_head, task.updated_at = version, log_head, now
+    """The snapshot of the version a write produced, from the rows it wrote: ``task`` and ``operations`` as the write
+    left them (inserted or updated), the changed fields of ``nodes`` (copies: the old snapshot stays as it was)."""
     new_nodes = []
     for node in snap.nodes:
         if node.pk in nodes:
@@ -156,12 +149,10 @@ def after_write(
                 setattr(node, name, value)
         new_nodes.append(node)
     by_pk = {n.pk: n for n in new_nodes}
+    written = {op.pk: op for op in operations}
+    rows = [written.pop(op.pk, op) for op in snap.unsettled]  # the ones written replace the ones read
     unsettled = []
-    for op in (*snap.unsettled, *inserted):
-        if op.pk in operations:
-            op = copy.copy(op)
-            for name, value in operations[op.pk].items():
-                setattr(op, name, value)
+    for op in [*rows, *written.values()]:  # then the ones the write inserted
         if op.node_id in by_pk:
             op.node = by_pk[op.node_id]
         if op.status in UNSETTLED_OPERATION_STATUSES:
