@@ -165,11 +165,8 @@ def _node_refs(task: Task) -> dict[int, str]:
 
 def temp_locator_verified(resource: TempResource) -> None:
     """Before a delete is sent: the locator is one a receipt in the log named (the row alone is not trusted)."""
-    for data in Event.objects.filter(task_id=resource.task_id, type__in=_TEMP_EVENTS).values_list(
-        "payload__data", flat=True
-    ):
-        if isinstance(data, dict) and resource.locator in (data.get("temp") or []):
-            return
+    if resource.locator in _logged_temps(resource.task_id):
+        return
     raise StoredFactAltered(
         f"temp resource {resource.locator!r} of task {resource.task_id} is not one a receipt in the log named: "
         "nothing is deleted",
