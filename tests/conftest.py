@@ -17,26 +17,43 @@ from tasks.models import Task
 from tasks.plans import task_create
 from tests.simulator_fixture import Simulator
 
+# The append-only triggers on SQLite (tasks/migrations/0009, audit/migrations/0002-0003): how to drop and re-make them.
+_TRIGGER_MIGRATIONS = [
+    importlib.import_module(name)
+    for name in (
+        "tasks.migrations.0009_event_append_only",
+        "audit.migrations.0002_append_only_triggers",
+        "audit.migrations.0003_truncate_and_head",
+    )
+]
+_SQLITE_TRIGGER_DROPS: list[str] = [sql for m in _TRIGGER_MIGRATIONS for sql in m.SQLITE_DROP]
+_SQLITE_TRIGGER_CREATES: list[str] = [sql for m in _TRIGGER_MIGRATIONS for sql in m.SQLITE]
+# PostgreSQL: a superuser's way past every trigger, for the current transaction only.
+_PAST_THE_TRIGGERS = "SET LOCAL session_replication_role = replica"
+
+
+def as_a_tamperer() -> None:
+    """What someone with DDL rights does first: get past the append-only triggers (PostgreSQL superuser; anyone who
+    can write SQLite's file). The test's transaction rolls it back."""
+    with connection.cursor() as cursor:
+        for sql in [_PAST_THE_TRIGGERS] if connection.vendor == "postgresql" else _SQLITE_TRIGGER_DROPS:
+            cursor.execute(sql)
+
 
 def _flush_past_the_append_only_triggers() -> None:
     """Transactional tests empty every table afterwards. Events, audit rows and the audit head refuse that in the
-    database (tasks/migrations/0009, audit/migrations/0002-0003), as they must in production; the test suite empties
-    them as someone with DDL rights would: PostgreSQL skips the triggers for the flush's own transaction
-    (superuser), SQLite drops them for the flush and makes them again."""
+    database, as they must in production; the test suite empties them as someone with DDL rights would: PostgreSQL
+    skips the triggers for the flush's own transaction (superuser), SQLite drops them for the flush and makes them
+    again."""
     from django.db.backends.base.operations import BaseDatabaseOperations
 
-    audit_triggers = importlib.import_module("audit.migrations.0002_append_only_triggers")
-    head_triggers = importlib.import_module("audit.migrations.0003_truncate_and_head")
-    event_triggers = importlib.import_module("tasks.migrations.0009_event_append_only")
     original = BaseDatabaseOperations.execute_sql_flush
 
     def execute_sql_flush(self: BaseDatabaseOperations, sql_list: list[str]) -> None:
         if self.connection.vendor == "postgresql":
-            sql_list = ["SET LOCAL session_replication_role = replica", *sql_list]
+            sql_list = [_PAST_THE_TRIGGERS, *sql_list]
         elif self.connection.vendor == "sqlite":
-            drops = event_triggers.SQLITE_DROP + audit_triggers.SQLITE_DROP + head_triggers.SQLITE_DROP
-            creates = event_triggers.SQLITE + audit_triggers.SQLITE + head_triggers.SQLITE
-            sql_list = [*drops, *sql_list, *creates]
+            sql_list = [*_SQLITE_TRIGGER_DROPS, *sql_list, *_SQLITE_TRIGGER_CREATES]
         original(self, sql_list)
 
     BaseDatabaseOperations.execute_sql_flush = execute_sql_flush  # type: ignore[method-assign,assignment]

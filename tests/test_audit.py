@@ -34,7 +34,7 @@ from tasks.takeover import (
     takeover_renew,
     takeover_submit,
 )
-from tests.conftest import chain_plan, person, snapshot
+from tests.conftest import as_a_tamperer, chain_plan, person, snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -75,15 +75,6 @@ def row(seq: int) -> dict[str, Any]:
 def raw(sql: str, params: list[Any] | None = None) -> None:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-
-
-def disarm_triggers() -> None:
-    """What a tamperer with DDL rights does first. The test's transaction rolls it back."""
-    if connection.vendor == "postgresql":
-        raw("ALTER TABLE audit_auditevent DISABLE TRIGGER USER")
-    else:
-        raw("DROP TRIGGER audit_no_update")
-        raw("DROP TRIGGER audit_no_delete")
 
 
 # --- appending: only inside a transaction, one chain ---------------------------------------------------------------
@@ -220,7 +211,7 @@ TAMPERINGS = {
 def test_verify_audit_reports_the_first_broken_link(clock, statements, first_broken, problem) -> None:
     append_events(clock, 5)
     assert verify_audit().problem is None
-    disarm_triggers()
+    as_a_tamperer()
     for sql in statements:
         raw(sql)
     verdict = verify_audit()
@@ -235,7 +226,7 @@ def test_manage_py_verify_audit_fails_and_prints_the_first_broken_link(clock) ->
     intact = io.StringIO()
     call_command("verify_audit", stdout=intact)
     assert "5 events, chain intact" in intact.getvalue()
-    disarm_triggers()
+    as_a_tamperer()
     raw("UPDATE audit_auditevent SET reason = 'nothing to see' WHERE seq = 3")
     raw("DELETE FROM audit_auditevent WHERE seq = 4")
     out = io.StringIO()

@@ -19,7 +19,7 @@ from tasks.lifecycle import FailureClass, NodeStatus, TaskStatus
 from tasks.models import Event, Node, Operation, OperationPurpose, Receipt, Task, TempResource
 from tasks.outcomes import Accepted, Committed, Failed, NotFound, Unprovable
 from tasks.verification import operation_request_verified, task_verify_log
-from tests.conftest import chain_plan, effect_node, snapshot
+from tests.conftest import as_a_tamperer, chain_plan, effect_node, snapshot
 from tests.steps import record, send
 
 
@@ -121,22 +121,11 @@ def in_flight_task(make_task: Any, agent_lease: Any) -> Task:
     return Task.objects.get(pk=task.pk)
 
 
-def disarm_event_triggers() -> None:
-    """What a tamperer with DDL rights does first (events refuse UPDATE and DELETE otherwise, tests/
-    test_log_integrity.py). The test's transaction rolls it back."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("SET LOCAL session_replication_role = replica")  # a superuser's way past every trigger
-        else:
-            cursor.execute("DROP TRIGGER IF EXISTS event_no_update")
-            cursor.execute("DROP TRIGGER IF EXISTS event_no_delete")
-
-
 def alter_a_payload(task: Task) -> None:
     event = Event.objects.get(task=task, seq=4)
     payload = dict(event.payload)
     payload["data"] = {**payload.get("data", {}), "receipt": {"remote_id": "r-forged"}}
-    disarm_event_triggers()
+    as_a_tamperer()
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {quote(Event._meta.db_table)} SET payload = %s WHERE id = %s",  # noqa: S608
@@ -145,13 +134,13 @@ def alter_a_payload(task: Task) -> None:
 
 
 def delete_a_middle_event(task: Task) -> None:
-    disarm_event_triggers()
+    as_a_tamperer()
     with connection.cursor() as cursor:
         cursor.execute(f"DELETE FROM {quote(Event._meta.db_table)} WHERE task_id = %s AND seq = %s", [task.pk, 3])  # noqa: S608
 
 
 def delete_the_last_event(task: Task) -> None:
-    disarm_event_triggers()
+    as_a_tamperer()
     with connection.cursor() as cursor:
         cursor.execute(
             f"DELETE FROM {quote(Event._meta.db_table)} WHERE task_id = %s AND seq = %s",  # noqa: S608

@@ -32,8 +32,7 @@ from tasks.outcomes import Committed, Failed, Outcome
 from tasks.plans import MAX_NODES, plan_propose, task_create
 from tasks.protocol import next_directive, operation_start, record_outcome
 from tasks.verification import find_secrets, task_verify_log
-from tests.conftest import chain_plan, effect_node, person, snapshot
-from tests.test_event_log import disarm_event_triggers
+from tests.conftest import as_a_tamperer, chain_plan, effect_node, person, snapshot
 
 # Credential-shaped test values, assembled so that no literal credential sits in the source.
 BEARER = "Bearer " + "c2VjcmV0LXRva2Vu" * 2
@@ -699,7 +698,7 @@ def rechain_from(task: Task, seq: int) -> None:
 
 def raw_update(model: Any, pk: int, **fields: Any) -> None:
     """What a writer with DDL rights does past the append-only triggers (the test's transaction rolls it back)."""
-    disarm_event_triggers()
+    as_a_tamperer()
     table = connection.ops.quote_name(model._meta.db_table)
     sets, params = [], []
     for name, value in fields.items():
@@ -735,7 +734,7 @@ def test_verify_log_finds_and_quarantines_a_secret_in_a_well_chained_event(make_
 
 
 def inject_with_raw_sql(event: Event, payload: dict[str, Any]) -> None:
-    disarm_event_triggers()
+    as_a_tamperer()
     table = connection.ops.quote_name(Event._meta.db_table)
     value = "CAST(%s AS jsonb)" if connection.vendor == "postgresql" else "%s"
     with connection.cursor() as cursor:

@@ -28,7 +28,7 @@ from tasks.lifecycle import TaskStatus
 from tasks.models import Event, EventRefused, Operation, Task, TempResource
 from tasks.outcomes import Committed, NotFound
 from tasks.verification import find_problems, input_refs_verified, task_verify_log, temp_locator_verified
-from tests.conftest import chain_plan, copy_node, snapshot
+from tests.conftest import as_a_tamperer, chain_plan, copy_node, snapshot
 from tests.steps import record, send
 
 
@@ -42,16 +42,6 @@ def refused_by_the_database() -> Iterator[None]:
     """The statement fails in the database, and the test's transaction goes on (a savepoint takes the failure)."""
     with pytest.raises(DatabaseError), transaction.atomic():
         yield
-
-
-def as_a_tamperer() -> None:
-    """Someone with the rights to get past the triggers (PostgreSQL superuser; anyone who can write SQLite's file).
-    The test's transaction rolls it back."""
-    if connection.vendor == "postgresql":
-        raw("SET LOCAL session_replication_role = replica")
-    else:
-        for trigger in ("event_no_update", "event_no_delete", "audit_head_forward", "audit_head_no_delete"):
-            raw(f"DROP TRIGGER {trigger}")
 
 
 def a_task(make_task: Callable[..., Task], agent_lease: Callable[..., Any]) -> tuple[Task, Any]:
