@@ -42,7 +42,5 @@ def task_request_cancel(*, actor: Principal, task_id: int, reason: str, lease: L
             )
         except VersionConflict:
             continue
-        if applied.snapshot is None:  # pragma: no cover - given a snapshot, the compare-and-set returns one
-            raise RuntimeError("compare_and_set returned no snapshot")
-        return applied.snapshot.task
+        return applied.next_snapshot().task
     raise VersionConflict(f"task {task_id} kept changing; the cancel was not recorded, ask again")

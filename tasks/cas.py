@@ -109,6 +109,12 @@ class Applied:
     snapshot: Snapshot | None = None  # the new version's snapshot, when the change was computed on one
     operations: tuple[Operation, ...] = ()  # the operation rows as the change left them, in the change's order
 
+    def next_snapshot(self) -> Snapshot:
+        """The new version's snapshot (the change was computed on one, so there is one)."""
+        if self.snapshot is None:  # pragma: no cover - compare_and_set returns one when given one
+            raise RuntimeError("compare_and_set was given no snapshot, so it returned none")
+        return self.snapshot
+
 
 type ChangeBuilder = Callable[[Task, datetime], Change]
 

@@ -319,7 +319,7 @@ def settle(snap: Snapshot, op: Operation, outcome: Outcome, *, settled_by: str =
             event="operation_unprovable",
             task=_after_settling(snap, op, OperationStatus.UNKNOWN)
             if cancelled
-            else _pause(task, PauseReason.UNPROVABLE, outcome.detail or "the remote can neither dedupe nor be queried"),
+            else pause(task, PauseReason.UNPROVABLE, outcome.detail or "the remote can neither dedupe nor be queried"),
             # An operation already unknown (a dropped answer) that now cannot be proven either is recorded as such.
             operations=[(op, {"status": OperationStatus.UNKNOWN.value, "failure_class": "unprovable"})]
             if op.status != OperationStatus.UNKNOWN
@@ -350,7 +350,7 @@ def _committed(snap: Snapshot, op: Operation, outcome: Committed, settled_by: st
     if problems:
         version_mismatch = any(p.startswith("receipt remote_version") for p in problems)
         reason = PauseReason.VERSION_CONFLICT if version_mismatch else PauseReason.NEEDS_REPLAN
-        task_fields = _pause(task, reason, f"node {node.key}: " + "; ".join(problems))
+        task_fields = pause(task, reason, f"node {node.key}: " + "; ".join(problems))
         if task.cancel_requested_at is not None:
             task_fields = _after_settling(snap, op, OperationStatus.COMMITTED)
         failed = {
@@ -402,7 +402,7 @@ def _failed(snap: Snapshot, op: Operation, outcome: Failed, data: dict[str, Any]
     if cls == FailureClass.DEPENDENCY_UNAVAILABLE:
         if _out_of_budget(task, node):
             node_fields |= {"status": NodeStatus.PENDING.value, "next_allowed_action": "takeover"}
-            task_fields = _pause(task, PauseReason.BUDGET_EXHAUSTED, detail)
+            task_fields = pause(task, PauseReason.BUDGET_EXHAUSTED, detail)
         else:
             wait = backoff(now=snap.now, attempt=node.attempts, seed=f"{task.uid}:{node.key}")
             node_fields |= {
@@ -418,10 +418,10 @@ def _failed(snap: Snapshot, op: Operation, outcome: Failed, data: dict[str, Any]
         if destination(cls, node.on_failure) == "fail_task" and not cancelled:
             task_fields = {"status": TaskStatus.FAILED.value, "status_detail": detail}
         else:
-            task_fields = _pause(task, PAUSE_REASON[cls], detail)
+            task_fields = pause(task, PAUSE_REASON[cls], detail)
     else:  # permission_revoked, conflict: nothing happened remotely; a person or a re-plan decides
         node_fields |= {"status": NodeStatus.PENDING.value, "next_allowed_action": "takeover"}
-        task_fields = _pause(task, PAUSE_REASON[cls], detail)
+        task_fields = pause(task, PAUSE_REASON[cls], detail)
     if cancelled:
         task_fields = _after_settling(snap, op, OperationStatus.REJECTED)
     return Change(
@@ -493,7 +493,7 @@ def _after_compensation(snap: Snapshot, op: Operation, op_status: OperationStatu
     """Whatever became of a compensation, a person decides what is next (a recorded cancel goes on to stopped)."""
     if snap.task.cancel_requested_at is not None:
         return _after_settling(snap, op, op_status)
-    return _pause(snap.task, PauseReason.NEEDS_REPLAN, detail)
+    return pause(snap.task, PauseReason.NEEDS_REPLAN, detail)
 
 
 def cancel_status(snap: Snapshot, op: Operation | None, op_status: OperationStatus | None) -> dict[str, Any]:
@@ -524,7 +524,7 @@ def _after_settling(
     if all_done:
         return {"status": TaskStatus.COMPLETED.value, **_CLEAR}
     if op_status == OperationStatus.COMMITTED and task.attempts_used >= task.attempt_budget:
-        return _pause(task, PauseReason.BUDGET_EXHAUSTED, "the task's attempt budget is used up; work remains")
+        return pause(task, PauseReason.BUDGET_EXHAUSTED, "the task's attempt budget is used up; work remains")
     if _unprovable_settled(snap, op):
         # Out of a pause: before any node runs again, its inputs are read again from their sources.
         return {"status": TaskStatus.RUNNING.value, **_CLEAR} | _RECHECK
@@ -560,9 +560,6 @@ def pause(task: Task, reason: PauseReason, detail: str) -> dict[str, Any]:
     if task.cancel_requested_at is not None or task.status in (TaskStatus.PAUSED, TaskStatus.HUMAN):
         return {}
     return {"status": TaskStatus.PAUSED.value, "status_reason": reason.value, "status_detail": detail[:500]}
-
-
-_pause = pause
 
 
 # ------------------------------------------------------------------------------------------------ inputs, cancel

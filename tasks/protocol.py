@@ -16,7 +16,7 @@ from typing import Any
 
 from leases.services import LeaseRef
 from tasks import decisions
-from tasks.cas import Applied, compare_and_set
+from tasks.cas import compare_and_set
 from tasks.decisions import Directive, resolved_input
 from tasks.errors import InvalidTransition, TaskNotFound, VersionConflict
 from tasks.models import Node, Operation, Task
@@ -58,7 +58,7 @@ def step_start(snap: Snapshot, node_key: str, *, lease: LeaseRef) -> tuple[Opera
     if op.pk is not None:  # sent again: the stored request must be the one the log registered
         operation_request_verified(op)
     applied = compare_and_set(snap.task.pk, snap.version, change, lease=lease, snapshot=snap)
-    new = _written(applied)
+    new = applied.next_snapshot()
     return new.operation(op.op_key) or op, new
 
 
@@ -74,13 +74,7 @@ def step_settle(
     if change is None:
         return op, snap
     applied = compare_and_set(snap.task.pk, snap.version, change, lease=lease, snapshot=snap)
-    return applied.operations[0] if applied.operations else op, _written(applied)
-
-
-def _written(applied: Applied) -> Snapshot:
-    if applied.snapshot is None:  # pragma: no cover - compare_and_set returns one when given one
-        raise RuntimeError("compare_and_set returned no snapshot")
-    return applied.snapshot
+    return applied.operations[0] if applied.operations else op, applied.next_snapshot()
 
 
 def _not_outstanding(op_key: str) -> Exception:
@@ -124,7 +118,7 @@ def inputs_confirm(*, task_id: int, current_versions: dict[str, str], expected_v
     applied = compare_and_set(
         task_id, snap.version, decisions.confirm_inputs(snap, current_versions), lease=lease, snapshot=snap
     )
-    return _written(applied).task
+    return applied.next_snapshot().task
 
 
 def resolve_input(task: Task, node: Node) -> dict[str, Any]:
