@@ -31,6 +31,7 @@ __all__ = [
     "operation_start",
     "record_outcome",
     "resolve_input",
+    "step_confirm_inputs",
     "step_settle",
     "step_start",
 ]
@@ -114,11 +115,13 @@ def inputs_confirm(*, task_id: int, current_versions: dict[str, str], expected_v
     """After a person handed the task back, the agent reports each input ref's current version as read from the
     real source (by name, as in ``task.input_refs``). All unchanged: the agent may go on. Any changed: the task
     pauses ``input_changed`` and goes on only by an explicit choice (re-plan, or approval)."""
-    snap = _fresh(None, task_id, lease, expected_version)
-    applied = compare_and_set(
-        task_id, snap.version, decisions.confirm_inputs(snap, current_versions), lease=lease, snapshot=snap
-    )
-    return applied.next_snapshot().task
+    return step_confirm_inputs(_fresh(None, task_id, lease, expected_version), current_versions, lease=lease).task
+
+
+def step_confirm_inputs(snap: Snapshot, current_versions: dict[str, str], *, lease: LeaseRef) -> Snapshot:
+    """``inputs_confirm`` on ``snap``; returns the new version's snapshot."""
+    change = decisions.confirm_inputs(snap, current_versions)
+    return compare_and_set(snap.task.pk, snap.version, change, lease=lease, snapshot=snap).next_snapshot()
 
 
 def resolve_input(task: Task, node: Node) -> dict[str, Any]:

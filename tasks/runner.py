@@ -21,7 +21,7 @@ from tasks.failpoints import failpoint
 from tasks.lifecycle import FailureClass, OperationStatus
 from tasks.models import OperationPurpose
 from tasks.outcomes import Accepted, Failed
-from tasks.protocol import Directive, inputs_confirm, next_directive, step_settle, step_start
+from tasks.protocol import Directive, next_directive, step_confirm_inputs, step_settle, step_start
 from tasks.queries import get_task
 from tasks.snapshot import Snapshot, task_snapshot
 from tasks.verification import input_refs_verified
@@ -66,8 +66,7 @@ def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: in
                 input_refs_verified(snap.task)
                 refs = snap.task.input_refs
                 versions = {name: connector.current_version(ref["locator"]) for name, ref in refs.items()}
-                inputs_confirm(task_id=task_id, current_versions=versions, expected_version=d.task_version, lease=lease)
-                snap = None
+                snap = step_confirm_inputs(snap, versions, lease=lease)
             elif d.kind == "execute":
                 failpoint("before_intent", task_id=task_id)
                 op, snap = step_start(snap, d.node_key, lease=lease)
