@@ -48,12 +48,17 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Every page requires a login unless its view says otherwise (login_not_required): a new view is closed.
+    "django.contrib.auth.middleware.LoginRequiredMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "task-list"
+LOGOUT_REDIRECT_URL = "login"
 WSGI_APPLICATION = "console.wsgi.application"
 ASGI_APPLICATION = "console.asgi.application"
 

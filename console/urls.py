@@ -1,9 +1,10 @@
-from django.contrib import admin
-from django.urls import path
+"""The console's pages, one module per screen group under console/views/ (each holds its urlpatterns)."""
 
-from console import views
+from django.contrib import admin
+from django.urls import include, path
 
 urlpatterns = [
-    path("", views.task_list, name="task-list"),
+    path("", include("console.views.auth")),
+    path("", include("console.views.queue")),
     path("admin/", admin.site.urls),
 ]

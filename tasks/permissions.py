@@ -81,6 +81,23 @@ def operable_condition(principal: Principal) -> Q:
     return member_of(ADMIN) | (member_of(OPERATOR) & granted)
 
 
+def can_view(principal: Principal, task: Task) -> bool:
+    """Admins and auditors see every task; an operator sees the tasks they may operate."""
+    return has_role(principal, ADMIN) or has_role(principal, AUDITOR) or can_operate(principal, task)
+
+
+def viewable_condition(principal: Principal) -> Q:
+    """can_view for every task at once: the condition on Task rows (Task.objects.viewable_by)."""
+    if has_role(principal, ADMIN) or has_role(principal, AUDITOR):
+        return Q()
+    return operable_condition(principal)
+
+
+def require_view(principal: Principal, task: Task) -> None:
+    if not can_view(principal, task):
+        raise PermissionDenied(f"{principal} may not see task {task.pk}", task_id=task.pk)
+
+
 def require_operate(principal: Principal, task: Task) -> None:
     if not can_operate(principal, task):
         raise PermissionDenied(f"{principal} may not operate task {task.pk}", task_id=task.pk)

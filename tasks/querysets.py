@@ -142,6 +142,13 @@ class TaskQuerySet(models.QuerySet[_Task]):
 
         return self.filter(operable_condition(Principal.of_user(user)))
 
+    def viewable_by(self, user: AbstractBaseUser | AnonymousUser) -> Self:
+        """The tasks ``user`` may see (tasks.permissions.can_view): one query."""
+        from audit.principals import Principal
+        from tasks.permissions import viewable_condition
+
+        return self.filter(viewable_condition(Principal.of_user(user)))
+
 
 def _count(rows: QuerySet[Any]) -> Coalesce:
     """COUNT(*) of ``rows`` (filtered on ``task_id=OuterRef("pk")``) as a correlated subquery."""

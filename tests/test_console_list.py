@@ -9,17 +9,25 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from console import views
+from console.views import queue as views
 from leases.services import lease_reserve
 from tasks.lifecycle import FailureClass
 from tasks.models import Task
 from tasks.outcomes import Committed, Failed
-from tests.conftest import chain_plan
+from tests.conftest import chain_plan, person
 from tests.steps import record, send
 
 pytestmark = pytest.mark.django_db
 
-LIST_QUERIES = 1  # the page of tasks with progress and reasons; nothing per task
+
+@pytest.fixture
+def client(client):  # type: ignore[no-untyped-def]
+    """An admin's browser: the list needs a login and a role (the access tests are the console's own)."""
+    client.force_login(person("ada", "admin").user)
+    return client
+
+
+LIST_QUERIES = 6  # session, user, the role checks (3), the page of tasks with progress and reasons; nothing per task
 
 
 def task_ids(html: str) -> list[int]:
