@@ -6,5 +6,9 @@ from django.urls import include, path
 urlpatterns = [
     path("", include("console.views.auth")),
     path("", include("console.views.queue")),
+    path("", include("console.views.detail")),
+    path("", include("console.views.takeover")),
+    path("", include("console.views.reconcile")),
+    path("", include("console.views.admin")),
     path("admin/", admin.site.urls),
 ]
