@@ -2,11 +2,14 @@
 (ScopeGrant), admins only for grants and forced releases — each rule tried against what should break it.
 A refusal changes nothing and writes no audit row."""
 
+import io
+import re
 from collections.abc import Callable
 from functools import partial
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.management import CommandError, call_command
 
 from audit.models import AuditEvent
 from audit.principals import Principal
@@ -15,7 +18,22 @@ from leases.services import lease_open, lease_release
 from tasks.cancel import task_request_cancel
 from tasks.forced_release import forced_release_review, lease_force_release
 from tasks.models import ScopeGrant, Task
-from tasks.permissions import PermissionDenied, permission_grant, permission_revoke
+from tasks.permissions import (
+    ADMIN,
+    AUDITOR,
+    OPERATOR,
+    GrantRefused,
+    PermissionDenied,
+    RoleRefused,
+    admin_bootstrap,
+    can_view,
+    has_role,
+    permission_grant,
+    permission_revoke,
+    role_grant,
+    role_revoke,
+)
+from tasks.permissions import can_operate as can_operate_task
 from tasks.protocol import next_directive, operation_start
 from tasks.settlement import operation_resolve_by_person
 from tasks.takeover import (
@@ -271,19 +289,126 @@ def test_an_operator_who_holds_the_lease_is_refused_once_deactivated(make_task, 
     )
 
 
-def test_a_superuser_counts_as_admin(make_task, agent_lease, clock, ann) -> None:
-    sue = person("sue", superuser=True)
+def test_a_superuser_without_the_admin_group_is_not_an_admin(make_task, agent_lease, clock, root, ann) -> None:
+    sue = person("sue", superuser=True, staff=True)
     task = make_task(project="billing", kind="migrate")
-    assert can_operate(sue, task)
-    permission_grant(actor=sue, user=ann.user, project="billing")
-    assert can_operate(ann, task)  # claimed and given back: the task stays with people (no agent lease there)
+    assert not can_operate(sue, task)
+    assert not has_role(sue, ADMIN)
+    assert not Task.objects.operable_by(sue.user).exists()
+    assert not Task.objects.viewable_by(sue.user).exists()
+    refused(partial(permission_grant, actor=sue, user=ann.user, project="billing"))
+    refused(partial(role_grant, actor=sue, user=sue.user, role=ADMIN))
     held = make_task(project="billing", kind="migrate")
     agent_lease(held)
+    refused(partial(lease_force_release, actor=sue, task_id=held.pk, justification=JUSTIFICATION, impact=IMPACT))
+    role_grant(actor=root, user=sue.user, role=ADMIN)  # the audited way in
+    sue = Principal.of_user(User.objects.get(pk=sue.user.pk))
     forced = lease_force_release(actor=sue, task_id=held.pk, justification=JUSTIFICATION, impact=IMPACT)
     assert forced.forced_by == "user:sue"
-    root = person("root", "admin")
     reviewed = forced_release_review(actor=root, forced_release_id=forced.pk, verdict="accepted", note=REVIEW_NOTE)
     assert reviewed.reviewed_by == "user:root"
+
+
+# --- roles: granted and revoked by an admin, audited ------------------------------------------------------------
+
+
+def memberships() -> list[tuple[str, str]]:
+    return sorted(User.groups.through.objects.values_list("user__username", "group__name"))
+
+
+def role_refused(action: Callable[[], object], error: type[Exception] = RoleRefused) -> None:
+    """``action`` raises ``error`` and changes nothing: no membership, no row, no audit row."""
+    before, groups, audited = snapshot(), memberships(), AuditEvent.objects.count()
+    with pytest.raises(error):
+        action()
+    assert (snapshot(), memberships(), AuditEvent.objects.count()) == (before, groups, audited)
+
+
+def audit_rows() -> list[tuple[str, str, str, dict[str, object]]]:
+    return list(AuditEvent.objects.order_by("seq").values_list("actor_kind", "actor_id", "action", "details"))
+
+
+@pytest.mark.parametrize("role", [OPERATOR, ADMIN, AUDITOR])
+def test_an_admin_grants_and_revokes_a_role_with_one_audit_row_each(clock, root, role) -> None:
+    bob = User.objects.create_user("bob")
+    role_grant(actor=root, user=bob, role=role)
+    assert has_role(Principal.of_user(bob), role)  # the cache of this object was refreshed
+    assert audit_rows() == [("user", "root", "role_granted", {"user": "bob", "role": role})]
+    role_revoke(actor=root, user=bob, role=role)
+    assert not has_role(Principal.of_user(bob), role)
+    assert not has_role(Principal.of_user(User.objects.get(pk=bob.pk)), role)
+    assert audit_rows()[1:] == [("user", "root", "role_revoked", {"user": "bob", "role": role})]
+
+
+def test_role_changes_refused_write_nothing(clock, root, ann) -> None:
+    carol = person("carol", "auditor")
+    gone = person("gus")
+    deactivate(gone)
+    role_refused(lambda: role_grant(actor=root, user=ann.user, role=OPERATOR))  # already
+    role_refused(lambda: role_revoke(actor=root, user=ann.user, role=AUDITOR))  # not held
+    role_refused(lambda: role_grant(actor=root, user=ann.user, role="superuser"))
+    role_refused(lambda: role_grant(actor=root, user=gone.user, role=OPERATOR))
+    for actor in (ann, carol, Principal.agent("agent-1"), Principal.system("scheduler")):
+        role_refused(partial(role_grant, actor=actor, user=actor.user or ann.user, role=ADMIN), PermissionDenied)
+        role_refused(partial(role_revoke, actor=actor, user=root.user, role=ADMIN), PermissionDenied)
+
+
+def test_the_last_admin_cannot_revoke_their_own_admin_role(clock, root) -> None:
+    role_refused(lambda: role_revoke(actor=root, user=root.user, role=ADMIN))
+    max_ = person("max", "admin")
+    deactivate(max_)  # a deactivated admin is no admin: root is still the last one
+    role_refused(lambda: role_revoke(actor=root, user=root.user, role=ADMIN))
+    ada = person("ada", "admin")
+    role_revoke(actor=root, user=root.user, role=ADMIN)
+    assert not has_role(root, ADMIN)
+    role_refused(lambda: role_revoke(actor=ada, user=ada.user, role=ADMIN))
+
+
+def test_create_admin_bootstraps_the_first_admin_audited_as_the_system(clock) -> None:
+    user, password = admin_bootstrap(username="first")
+    assert password and user.check_password(password)
+    assert has_role(Principal.of_user(User.objects.get(username="first")), ADMIN)
+    assert audit_rows() == [
+        (
+            "system",
+            "create_admin",
+            "role_granted",
+            {"user": "first", "role": ADMIN, "bootstrap": True, "account_created": True},
+        ),
+    ]
+    role_refused(lambda: admin_bootstrap(username="first"))  # exists
+    role_refused(lambda: admin_bootstrap(username="first", existing=True))  # already admin
+    role_refused(lambda: admin_bootstrap(username="nobody", existing=True))
+    User.objects.create_user("old", password="kept-password")
+    user, password = admin_bootstrap(username="old", existing=True)
+    assert password is None and user.check_password("kept-password")
+
+
+def test_the_create_admin_command_prints_a_password_and_refuses_an_existing_user(clock) -> None:
+    out = io.StringIO()
+    call_command("create_admin", "first", stdout=out)
+    password = re.search(r"password: (\S+)", out.getvalue())
+    assert password is not None
+    assert User.objects.get(username="first").check_password(password.group(1))
+    with pytest.raises(CommandError, match="--existing"):
+        call_command("create_admin", "first", stdout=io.StringIO())
+    assert AuditEvent.objects.count() == 1
+
+
+def test_a_scope_grant_given_twice_or_revoked_when_absent_is_refused(make_task, clock, root, ann) -> None:
+    permission_grant(actor=root, user=ann.user, project="billing")
+    role_refused(lambda: permission_grant(actor=root, user=ann.user, project="billing"), GrantRefused)
+    role_refused(lambda: permission_revoke(actor=root, user=ann.user, kind="export"), GrantRefused)
+
+
+def test_roles_are_read_once_per_user_object(django_assert_num_queries, make_task, clock, root) -> None:
+    task = make_task()
+    admin = Principal.of_user(User.objects.get(pk=root.user.pk))
+    with django_assert_num_queries(1):
+        for role in (ADMIN, OPERATOR, AUDITOR, ADMIN):
+            has_role(admin, role)
+        assert can_view(admin, task)
+        assert can_operate_task(admin, task)
 
 
 # --- forced release ---------------------------------------------------------------------------------------------
