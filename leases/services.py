@@ -14,6 +14,7 @@ from django.db.models import F, Max
 from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
+from leases.db import step_cursor
 from leases.errors import LeaseError, LeaseExpired, LeaseHeld, LeaseLost, LeaseRefused, LeaseReserved, RenewalOutOfOrder
 from leases.models import HolderKind, Lease, LeaseReservation, ReleaseReason
 
@@ -253,7 +254,7 @@ def lease_heartbeat(*, lease: LeaseRef, task_id: int) -> tuple[datetime, datetim
             "RETURNING strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'), expires_at"
         )
         params = [f"+{ttl.total_seconds():.6f} seconds", lease.pk, task_id, lease.epoch]
-    with connection.cursor() as cursor:
+    with step_cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:

@@ -9,6 +9,8 @@ from typing import Any
 
 from django.db import connection, models
 
+from leases.db import step_cursor
+
 
 def _quote(name: str) -> str:
     return connection.ops.quote_name(name)
@@ -110,7 +112,7 @@ class Batch:
         params: list[Any] = []
         for (kind, *_rest), (values, where_params) in zip(self._parts, self._values, strict=True):
             params += [*values, *where_params] if kind == "update" else values
-        with connection.cursor() as cursor:
+        with step_cursor() as cursor:
             cursor.execute(_batch_sql(shape), params)
             row = cursor.fetchone()
         return [None if value is None else int(value) for value in row]
