@@ -12,7 +12,6 @@ On refusal it names the condition that failed (VersionConflict, LeaseLost/LeaseE
 nothing is written. Given the snapshot the change was computed on, it returns the snapshot of the new version.
 """
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -160,7 +159,7 @@ def compare_and_set(
         if snapshot is not None:
             if snapshot.version != expected_version:
                 raise _conflict(task_id, expected_version, snapshot.version)
-            task = copy.copy(snapshot.task)  # the caller's snapshot stays as it was read
+            task = sql.clone(snapshot.task)  # the caller's snapshot stays as it was read
         else:
             task = _task_at(task_id, expected_version)
         if not isinstance(change, Change):
@@ -233,7 +232,7 @@ def compare_and_set(
     written = []  # the operation rows as the change left them (copies of updated ones: the caller's stay as read)
     for op, fields in op_fields:
         if op not in inserted:
-            op = copy.copy(op)
+            op = sql.clone(op)
             for name, value in fields.items():
                 setattr(op, name, value)
         written.append(op)

@@ -66,6 +66,8 @@ OPERATION_FIELDS = (
 
 def jsonable(value: Any) -> Any:
     """Normalise to what a JSON column gives back, so the digest of a stored payload is stable."""
+    if value is None or type(value) in _JSON_SCALARS:
+        return value
     if isinstance(value, datetime):
         return value.isoformat()
     if isinstance(value, dict):
@@ -77,6 +79,9 @@ def jsonable(value: Any) -> Any:
     return (
         json.loads(json.dumps(value, default=str)) if not isinstance(value, str | int | float | bool | None) else value
     )
+
+
+_JSON_SCALARS = frozenset({str, int, bool})  # exactly these types: a subclass (an enum member) is normalised below
 
 
 def node_ref(node: Node) -> str:

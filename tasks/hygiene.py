@@ -160,11 +160,20 @@ def _looks_like_credential(scheme: str, value: str) -> bool:
     return len(value) >= 16 and any(c.isdigit() for c in value) and any(c.isalpha() for c in value)
 
 
+# A credential written as text is named by words that, joined, contain one of these (every entry of _SECRET_WORDS
+# does: "apikey" and "accesskey" contain "key", "sessionid" "session"); text whose letters, joined, contain none
+# names no credential and is not searched for one (the searches below are the costly part of a payload's scan).
+_TEXT_NAME_HINT = re.compile(r"pass|pwd|secret|token|auth|credential|cookie|bearer|key|session", re.IGNORECASE)
+_NOT_LETTERS = re.compile(r"[^A-Za-z]+")
+
+
 def _is_secret_value(value: str) -> bool:
     if _SECRET_VALUE.search(value):
         return True
     if any(_looks_like_credential(m.group(1), m.group(2)) for m in _AUTH_SCHEME.finditer(value)):
         return True
+    if not _TEXT_NAME_HINT.search(_NOT_LETTERS.sub("", value)):
+        return False
     return any(
         _is_secret_name_in_text(m.group("name")) and _is_a_value(m.group("value"))
         for pattern in (_NAMED_VALUE, _FLAG_VALUE)

@@ -6,7 +6,6 @@ After a write the compare-and-set returns the snapshot of the new version, built
 next step of the same holder reads nothing again.
 """
 
-import copy
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -16,6 +15,7 @@ from django.db.models.functions import Coalesce
 from leases import clock
 from leases.models import Lease, LeaseReservation
 from leases.services import LeaseRef
+from tasks import sql
 from tasks.errors import TaskNotFound, VersionConflict
 from tasks.lifecycle import OPEN_OPERATION_STATUSES, UNSETTLED_OPERATION_STATUSES, NodeStatus, OperationStatus
 from tasks.models import Node, Operation, Task
@@ -144,7 +144,7 @@ def after_write(
     new_nodes = []
     for node in snap.nodes:
         if node.pk in nodes:
-            node = copy.copy(node)
+            node = sql.clone(node)
             for name, value in nodes[node.pk].items():
                 setattr(node, name, value)
         new_nodes.append(node)

@@ -3,11 +3,12 @@ database did (profile in the README). Only the compare-and-set uses this, for ro
 values are adapted by each model field (``get_db_prep_save``), so they are stored exactly as the ORM stores them.
 """
 
+import copy
 from collections.abc import Iterable
 from functools import cache
 from typing import Any
 
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 
 from leases.db import step_cursor
 
@@ -32,8 +33,9 @@ class RawJSON(str):
 
 
 def _adapt(model: type[models.Model], names: tuple[str, ...], values: Iterable[Any]) -> list[Any]:
+    db = connections[DEFAULT_DB_ALIAS]  # the wrapper itself: every attribute read through the proxy costs a lookup
     return [
-        str(value) if isinstance(value, RawJSON) else field.get_db_prep_save(value, connection)
+        str(value) if isinstance(value, RawJSON) else field.get_db_prep_save(value, db)
         for (_column, field), value in zip(_columns(model, names), values, strict=True)
     ]
 
@@ -51,6 +53,16 @@ def _insert_sql(model: type[models.Model], names: tuple[str, ...], returning: bo
     values = ", ".join(["%s"] * len(names))
     tail = f" RETURNING {_quote(str(model._meta.pk.column))}" if returning else ""
     return f"INSERT INTO {_quote(model._meta.db_table)} ({columns}) VALUES ({values}){tail}"  # noqa: S608
+
+
+def clone[M: models.Model](instance: M) -> M:
+    """A copy of a model instance, as ``copy.copy`` makes it (its own state and relation cache) without the pickle
+    protocol ``copy.copy`` goes through: the step copies rows it must not change under its caller."""
+    new = instance.__class__.__new__(instance.__class__)
+    new.__dict__ = instance.__dict__.copy()
+    new._state = copy.copy(instance._state)
+    new._state.fields_cache = instance._state.fields_cache.copy()
+    return new
 
 
 def row_values(instance: models.Model, names: Iterable[str]) -> dict[str, Any]:
