@@ -13,14 +13,25 @@ from tasks.lifecycle import TERMINAL_TASK_STATUSES, Actor, TaskStatus
 from tasks.models import Task
 from tasks.permissions import require_cancel
 from tasks.snapshot import task_snapshot
+from tasks.takeover import _stale_form as stale_form
 
 
-def task_request_cancel(*, actor: Principal, task_id: int, reason: str, lease: LeaseRef | None = None) -> Task:
+def task_request_cancel(
+    *,
+    actor: Principal,
+    task_id: int,
+    reason: str,
+    lease: LeaseRef | None = None,
+    expected_version: int | None = None,
+) -> Task:
     """Record a cancel. From now on no operation can start; intents never sent are withdrawn; what is in flight
     settles (stopping) and is recorded as it truly ended.
 
     Who may: a person allowed to operate the task (holding its takeover lease or not), the agent holding the
     task's lease (``lease``), or the agent or system that created the task. Asking twice changes nothing. Audited.
+
+    ``expected_version``: the version a person confirmed the consequences on (tasks.consequences); if the task
+    moved since, the cancel is refused (VersionConflict, naming what changed) and nothing is written.
     """
     check_payload({"reason": reason}, what="cancel reason")
     for _attempt in range(10):
@@ -29,6 +40,8 @@ def task_request_cancel(*, actor: Principal, task_id: int, reason: str, lease: L
         require_cancel(actor, task, lease=lease)
         if task.cancel_requested_at is not None or task.status in TERMINAL_TASK_STATUSES | {TaskStatus.QUARANTINED}:
             return task
+        if expected_version is not None and snap.version != expected_version:
+            raise stale_form(task, expected_version)
         change = decisions.cancel(snap, by=str(actor), reason=reason)
         try:
             applied = audited_compare_and_set(

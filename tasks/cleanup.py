@@ -15,14 +15,25 @@ from typing import Any
 
 from django.db.models import QuerySet
 
+from audit.principals import Principal
 from leases.models import Lease
 from tasks import opkeys
-from tasks.cas import Change, compare_and_set
+from tasks.cas import Audit, Change, audited_compare_and_set, compare_and_set
 from tasks.connectors.base import Connector
+from tasks.errors import InvalidTransition, TaskNotFound, VersionConflict
 from tasks.failpoints import failpoint
-from tasks.lifecycle import OPEN_OPERATION_STATUSES, TERMINAL_TASK_STATUSES, ChangeKind, FailureClass, OperationStatus
-from tasks.models import Operation, OperationPurpose, Task, TempResource, TempResourceStatus
+from tasks.hygiene import check_payload
+from tasks.lifecycle import (
+    OPEN_OPERATION_STATUSES,
+    TERMINAL_TASK_STATUSES,
+    Actor,
+    ChangeKind,
+    FailureClass,
+    OperationStatus,
+)
+from tasks.models import Event, Operation, OperationPurpose, Task, TempResource, TempResourceStatus
 from tasks.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
+from tasks.permissions import require_operate
 from tasks.plans import digest_of
 from tasks.queries import get_task
 from tasks.receipts import receipt_of, receipt_summary
@@ -30,6 +41,8 @@ from tasks.verification import temp_locator_verified
 
 ENDED = tuple(s.value for s in TERMINAL_TASK_STATUSES)
 MAX_CLEANUP_ATTEMPTS = 3
+MIN_RESET_REASON = 10
+RESET_EVENT = "temp_resource_reset"
 _UNDONE = (TempResourceStatus.ACTIVE.value, TempResourceStatus.CLEANING.value)
 
 
@@ -64,8 +77,8 @@ def _clean_one(temp: TempResource, lease: Lease, connector: Connector) -> str:
     op = temp.cleanup_operation
     for _round in range(MAX_CLEANUP_ATTEMPTS * 2 + 2):
         if op is None or op.status == OperationStatus.REJECTED:
-            tries = Operation.objects.filter(task_id=temp.task_id, op_key__startswith=_key(temp, 0)[:-1]).count()
-            if tries >= MAX_CLEANUP_ATTEMPTS:
+            tries = cleanup_tries(temp)
+            if tries >= MAX_CLEANUP_ATTEMPTS * (1 + resets_of(temp)):
                 _give_up(temp, tries, lease)
                 return "needs_person"
             op = _register(temp, tries, lease)
@@ -86,6 +99,59 @@ def _clean_one(temp: TempResource, lease: Lease, connector: Connector) -> str:
         if op.status == OperationStatus.REJECTED and op.failure_class == FailureClass.DEPENDENCY_UNAVAILABLE:
             return "remote_unavailable"  # a later wake-up tries again, under a new op key
     return "needs_person"
+
+
+def cleanup_tries(temp: TempResource) -> int:
+    """The delete operations registered for ``temp`` so far (each under its own op key)."""
+    return Operation.objects.filter(task_id=temp.task_id, op_key__startswith=_key(temp, 0)[:-1]).count()
+
+
+def resets_of(temp: TempResource) -> int:
+    """How many times a person made ``temp`` eligible for deletion again: each reset allows MAX_CLEANUP_ATTEMPTS
+    more deletes (read from the log, which records every reset)."""
+    return Event.objects.filter(task_id=temp.task_id, type=RESET_EVENT, payload__data__temp_id=temp.pk).count()
+
+
+def temp_resource_reset(
+    *, actor: Principal, task_id: int, temp_id: int, expected_version: int, reason: str
+) -> TempResource:
+    """A person makes a stuck temp resource eligible for deletion again (after granting the permission back, or
+    fixing the remote): it becomes active, the next wake-up deletes it under a new op key, and MAX_CLEANUP_ATTEMPTS
+    more refusals make it stuck again. A compare-and-set on ``expected_version`` (event ``temp_resource_reset``),
+    audited with the person's reason (at least MIN_RESET_REASON characters)."""
+    task = get_task(task_id)
+    require_operate(actor, task)
+    temp = TempResource.objects.filter(pk=temp_id, task_id=task_id).first()
+    if temp is None:
+        raise TaskNotFound(f"task {task_id} has no temp resource {temp_id}")
+    if temp.status != TempResourceStatus.STUCK:
+        raise InvalidTransition(f"temp resource {temp.locator} is {temp.status}, not stuck: nothing to reset")
+    if len(reason.strip()) < MIN_RESET_REASON:
+        raise InvalidTransition(f"a reset needs the reason (at least {MIN_RESET_REASON} characters): what changed?")
+    check_payload({"reason": reason}, what="temp resource reset")
+    tries = cleanup_tries(temp)
+
+    def make_active(_task: Task, _now: datetime) -> None:
+        moved = TempResource.objects.filter(pk=temp.pk, status=TempResourceStatus.STUCK.value).update(
+            status=TempResourceStatus.ACTIVE.value, cleanup_operation=None
+        )
+        if moved != 1:  # rolls the whole change back
+            raise VersionConflict(f"temp resource {temp.locator} changed meanwhile; look again")
+
+    audited_compare_and_set(
+        task_id,
+        expected_version,
+        Change(
+            event=RESET_EVENT,
+            kind=ChangeKind.CLEANUP,
+            data={"temp": temp.locator, "temp_id": temp.pk, "by": str(actor), "attempts": tries},
+        ),
+        lease=None,
+        actor=Actor.PERSON,
+        audit=Audit(actor, RESET_EVENT, reason=reason, details={"temp": temp.locator, "attempts": tries}),
+        before_event=make_active,
+    )
+    return TempResource.objects.get(pk=temp.pk)
 
 
 def _give_up(temp: TempResource, tries: int, lease: Lease) -> None:

@@ -30,6 +30,7 @@ from tasks.lifecycle import (
 from tasks.models import Operation, Task
 from tasks.permissions import PermissionDenied, require_admin
 from tasks.queries import get_task as _task
+from tasks.takeover import _stale_form
 
 MIN_FORCE_TEXT = 20  # characters of justification and of impact, at least
 
@@ -38,17 +39,24 @@ class TakeoverRefused(TaskError):
     code = "takeover_refused"
 
 
-def lease_force_release(*, actor: Principal, task_id: int, justification: str, impact: str) -> ForcedRelease:
+def lease_force_release(
+    *, actor: Principal, task_id: int, justification: str, impact: str, expected_version: int | None = None
+) -> ForcedRelease:
     """An admin removes whoever holds the task's lease. Needs a justification and an impact statement
     (each at least MIN_FORCE_TEXT characters). Records the removed holder, the epoch, the task version and
     the operations open at that moment; the removed holder can write nothing more (its epoch's lease is
-    closed, and the task version moves). The release waits in a review queue for another admin."""
+    closed, and the task version moves). The release waits in a review queue for another admin.
+
+    ``expected_version``: the version the admin read the consequences on (tasks.consequences); if the task moved
+    since (another holder, operations settled), the release is refused (VersionConflict) and nothing is written."""
     require_admin(actor, "force-release a lease")
     for label, text in (("justification", justification), ("impact", impact)):
         if len(text.strip()) < MIN_FORCE_TEXT:
             raise TakeoverRefused(f"a forced release needs a {label} of at least {MIN_FORCE_TEXT} characters")
     check_payload({"justification": justification, "impact": impact}, what="forced release")
     task = _task(task_id)
+    if expected_version is not None and task.version != expected_version:
+        raise _stale_form(task, expected_version)
     with transaction.atomic():
         holder = lease_open(task_id)
         if holder is None:
@@ -60,6 +68,8 @@ def lease_force_release(*, actor: Principal, task_id: int, justification: str, i
         )
         closed = lease_force_close(lease=holder)
         current = _task(task_id)
+        if expected_version is not None and current.version != expected_version:
+            raise _stale_form(current, expected_version)  # moved between the two reads: the close rolls back
         removed = f"{holder.holder_kind}:{holder.holder_id}"
         details: dict[str, Any] = {"removed_holder": removed, "open_operations": open_ops}
         created: list[ForcedRelease] = []

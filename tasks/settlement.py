@@ -2,20 +2,23 @@
 it happened (with the receipt that proves it), it never took effect, or it happened and is to be compensated (a new
 operation with its own op key, sent like any other). Each is audited in the transaction of the change."""
 
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from django.db import transaction
 
 from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
-from leases.models import Lease
+from leases.models import HolderKind, Lease
+from leases.services import lease_open
 from tasks import decisions, opkeys
 from tasks.cas import Change, compare_and_set
 from tasks.errors import (
     EvidenceInsufficient,
     InvalidTransition,
+    TaskError,
     TaskNotFound,
 )
 from tasks.hygiene import check_payload
@@ -25,11 +28,12 @@ from tasks.lifecycle import (
     OperationStatus,
 )
 from tasks.models import Operation, OperationPurpose, Task
-from tasks.outcomes import Committed
+from tasks.outcomes import Accepted, Committed, Failed, Outcome, Unprovable
 from tasks.permissions import require_operate
 from tasks.plans import digest_of
 from tasks.protocol import step_settle
 from tasks.receipts import receipt_summary
+from tasks.registry import connector_for
 from tasks.snapshot import task_snapshot
 from tasks.takeover import _own_lease, _stale_form
 
@@ -131,3 +135,114 @@ def _register_compensation(op: Operation, expected_version: int, lease: Lease, a
         )
 
     compare_and_set(op.task_id, expected_version, build, lease=lease)
+
+
+MIN_NOTE = 10  # characters of a person's note on a settlement or a remote query
+
+
+class TakeoverRequired(TaskError):
+    """Settling an operation (by hand, or from the remote's answer) needs the takeover lease of the person."""
+
+    code = "takeover_required"
+
+
+@dataclass(frozen=True)
+class RemoteAnswer:
+    """What the remote said when a person asked it by op key, and whether it was recorded."""
+
+    op_key: str
+    outcome: Outcome
+    recorded: bool
+    operation: Operation
+
+
+def held_takeover(actor: Principal, task_id: int) -> Lease:
+    """The open takeover lease ``actor`` holds on the task; TakeoverRequired otherwise."""
+    lease = lease_open(task_id)
+    if lease is None or lease.holder_kind != HolderKind.OPERATOR or lease.holder_id != actor.id:
+        raise TakeoverRequired(f"take task {task_id} over first: settling an operation needs your takeover lease")
+    return lease
+
+
+def _operation_of(task_id: int, op_key: str) -> Operation:
+    op = Operation.objects.select_related("node", "task").filter(op_key=op_key, task_id=task_id).first()
+    if op is None:
+        raise TaskNotFound(f"task {task_id} has no operation with op key {op_key!r}")
+    return op
+
+
+def operation_settle_by_hand(
+    *,
+    actor: Principal,
+    task_id: int,
+    op_key: str,
+    expected_version: int,
+    resolution: Resolution,
+    receipt: Committed | None = None,
+    note: str,
+) -> Operation:
+    """operation_resolve_by_person for the person's own takeover lease on ``task_id``, with a note of what they
+    checked (at least MIN_NOTE characters: the evidence of a not-done, the context of a receipt). Audited."""
+    task = _operation_of(task_id, op_key).task
+    require_operate(actor, task)
+    if len(note.strip()) < MIN_NOTE:
+        raise EvidenceInsufficient(
+            f"settling by hand needs a note of what you checked (at least {MIN_NOTE} characters)"
+        )
+    lease = held_takeover(actor, task_id)
+    return operation_resolve_by_person(
+        actor=actor,
+        lease=lease,
+        op_key=op_key,
+        expected_version=expected_version,
+        resolution=resolution,
+        receipt=receipt,
+        note=note,
+    )
+
+
+def operation_query_remote(*, actor: Principal, task_id: int, op_key: str, expected_version: int) -> RemoteAnswer:
+    """Ask the remote now what became of ``op_key`` (the connector of the task's kind, outside any transaction)
+    and record its answer with the person's takeover lease — the same settlement as an agent's query by op key.
+    A lookup that itself fails (or an unprovable one still unprovable) records nothing. Audited when recorded."""
+    op = _operation_of(task_id, op_key)
+    require_operate(actor, op.task)
+    if op.status not in OPEN_OPERATION_STATUSES:
+        raise InvalidTransition(f"operation {op_key} is {op.status}: nothing to ask the remote about")
+    lease = held_takeover(actor, task_id)
+    if op.task.version != expected_version:
+        raise _stale_form(op.task, expected_version)
+    outcome = connector_for(op.task.kind).lookup(op_key)  # I/O: never inside a transaction
+    with transaction.atomic():
+        snap = task_snapshot(task_id=task_id, lease=lease)
+        if snap.version != expected_version:
+            raise _stale_form(snap.task, expected_version)
+        settled, after = step_settle(snap, op_key, outcome, lease=lease, settled_by=str(actor))
+        recorded = after.version != snap.version
+        if recorded:
+            audit_append(
+                actor=actor,
+                action="operation_queried_by_person",
+                at=clock.now(),
+                task_id=task_id,
+                lease_epoch=lease.epoch,
+                version_before=snap.version,
+                version_after=after.version,
+                details={"op_key": op_key, "outcome": outcome_summary(outcome), "status": settled.status},
+            )
+    return RemoteAnswer(op_key=op_key, outcome=outcome, recorded=recorded, operation=Operation.objects.get(pk=op.pk))
+
+
+def outcome_summary(outcome: Outcome) -> dict[str, Any]:
+    """The remote's answer as the audit row and the page name it."""
+    summary: dict[str, Any] = {"outcome": type(outcome).__name__.lower()}
+    if isinstance(outcome, Committed):
+        summary |= {"remote_id": outcome.remote_id, "remote_version": outcome.remote_version, "count": outcome.count}
+        summary["digest"] = outcome.digest
+    elif isinstance(outcome, Accepted):
+        summary["remote_id"] = outcome.remote_id
+    elif isinstance(outcome, Failed):
+        summary |= {"failure_class": str(outcome.failure_class), "detail": outcome.detail[:200]}
+    elif isinstance(outcome, Unprovable):
+        summary["detail"] = outcome.detail[:200]
+    return summary
