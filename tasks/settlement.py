@@ -155,6 +155,11 @@ class RemoteAnswer:
     recorded: bool
     operation: Operation
 
+    @property
+    def outcome_name(self) -> str:
+        """committed, accepted, notfound, unprovable or failed."""
+        return type(self.outcome).__name__.lower()
+
 
 def held_takeover(actor: Principal, task_id: int) -> Lease:
     """The open takeover lease ``actor`` holds on the task; TakeoverRequired otherwise."""

@@ -1,5 +1,379 @@
-"""The console's reconcile pages (issue 9): built by the session's reconcile work."""
+"""A task's actions (issue 9, points 5, 6, 7's force release, 9): reconcile its open operations — ask the remote by
+op key, or settle by hand — reset a stuck temp resource, cancel, force-release its lease.
 
-from django.urls import URLPattern
+Every view: the access check (console/access.py), a form, one service, a page. Every dangerous action is one flow
+(console/forms/reconcile.py, templates/console/_danger.html): consequences from live rows, a typed reason, a typed
+confirmation, the version the person read; the service checks the permission again and writes the audit row.
+"""
 
-urlpatterns: list[URLPattern] = []
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib import messages
+from django.db.models import Case, IntegerField, Value, When
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.template.loader import render_to_string
+from django.urls import path, reverse
+from django.utils.cache import patch_vary_headers
+from django.views.decorators.http import require_http_methods, require_POST, require_safe
+from django_htmx.http import HttpResponseStopPolling
+
+from console.access import operable_task, principal, require_admin_role, viewable_task
+from console.errors import message_for
+from console.forms.reconcile import (
+    CancelForm,
+    Danger,
+    DangerForm,
+    ForceReleaseForm,
+    QueryForm,
+    SettleForm,
+    TempResetForm,
+)
+from leases.models import HolderKind
+from leases.services import lease_open
+from tasks import consequences
+from tasks.cancel import task_request_cancel
+from tasks.cleanup import cleanup_tries, temp_resource_reset
+from tasks.consequences import plural
+from tasks.errors import TaskError, TaskNotFound, VersionConflict
+from tasks.forced_release import lease_force_release
+from tasks.lifecycle import OPEN_OPERATION_STATUSES, TERMINAL_TASK_STATUSES, OperationStatus, TaskStatus
+from tasks.models import Operation, Task, TempResource, TempResourceStatus
+from tasks.permissions import ADMIN, has_role
+from tasks.permissions import PermissionDenied as ServiceDenied
+from tasks.settlement import RemoteAnswer, operation_query_remote, operation_settle_by_hand
+
+POLL_SECONDS = 2
+_ENDED = {s.value for s in TERMINAL_TASK_STATUSES} | {TaskStatus.QUARANTINED.value}
+_SHOWN_TEMPS = [TempResourceStatus.STUCK.value, TempResourceStatus.ACTIVE.value, TempResourceStatus.CLEANING.value]
+
+
+def _htmx(request: HttpRequest) -> bool:
+    return request.headers.get("HX-Request") == "true"
+
+
+def _refusal_status(error: TaskError) -> int:
+    if isinstance(error, ServiceDenied):
+        return 403
+    if isinstance(error, TaskNotFound):
+        return 404
+    return 409 if isinstance(error, VersionConflict) else 400
+
+
+def _actions_url(task: Task) -> str:
+    return reverse("task-actions", args=[task.pk])
+
+
+def _open_operations(task: Task) -> list[Operation]:
+    """Open operations, unprovable first, then unknown, then the rest: one query."""
+    rank = Case(
+        When(failure_class="unprovable", then=Value(0)),
+        When(status=OperationStatus.UNKNOWN.value, then=Value(1)),
+        default=Value(2),
+        output_field=IntegerField(),
+    )
+    ops = Operation.objects.filter(task=task, status__in=[s.value for s in OPEN_OPERATION_STATUSES])
+    return list(ops.select_related("node").annotate(rank=rank).order_by("rank", "pk"))
+
+
+def _temp_resources(task: Task) -> list[TempResource]:
+    rank = Case(When(status=TempResourceStatus.STUCK.value, then=Value(0)), default=Value(1))
+    temps = TempResource.objects.filter(task=task, status__in=_SHOWN_TEMPS)
+    return list(temps.annotate(rank=rank).order_by("rank", "pk"))
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A task's status as a person reads it: an icon, a word, and what it waits for (never colour alone)."""
+
+    icon: str
+    label: str
+    waits: str
+
+
+_SHOWN = {
+    TaskStatus.PENDING: ("○", "Pending", "Waiting for a worker to pick it up."),
+    TaskStatus.RUNNING: ("▶", "Running", "An agent is advancing it."),
+    TaskStatus.OBSERVING: ("◔", "Observing", "A remote operation was accepted and is still running."),
+    TaskStatus.BACKING_OFF: ("⏳", "Backing off", "A remote refused for now; it tries again later."),
+    TaskStatus.PAUSED: ("⏸", "Paused", "Waiting for a person."),
+    TaskStatus.HUMAN: ("👤", "With a person", "A person holds, or last held, the takeover."),
+    TaskStatus.COMPLETED: ("✔", "Completed", "Every node succeeded with its receipt."),
+    TaskStatus.FAILED: ("✖", "Failed", "It ended without completing."),
+    TaskStatus.QUARANTINED: ("☣", "Quarantined", "Its record cannot be trusted: nothing moves it."),
+}
+
+
+def shown_status(task: Task) -> Shown:
+    """Stopping, stopped with pending reconciliation and stopped each say what they wait for, counted now."""
+    status = TaskStatus(task.status)
+    if status == TaskStatus.STOPPING:
+        c = consequences.cancel_counts(task)
+        waits = f"Cancel recorded; nothing new starts. Waiting for {plural(c.in_flight, 'operation')} in flight"
+        return Shown("◐", "Stopping", f"{waits}: {', '.join(c.in_flight_keys)}." if c.in_flight else waits + ".")
+    if status == TaskStatus.STOPPED_PENDING:
+        c = consequences.cancel_counts(task)
+        return Shown(
+            "◑",
+            "Stopped, reconciliation pending",
+            f"Nothing runs. {plural(c.unknown, 'operation')} of unknown outcome to reconcile by op key: "
+            f"{', '.join(c.in_flight_keys)}.",
+        )
+    if status == TaskStatus.STOPPED:
+        return Shown("■", "Stopped", "Cancelled; every operation settled. Temp resources are cleaned up.")
+    icon, label, waits = _SHOWN[status]
+    return Shown(icon, label, task.status_detail or waits)
+
+
+def _actions_context(request: HttpRequest, task: Task, **extra: Any) -> dict[str, Any]:
+    lease = lease_open(task.pk)
+    who = principal(request)
+    holds = lease is not None and lease.holder_kind == HolderKind.OPERATOR and lease.holder_id == who.id
+    return {
+        "task": task,
+        "shown": shown_status(task),
+        "is_admin": has_role(who, ADMIN),
+        "operations": _open_operations(task),
+        "temps": _temp_resources(task),
+        "lease": lease,
+        "holds_takeover": holds,
+        "terminal": task.status in _ENDED,
+        "cancellable": task.cancel_requested_at is None and task.status not in _ENDED,
+        "poll_seconds": POLL_SECONDS,
+        "query_form": QueryForm(initial={"version": task.version}),
+        **extra,
+    }
+
+
+def _page(request: HttpRequest, template: str, context: dict[str, Any], status: int = 200) -> HttpResponse:
+    response = render(request, template, context, status=status)
+    patch_vary_headers(response, ("HX-Request",))
+    return response
+
+
+@require_safe
+def task_actions(request: HttpRequest, task_id: int) -> HttpResponse:
+    task = operable_task(request, task_id)
+    return _page(request, "console/reconcile/actions.html", _actions_context(request, task))
+
+
+@require_safe
+def task_actions_status(request: HttpRequest, task_id: int) -> HttpResponse:
+    """The status panel alone (HTMX polling): stopping → stopped_pending → stopped; polling stops once terminal."""
+    task = operable_task(request, task_id)
+    if not _htmx(request):  # the link behind the poll: the whole page
+        return _page(request, "console/reconcile/actions.html", _actions_context(request, task))
+    context = {
+        "task": task,
+        "shown": shown_status(task),
+        "terminal": task.status in _ENDED,
+        "poll_seconds": POLL_SECONDS,
+    }
+    html = render_to_string("console/reconcile/actions.html#status", context, request=request)
+    response = HttpResponseStopPolling(html) if context["terminal"] else HttpResponse(html)
+    patch_vary_headers(response, ("HX-Request",))
+    return response
+
+
+def _danger(
+    request: HttpRequest,
+    danger: Danger,
+    task: Task,
+    status: int = 200,
+) -> HttpResponse:
+    template = "console/reconcile/confirm.html#dialog" if _htmx(request) else "console/reconcile/confirm.html"
+    return _page(request, template, {"task": task, "danger": danger}, status)
+
+
+def _done(request: HttpRequest, task: Task, sentence: str) -> HttpResponse:
+    messages.success(request, sentence)
+    return HttpResponseRedirect(_actions_url(task), status=303)
+
+
+@require_http_methods(["GET", "HEAD", "POST"])
+def task_cancel(request: HttpRequest, task_id: int) -> HttpResponse:
+    task = operable_task(request, task_id)
+    form = CancelForm(request.POST or None, expected=str(task.pk), initial={"version": task.version})
+    error, status = "", 200
+    if request.method == "POST":
+        status = 400
+        if form.is_valid():
+            try:
+                task_request_cancel(
+                    actor=principal(request),
+                    task_id=task.pk,
+                    reason=form.cleaned_data["reason"],
+                    expected_version=form.cleaned_data["version"],
+                )
+            except TaskError as refused:
+                error, status = message_for(refused), _refusal_status(refused)
+            else:
+                return _done(request, task, f"Cancel recorded for task {task.pk}: nothing new starts.")
+        task.refresh_from_db()
+    danger = Danger(
+        title=f"Cancel task {task.pk}",
+        action=reverse("task-cancel", args=[task.pk]),
+        back=_actions_url(task),
+        submit="Cancel the task",
+        consequences=consequences.cancel_consequences(task),
+        form=form,
+        error=error,
+    )
+    return _danger(request, danger, task, status)
+
+
+@require_http_methods(["GET", "HEAD", "POST"])
+def force_release(request: HttpRequest, task_id: int) -> HttpResponse:
+    task = viewable_task(request, task_id)
+    require_admin_role(request)
+    form = ForceReleaseForm(request.POST or None, expected=str(task.pk), initial={"version": task.version})
+    error, status = "", 200
+    if request.method == "POST":
+        status = 400
+        if form.is_valid():
+            try:
+                lease_force_release(
+                    actor=principal(request),
+                    task_id=task.pk,
+                    justification=form.cleaned_data["justification"],
+                    impact=form.cleaned_data["impact"],
+                    expected_version=form.cleaned_data["version"],
+                )
+            except TaskError as refused:
+                error, status = message_for(refused), _refusal_status(refused)
+            else:
+                return _done(request, task, f"Lease of task {task.pk} released; it waits for another admin's review.")
+        task.refresh_from_db()
+    danger = Danger(
+        title=f"Force-release the lease of task {task.pk}",
+        action=reverse("force-release", args=[task.pk]),
+        back=_actions_url(task),
+        submit="Force-release the lease",
+        consequences=consequences.force_release_consequences(task),
+        form=form,
+        error=error,
+    )
+    return _danger(request, danger, task, status)
+
+
+def _operation(task: Task, op_key: str) -> Operation:
+    op = Operation.objects.select_related("node").filter(task=task, op_key=op_key).first()
+    if op is None:
+        raise Http404("No such operation on this task.")
+    return op
+
+
+@require_http_methods(["GET", "HEAD", "POST"])
+def operation_settle(request: HttpRequest, task_id: int, op_key: str) -> HttpResponse:
+    task = operable_task(request, task_id)
+    op = _operation(task, op_key)
+    chosen = request.POST.get("resolution") or request.GET.get("resolution") or "done"
+    resolution = chosen if chosen in ("done", "not_done", "compensate") else "done"
+    form = SettleForm(
+        request.POST or None,
+        expected=str(task.pk),
+        can_compensate=bool(op.node.compensation),
+        initial={"version": task.version, "resolution": resolution},
+    )
+    error, status = "", 200
+    if request.method == "POST":
+        status = 400
+        if form.is_valid():
+            try:
+                operation_settle_by_hand(
+                    actor=principal(request),
+                    task_id=task.pk,
+                    op_key=op.op_key,
+                    expected_version=form.cleaned_data["version"],
+                    resolution=form.cleaned_data["resolution"],
+                    receipt=form.receipt(),
+                    note=form.cleaned_data["reason"],
+                )
+            except TaskError as refused:
+                error, status = message_for(refused), _refusal_status(refused)
+            else:
+                return _done(request, task, f"Operation {op.op_key} settled by hand ({resolution}).")
+        task.refresh_from_db()
+    danger = Danger(
+        title=f"Settle operation {op.op_key} by hand",
+        action=reverse("operation-settle", args=[task.pk, op.op_key]),
+        back=_actions_url(task),
+        submit="Settle the operation",
+        consequences=consequences.settle_consequences(op, resolution),  # type: ignore[arg-type]
+        form=form,
+        error=error,
+    )
+    return _danger(request, danger, task, status)
+
+
+@require_POST
+def operation_query(request: HttpRequest, task_id: int, op_key: str) -> HttpResponse:
+    """Ask the remote now what became of ``op_key``, record its answer, show it (the receipt, or none)."""
+    task = operable_task(request, task_id)
+    op = _operation(task, op_key)
+    form = QueryForm(request.POST)
+    answer: RemoteAnswer | None = None
+    error, status = "", 200
+    if not form.is_valid():
+        error, status = "This page is out of date: reload it and ask again.", 400
+    else:
+        try:
+            answer = operation_query_remote(
+                actor=principal(request),
+                task_id=task.pk,
+                op_key=op.op_key,
+                expected_version=form.cleaned_data["version"],
+            )
+        except TaskError as refused:
+            error, status = message_for(refused), _refusal_status(refused)
+    task.refresh_from_db()
+    context = _actions_context(request, task, answer=answer, answer_error=error, asked=op.op_key)
+    return _page(request, "console/reconcile/actions.html", context, status)
+
+
+@require_http_methods(["GET", "HEAD", "POST"])
+def temp_reset(request: HttpRequest, task_id: int, temp_id: int) -> HttpResponse:
+    task = operable_task(request, task_id)
+    temp = TempResource.objects.filter(task=task, pk=temp_id).first()
+    if temp is None:
+        raise Http404("No such temp resource on this task.")
+    form: DangerForm = TempResetForm(request.POST or None, expected=str(task.pk), initial={"version": task.version})
+    error, status = "", 200
+    if request.method == "POST":
+        status = 400
+        if form.is_valid():
+            try:
+                temp_resource_reset(
+                    actor=principal(request),
+                    task_id=task.pk,
+                    temp_id=temp.pk,
+                    expected_version=form.cleaned_data["version"],
+                    reason=form.cleaned_data["reason"],
+                )
+            except TaskError as refused:
+                error, status = message_for(refused), _refusal_status(refused)
+            else:
+                return _done(request, task, f"Temp resource {temp.locator} will be deleted again.")
+        task.refresh_from_db()
+    danger = Danger(
+        title=f"Reset stuck temp resource {temp.locator}",
+        action=reverse("temp-reset", args=[task.pk, temp.pk]),
+        back=_actions_url(task),
+        submit="Make it eligible for deletion again",
+        consequences=consequences.temp_reset_consequences(temp, cleanup_tries(temp)),
+        form=form,
+        error=error,
+    )
+    return _danger(request, danger, task, status)
+
+
+urlpatterns = [
+    path("tasks/<int:task_id>/actions/", task_actions, name="task-actions"),
+    path("tasks/<int:task_id>/actions/status/", task_actions_status, name="task-actions-status"),
+    path("tasks/<int:task_id>/cancel/", task_cancel, name="task-cancel"),
+    path("tasks/<int:task_id>/force-release/", force_release, name="force-release"),
+    path("tasks/<int:task_id>/operations/<str:op_key>/settle/", operation_settle, name="operation-settle"),
+    path("tasks/<int:task_id>/operations/<str:op_key>/query/", operation_query, name="operation-query"),
+    path("tasks/<int:task_id>/temp/<int:temp_id>/reset/", temp_reset, name="temp-reset"),
+]
