@@ -22,6 +22,7 @@ out: the accepted node stores, for every failure class, the destination that app
 or the default of ``tasks/failures.py``.
 """
 
+import copy
 import hashlib
 import re
 from dataclasses import dataclass
@@ -33,15 +34,25 @@ from django.db import transaction
 from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
-from leases.models import Lease
+from leases.models import HolderKind, Lease
+from leases.services import lease_open, lease_release
 from tasks.actions import get_action
-from tasks.cas import Change, compare_and_set
-from tasks.errors import InvalidTransition, OperationsOpen, PlanInvalid, TaskNotFound
+from tasks.cas import Audit, Change, audited_compare_and_set, compare_and_set
+from tasks.errors import InvalidTransition, OperationsOpen, PlanInvalid, TaskError, TaskNotFound, VersionConflict
 from tasks.events import append_event
 from tasks.failures import ALLOWED_DESTINATIONS, resolved_destinations
 from tasks.hygiene import NODE_INPUT_CAP_BYTES, PLAN_CAP_BYTES, canonical_json, check_payload
-from tasks.lifecycle import OPEN_OPERATION_STATUSES, Actor, ChangeKind, FailureClass, NodeStatus, TaskStatus
-from tasks.models import Node, Operation, PlanRevision, ProposalStatus, Task
+from tasks.lifecycle import (
+    OPEN_OPERATION_STATUSES,
+    Actor,
+    ChangeKind,
+    FailureClass,
+    NodeStatus,
+    PauseReason,
+    TaskStatus,
+)
+from tasks.models import Event, Node, Operation, PlanRevision, ProposalStatus, Task
+from tasks.permissions import PermissionDenied, require_operate
 from tasks.receipts import RECEIPT_FIELDS
 
 KEY_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,99}$")
@@ -393,6 +404,12 @@ def task_create(
 
 def plan_propose(*, task_id: int, plan: Any, proposed_by: str, expected_version: int, lease: Lease) -> PlanRevision:
     """Store a model's proposal. It changes nothing about what runs until plan_accept takes it."""
+    return _propose(task_id, plan, proposed_by, expected_version, lease, audit=None)
+
+
+def _propose(
+    task_id: int, plan: Any, proposed_by: str, expected_version: int, lease: Lease, *, audit: Audit | None
+) -> PlanRevision:
     validate_plan(plan)
     number = (
         PlanRevision.objects.filter(task_id=task_id).order_by("-number").values_list("number", flat=True).first()
@@ -411,17 +428,15 @@ def plan_propose(*, task_id: int, plan: Any, proposed_by: str, expected_version:
             )
         )
 
-    compare_and_set(
-        task_id,
-        expected_version,
-        Change(
-            event="plan_proposed",
-            kind=ChangeKind.PROPOSE,
-            data={"plan_revision": number + 1, "plan_digest": digest_of(plan), "by": proposed_by},
-        ),
-        lease=lease,
-        before_event=store,
+    change = Change(
+        event="plan_proposed",
+        kind=ChangeKind.PROPOSE,
+        data={"plan_revision": number + 1, "plan_digest": digest_of(plan), "by": proposed_by},
     )
+    if audit is None:
+        compare_and_set(task_id, expected_version, change, lease=lease, before_event=store)
+    else:
+        audited_compare_and_set(task_id, expected_version, change, lease=lease, audit=audit, before_event=store)
     return created[0]
 
 
@@ -430,6 +445,14 @@ def plan_accept(*, revision_id: int, expected_version: int, lease: Lease | None)
 
     Only while nobody is advancing the old plan (pending, paused, human); no operation may be open.
     """
+    revision = _acceptable(revision_id)
+    specs = validate_plan(revision.document)
+    with transaction.atomic():
+        _accept(revision.task, revision, specs, lease=lease, expected_version=expected_version)
+    return Task.objects.get(pk=revision.task_id)
+
+
+def _acceptable(revision_id: int) -> PlanRevision:
     revision = PlanRevision.objects.select_related("task").filter(pk=revision_id).first()
     if revision is None:
         raise TaskNotFound(f"plan revision {revision_id} does not exist")
@@ -439,10 +462,130 @@ def plan_accept(*, revision_id: int, expected_version: int, lease: Lease | None)
         raise InvalidTransition(
             f"plan revision {revision.number} is older than the task's plan {revision.task.plan_version}: propose again"
         )
+    return revision
+
+
+# --- re-plan by a person ----------------------------------------------------------------------------------------
+# A person re-plans while holding the task's takeover lease: the permit table lets the operator propose and accept
+# only in ``human``, so a person's plan never races the agent's. The agent's path (plan_propose, plan_accept with
+# its lease) is unchanged; a person's path is its own, with the person's identity, permission check and audit.
+
+
+def _person_lease(actor: Principal, task: Task) -> Lease:
+    require_operate(actor, task)
+    lease = lease_open(task.pk)
+    if lease is None or lease.holder_kind != HolderKind.OPERATOR or lease.holder_id != actor.id:
+        holder = f"{lease.holder_kind}:{lease.holder_id}" if lease else "nobody"
+        raise PermissionDenied(
+            f"{actor} does not hold task {task.pk}'s takeover lease (held by {holder}): take the task over first",
+            needs="takeover_lease",
+        )
+    return lease
+
+
+def _stale(task_id: int, expected_version: int) -> TaskError:
+    from tasks.takeover import stale_form  # takeover builds on plans (digest_of): the import goes this way at run time
+
+    return stale_form(Task.objects.get(pk=task_id), expected_version)
+
+
+def plan_propose_by_person(
+    *, actor: Principal, task_id: int, plan: Any, expected_version: int, reason: str
+) -> PlanRevision:
+    """A person holding the takeover proposes a plan, as themselves: audited, on the version they saw. It changes
+    nothing that runs until they (or the scheduler) accept it."""
+    task = Task.objects.filter(pk=task_id).first()
+    if task is None:
+        raise TaskNotFound(f"task {task_id} does not exist")
+    lease = _person_lease(actor, task)
+    check_payload({"reason": reason}, what="re-plan reason")
+    if len(reason.strip()) < 10:
+        raise InvalidTransition("a re-plan needs the reason (at least 10 characters)")
+    if task.version != expected_version:
+        raise _stale(task_id, expected_version)
+    audit = Audit(actor, "plan_proposed", reason=reason, details={"plan_digest": digest_of(plan)})
+    try:
+        return _propose(task_id, plan, str(actor), expected_version, lease, audit=audit)
+    except VersionConflict:
+        raise _stale(task_id, expected_version) from None
+
+
+def plan_accept_by_person(*, actor: Principal, revision_id: int, expected_version: int) -> Task:
+    """A person holding the takeover accepts a proposed plan and hands the task back in the same transaction: the
+    plan becomes the task's, the task goes ``pending`` with its inputs to be re-read before anything new (when it
+    has any), the takeover lease is released, and the agent is woken once this is committed. Succeeded nodes with
+    an unchanged definition and upstream keep their receipts. Audited with the person's name."""
+    revision = _acceptable(revision_id)
+    task = revision.task
+    lease = _person_lease(actor, task)
+    if task.version != expected_version:
+        raise _stale(task.pk, expected_version)
     specs = validate_plan(revision.document)
-    with transaction.atomic():
-        _accept(revision.task, revision, specs, lease=lease, expected_version=expected_version)
-    return Task.objects.get(pk=revision.task_id)
+    try:
+        with transaction.atomic():
+            _accept(task, revision, specs, lease=lease, expected_version=expected_version, accepted_by=actor)
+            lease_release(lease=lease)
+            _wake_agent_on_commit(task.pk)
+    except VersionConflict:
+        raise _stale(task.pk, expected_version) from None
+    return Task.objects.get(pk=task.pk)
+
+
+def _wake_agent_on_commit(task_id: int) -> None:
+    from tasks.jobs import drive_task  # Celery entry points sit above the services they call
+
+    transaction.on_commit(lambda: drive_task.delay(task_id), robust=True)
+
+
+@dataclass(frozen=True)
+class ReplanDraft:
+    """A plan to start a person's re-plan from: the task's current plan, with every input whose source changed
+    set to the version found, so the unchanged part is kept as it is (its succeeded nodes keep their receipts)."""
+
+    document: dict[str, Any]
+    kept: list[str]  # nodes whose definition and upstream are unchanged
+    redone: list[str]  # nodes that read a changed input, and every node downstream of one
+    notes: list[str]  # what the person must still check
+
+
+def replan_draft(task_id: int) -> ReplanDraft:
+    """The current plan, updated for the input changes the last recheck found (after a pause ``input_changed``)."""
+    task = Task.objects.get(pk=task_id)
+    revision = PlanRevision.objects.filter(task=task, number=task.plan_version).first()
+    document: dict[str, Any] = copy.deepcopy(revision.document) if revision else {"nodes": []}
+    changed: dict[str, Any] = {}
+    if task.status == TaskStatus.PAUSED and task.status_reason == PauseReason.INPUT_CHANGED:
+        event = Event.objects.filter(task=task, type="inputs_confirmed").order_by("-seq").first()
+        found = event.payload.get("data", {}).get("changed", {}) if event else {}
+        changed = found if isinstance(found, dict) else {}
+    notes: list[str] = []
+    touched: set[str] = set()
+    by_key = {raw.get("key"): raw for raw in document.get("nodes", []) if isinstance(raw, dict)}
+    for name, versions in sorted(changed.items()):
+        key, _dot, input_name = name.partition(".")
+        value = by_key.get(key, {}).get("input", {}).get(input_name)
+        if not (isinstance(value, dict) and isinstance(value.get("ref"), dict) and isinstance(versions, dict)):
+            continue
+        value["ref"]["version"] = str(versions.get("now"))
+        touched.add(key)
+        notes.append(f"{name}: version {versions.get('planned')} → {versions.get('now')}")
+        if value["ref"].get("digest"):
+            notes.append(f"{name}: its digest is still the one of version {versions.get('planned')}: correct it")
+    redone = _downstream(by_key, touched)
+    kept = [k for k in by_key if isinstance(k, str) and k not in redone]
+    return ReplanDraft(document=document, kept=kept, redone=sorted(redone), notes=notes)
+
+
+def _downstream(by_key: dict[Any, dict[str, Any]], roots: set[str]) -> set[str]:
+    found = set(roots)
+    grew = True
+    while grew:
+        grew = False
+        for key, raw in by_key.items():
+            if key not in found and set(raw.get("depends_on", [])) & found:
+                found.add(key)
+                grew = True
+    return found
 
 
 def _accept(
@@ -452,6 +595,7 @@ def _accept(
     *,
     lease: Lease | None,
     expected_version: int | None = None,
+    accepted_by: Principal | None = None,
 ) -> None:
     carried = {
         n.key: n for n in Node.objects.filter(task=task, plan_version=task.plan_version, status=NodeStatus.SUCCEEDED)
@@ -460,10 +604,13 @@ def _accept(
     fields: dict[str, Any] = {"plan_version": revision.number, "input_refs": collect_input_refs(specs)}
     if task.status != new_status:
         fields.update(status=new_status, status_reason="", status_detail="")
+    if accepted_by is not None:  # a person hands the task back: the agent re-reads the new plan's inputs first
+        fields["inputs_recheck_required"] = bool(fields["input_refs"])
+    by = f"accepted by {accepted_by}" if accepted_by is not None else "accepted by the scheduler"
 
     def mark_accepted(_task: Task, now: Any) -> None:
         PlanRevision.objects.filter(pk=revision.pk, status=ProposalStatus.PROPOSED).update(
-            status=ProposalStatus.ACCEPTED, decided_at=now, decision_reason="accepted by the scheduler"
+            status=ProposalStatus.ACCEPTED, decided_at=now, decision_reason=by
         )
 
     before = expected_version if expected_version is not None else task.version
@@ -486,7 +633,7 @@ def _accept(
     )
     if revision.number > 1:
         audit_append(
-            actor=Principal.system("scheduler"),
+            actor=accepted_by or Principal.system("scheduler"),
             action="plan_accepted_after_replan",
             at=applied.at,
             task_id=task.pk,

@@ -240,34 +240,13 @@ def takeover_submit(
     form was based on. A stale form is refused with what changed since. Each node result must satisfy that
     node's evidence spec; it is recorded as an operation settled by this person, with its receipt.
 
-    ``resume_agent``: the agent's next directive re-reads facts (open operations, input versions) first.
+    ``resume_agent``: the agent's next directive re-reads facts (open operations, input versions) first; its
+    wake-up is sent once the decision is committed.
     ``end_task``: ``completed`` only when every node has a satisfying receipt; ``failed`` as stated.
     ``replan``: the task pauses ``needs_replan`` with the reason, for a new plan.
     """
-    _own_lease(actor, lease)
-    task = _task(lease.task_id)
-    require_operate(actor, task)
     results = results or []
-    _check_decision(decision, end_status, replan_reason)
-    check_payload(
-        {
-            "note": note,
-            "reason": replan_reason,
-            "results": [{"node": r.node_key, **receipt_summary(r), "evidence": r.evidence} for r in results],
-        },
-        what="result",
-    )
-    if task.version != based_on_version:
-        raise _stale_form(task, based_on_version)
-    nodes = {n.key: n for n in Node.objects.filter(task=task, plan_version=task.plan_version)}
-    planned = _planned_results(task, nodes, results)
-    done_after = {k for k, n in nodes.items() if n.status == NodeStatus.SUCCEEDED} | {r.node_key for r in results}
-    open_ops = Operation.objects.filter(task=task, status__in=[s.value for s in OPEN_OPERATION_STATUSES])
-    if decision == "end_task" and open_ops.exists():
-        raise OperationsOpen("settle every dispatched or unknown operation before ending the task")
-    if decision == "end_task" and end_status == "completed" and done_after != set(nodes):
-        missing = sorted(set(nodes) - done_after)
-        raise EvidenceInsufficient(f"the task cannot be completed: no receipt yet for {', '.join(missing)}")
+    task, planned = _validated(actor, lease, based_on_version, decision, results, note, end_status, replan_reason)
 
     def build(current: Task, now: datetime) -> Change:
         node_changes: list[tuple[Node, dict[str, Any]]] = []
@@ -346,7 +325,97 @@ def takeover_submit(
         except VersionConflict:
             raise _stale_form(_task(task.pk), based_on_version) from None  # moved while we validated
         lease_release(lease=lease)
+        if decision == "resume_agent":
+            _wake_agent_on_commit(task.pk)
     return _task(task.pk)
+
+
+def _wake_agent_on_commit(task_id: int) -> None:
+    """The agent's wake-up, sent once the hand-back is committed (never from inside the transaction: a worker
+    that woke first would find the person's lease still open). A lost message costs latency only: the recovery
+    scan finds the task from the database. ``robust``: a broker that is down does not undo a committed decision."""
+    from tasks.jobs import drive_task  # Celery entry points sit above the services they call
+
+    transaction.on_commit(lambda: drive_task.delay(task_id), robust=True)
+
+
+def _validated(
+    actor: Principal,
+    lease: Lease,
+    based_on_version: int,
+    decision: str,
+    results: list[NodeResult],
+    note: str,
+    end_status: str,
+    replan_reason: str,
+) -> tuple[Task, list[tuple[Node, Operation, Receipt]]]:
+    """Every check of a takeover result that needs no write: who, the decision, hygiene, the version the form was
+    based on, each node's evidence, and what ending the task needs. Shared by the preview and the submit."""
+    _own_lease(actor, lease)
+    task = _task(lease.task_id)
+    require_operate(actor, task)
+    _check_decision(decision, end_status, replan_reason)
+    check_payload(
+        {
+            "note": note,
+            "reason": replan_reason,
+            "results": [{"node": r.node_key, **receipt_summary(r), "evidence": r.evidence} for r in results],
+        },
+        what="result",
+    )
+    if task.version != based_on_version:
+        raise _stale_form(task, based_on_version)
+    nodes = {n.key: n for n in Node.objects.filter(task=task, plan_version=task.plan_version)}
+    planned = _planned_results(task, nodes, results)
+    done_after = {k for k, n in nodes.items() if n.status == NodeStatus.SUCCEEDED} | {r.node_key for r in results}
+    open_ops = Operation.objects.filter(task=task, status__in=[s.value for s in OPEN_OPERATION_STATUSES])
+    if decision == "end_task" and open_ops.exists():
+        raise OperationsOpen("settle every dispatched or unknown operation before ending the task")
+    if decision == "end_task" and end_status == "completed" and done_after != set(nodes):
+        missing = sorted(set(nodes) - done_after)
+        raise EvidenceInsufficient(f"the task cannot be completed: no receipt yet for {', '.join(missing)}")
+    return task, planned
+
+
+@dataclass(frozen=True)
+class SubmitPreview:
+    """What a takeover result would change, computed without writing: the staged review's first step."""
+
+    task_version: int
+    event: str
+    task_status_before: str
+    task_fields: dict[str, Any]  # the task's fields after (empty: unchanged)
+    nodes: list[tuple[str, str, str]]  # (node key, status before, status after)
+    receipts: dict[str, dict[str, Any]]  # op key → receipt summary
+    lease_released: bool
+    wakes_agent: bool
+
+
+def takeover_preview(
+    *,
+    actor: Principal,
+    lease: Lease,
+    based_on_version: int,
+    decision: Decision,
+    results: list[NodeResult] | None = None,
+    note: str = "",
+    end_status: Literal["completed", "failed", ""] = "",
+    replan_reason: str = "",
+) -> SubmitPreview:
+    """The same checks as takeover_submit and the change it would make, written nowhere. A preview is advice: the
+    submit checks everything again on the version the form carries."""
+    results = results or []
+    task, planned = _validated(actor, lease, based_on_version, decision, results, note, end_status, replan_reason)
+    return SubmitPreview(
+        task_version=task.version,
+        event="takeover_result_submitted",
+        task_status_before=task.status,
+        task_fields=_decision_fields(task, decision, end_status, replan_reason, actor),
+        nodes=[(node.key, node.status, NodeStatus.SUCCEEDED.value) for node, _op, _r in planned],
+        receipts={op.op_key: receipt_summary(receipt) for _n, op, receipt in planned},
+        lease_released=True,
+        wakes_agent=decision == "resume_agent",
+    )
 
 
 def _check_decision(decision: str, end_status: str, replan_reason: str) -> None:
@@ -356,6 +425,11 @@ def _check_decision(decision: str, end_status: str, replan_reason: str) -> None:
         raise InvalidTransition("end_task needs end_status completed or failed")
     if decision == "replan" and len(replan_reason.strip()) < 10:
         raise InvalidTransition("replan needs the reason (at least 10 characters)")
+
+
+def stale_form(task: Task, based_on_version: int) -> VersionConflict:
+    """The refusal of a form based on an older version of ``task``, with the events since (seq and type)."""
+    return _stale_form(task, based_on_version)
 
 
 def _stale_form(task: Task, based_on_version: int) -> VersionConflict:
