@@ -84,6 +84,17 @@ class Progress(TypedDict):
     open_operations: int
 
 
+class Holding(TypedDict):
+    """What with_holder() annotates: the open lease's holder, None when no lease is open."""
+
+    holder_kind: str | None
+    holder_id: str | None
+
+
+class Overview(Progress, Holding):
+    """What tasks.queries.task_overview() annotates (besides with_attention()'s booleans)."""
+
+
 def attention_field(reason: Attention) -> str:
     """The boolean annotation with_attention() sets for ``reason``."""
     return f"attention_{reason.value}"
@@ -118,6 +129,15 @@ class TaskQuerySet(models.QuerySet[_Task]):
             nodes_total=_count(plan),
             nodes_done=_count(plan.filter(status=NodeStatus.SUCCEEDED.value)),
             open_operations=_count(open_operations),
+        )
+
+    def with_holder(self) -> "TaskQuerySet[WithAnnotations[Task, Holding]]":
+        """Annotates ``holder_kind`` (agent or operator) and ``holder_id`` of the task's open lease (at most one:
+        a partial unique index), None when nobody holds it; correlated subqueries, no JOIN."""
+        held = Lease.objects.open().filter(task_id=OuterRef("pk"))
+        return self.annotate(
+            holder_kind=Subquery(held.values("holder_kind")[:1]),
+            holder_id=Subquery(held.values("holder_id")[:1]),
         )
 
     def with_attention(self) -> Self:

@@ -1,37 +1,177 @@
+"""The work queue ("/") and the needs-attention queue ("/attention/"): filters held in the URL, keyset pages, live
+refresh of the rows by HTMX polling; and a person's saved views of them."""
+
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect, QueryDict
 from django.shortcuts import render
-from django.urls import path
-from django.views.decorators.http import require_safe
+from django.urls import path, reverse
+from django.views.decorators.http import require_POST, require_safe
+from django.views.decorators.vary import vary_on_headers
+from django_htmx.http import HTMX_STOP_POLLING
 
+from console import present
 from console.access import require_console_role
+from console.forms.queue import QueueFilterForm, SavedViewForm, filter_query
+from console.saved_views import (
+    TooManySavedViews,
+    saved_view_delete,
+    saved_view_of,
+    saved_view_save,
+    saved_views_of,
+)
 from tasks.models import Task
-from tasks.queries import InvalidCursor, attention_reasons, page, task_overview
-from tasks.querysets import Attention
+from tasks.queries import InvalidCursor, Order, TaskFilter, attention_queue, attention_reasons, page, task_queue
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
+
+    from tasks.querysets import Overview, TaskQuerySet
 
 PAGE_SIZE = 50
+REFRESH_SECONDS = 10
+BAD_CURSOR = (
+    "This link to a page of tasks is not valid (it was altered or is from another list): start again from the "
+    "first page."
+)
+
+
+@dataclass(frozen=True)
+class Queue:
+    url_name: str
+    title: str
+    order: Order
+    select: Callable[[TaskFilter], "TaskQuerySet[WithAnnotations[Task, Overview]]"]
+    empty: str
+
+
+WORK = Queue("task-list", "Work queue", Order.NEWEST_FIRST, task_queue, "No task matches these filters.")
+ATTENTION = Queue(
+    "attention",
+    "Needs attention",
+    Order.OLDEST_CHANGE_FIRST,
+    attention_queue,
+    "No task needs a person right now.",
+)
+
+
+@dataclass(frozen=True)
+class Reason:
+    value: str
+    shown: present.Presentation
 
 
 @dataclass(frozen=True)
 class TaskRow:
     task: Task
-    attention: list[Attention]
+    badge: present.Badge
+    attention: list[Reason]
 
 
 @require_safe
+@vary_on_headers("HX-Request")
 def task_list(request: HttpRequest) -> HttpResponse:
+    return _queue(request, WORK)
+
+
+@require_safe
+@vary_on_headers("HX-Request")
+def attention(request: HttpRequest) -> HttpResponse:
+    return _queue(request, ATTENTION)
+
+
+def _queue(request: HttpRequest, queue: Queue) -> HttpResponse:
     require_console_role(request)
+    form = QueueFilterForm(request.GET)
+    rows_only = _wants_rows(request)
+    if not form.is_valid():
+        return _render(request, queue, rows_only, {"form": form, "rows": [], "invalid": True}, status=400)
+    task_filter = form.task_filter()
     after = request.GET.get("after") or None
     try:
-        tasks, next_cursor = page(task_overview().viewable_by(request.user), after=after, size=PAGE_SIZE)
+        tasks, next_cursor = page(
+            queue.select(task_filter).viewable_by(request.user), after=after, size=PAGE_SIZE, order=queue.order
+        )
     except InvalidCursor:
-        return HttpResponseBadRequest("This link to a page of tasks is not valid: start again from the first page.")
-    rows = [TaskRow(task, attention_reasons(task)) for task in tasks]
-    context = {"rows": rows, "next_cursor": next_cursor, "paged": after is not None}
-    return render(request, "console/task_list.html", context)
+        return HttpResponseBadRequest(BAD_CURSOR)
+    context = {
+        "form": form,
+        "rows": [_row(task) for task in tasks],
+        "next_cursor": next_cursor,
+        "paged": after is not None,
+        "filter_query": filter_query(request.GET),
+        "polls": not task_filter.only_terminal(),
+    }
+    # A page that can only ever show ended tasks does not change: the rows' poll is told to stop.
+    return _render(request, queue, rows_only, context, status=200 if context["polls"] else HTMX_STOP_POLLING)
+
+
+def _wants_rows(request: HttpRequest) -> bool:
+    htmx: Any = getattr(request, "htmx", None)
+    return bool(htmx) and not htmx.history_restore_request
+
+
+def _render(
+    request: HttpRequest, queue: Queue, rows_only: bool, context: dict[str, Any], *, status: int
+) -> HttpResponse:
+    context = {"queue": queue, "refresh_seconds": REFRESH_SECONDS, **context}
+    if rows_only:
+        return render(request, "console/queue.html#rows", context, status=status)
+    context["saved_views"] = list(saved_views_of(request.user))  # type: ignore[arg-type]
+    context["saved_view_form"] = SavedViewForm(initial={"screen": queue.url_name})
+    return render(request, "console/queue.html", context, status=200 if status == HTMX_STOP_POLLING else status)
+
+
+def _row(task: Task) -> TaskRow:
+    reasons = [Reason(reason.value, present.attention(reason)) for reason in attention_reasons(task)]
+    return TaskRow(task=task, badge=present.task_badge(task), attention=reasons)
+
+
+@require_POST
+def saved_view_create(request: HttpRequest) -> HttpResponse:
+    require_console_role(request)
+    form = SavedViewForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "A saved view needs a name (80 characters at most) and a queue.")
+        return HttpResponseRedirect(reverse(WORK.url_name))
+    data = form.cleaned_data
+    screen, query = data["screen"], filter_query(QueryDict(data["query"]))
+    try:
+        saved_view_save(owner=request.user, name=data["name"], screen=screen, query=query)  # type: ignore[arg-type]
+    except TooManySavedViews as refused:
+        messages.error(request, str(refused))
+    else:
+        messages.success(request, f"Saved the view “{data['name']}”.")
+    return HttpResponseRedirect(_url(screen, query))
+
+
+@require_safe
+def saved_view_open(request: HttpRequest, view_id: int) -> HttpResponse:
+    require_console_role(request)
+    view = saved_view_of(request.user, view_id)  # type: ignore[arg-type]
+    return HttpResponseRedirect(_url(view.screen, view.query))
+
+
+@require_POST
+def saved_view_remove(request: HttpRequest, view_id: int) -> HttpResponse:
+    require_console_role(request)
+    view = saved_view_of(request.user, view_id)  # type: ignore[arg-type]
+    saved_view_delete(owner=request.user, view_id=view.pk)  # type: ignore[arg-type]
+    messages.success(request, f"Deleted the view “{view.name}”.")
+    return HttpResponseRedirect(reverse(view.screen))
+
+
+def _url(screen: str, query: str) -> str:
+    return f"{reverse(screen)}?{query}" if query else reverse(screen)
 
 
 urlpatterns = [
     path("", task_list, name="task-list"),
+    path("attention/", attention, name="attention"),
+    path("views/", saved_view_create, name="saved-view-create"),
+    path("views/<int:view_id>/", saved_view_open, name="saved-view-open"),
+    path("views/<int:view_id>/delete/", saved_view_remove, name="saved-view-delete"),
 ]
