@@ -6,14 +6,17 @@ After a write the compare-and-set returns the snapshot of the new version, built
 next step of the same holder reads nothing again.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
+from functools import cache
+from typing import Any, ClassVar, NamedTuple
 
-from django.db.models import Count, DateTimeField, Func, OuterRef, Q, Subquery, Value
-from django.db.models.functions import Coalesce
+from django.db import DEFAULT_DB_ALIAS, connection
+from django.db.models import DateTimeField, Model, Value
 
 from leases import clock
-from leases.models import Lease, LeaseReservation
+from leases.db import step_cursor
 from leases.services import LeaseRef
 from tasks import sql
 from tasks.errors import TaskNotFound, VersionConflict
@@ -56,14 +59,6 @@ class Snapshot:
         return self.lease_expires_at is not None and self.lease_expires_at > self.now
 
 
-def _now_expression() -> Func | Value:
-    sql, params = clock.now_sql()
-    if params:
-        return Value(params[0], output_field=DateTimeField())
-    # The template is %-formatted by the expression, then again with the query's parameters: double twice.
-    return Func(template=sql.replace("%", "%%%%"), output_field=DateTimeField())  # the database server's clock
-
-
 def task_snapshot(*, task_id: int, lease: LeaseRef | None = None) -> Snapshot:
     """Read the task with its lease, reservation and the database time (one query), its unsettled operations (one)
     and the current plan's nodes (one). Raises TaskNotFound.
@@ -83,51 +78,142 @@ _ATTEMPTS = 5
 
 
 def _read(task_id: int, lease: LeaseRef | None) -> Snapshot | None:
-    rows = Task.objects.filter(pk=task_id).annotate(
-        db_now=_now_expression(),
-        reserved_for=Coalesce(
-            Subquery(LeaseReservation.objects.filter(task_id=OuterRef("pk")).values("holder_id")[:1]), Value("")
-        ),
-    )
-    if lease is not None:
-        live = Lease.objects.filter(pk=lease.pk, task_id=OuterRef("pk"), epoch=lease.epoch, released_at__isnull=True)
-        rows = rows.annotate(lease_expires_at=Subquery(live.values("expires_at")[:1]))
-    task = rows.first()
-    if task is None:
-        raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
-    unsettled = tuple(
-        Operation.objects.filter(task_id=task_id, status__in=_UNSETTLED)
-        .select_related("node")
-        .order_by("registered_at", "pk")
-    )
-    version_now = Subquery(Task.objects.filter(pk=task_id).values("version")[:1])
-    nodes = tuple(
-        Node.objects.filter(task_id=task_id, plan_version=task.plan_version)
-        .annotate(
-            retries=Count("operations", filter=Q(operations__status=OperationStatus.REJECTED.value)),
-            task_version_now=version_now,
-        )
-        .order_by("position")
-    )
-    if nodes:
-        moved = nodes[0].task_version_now != task.version
-    else:  # no plan yet: ask the version itself
-        moved = Task.objects.filter(pk=task_id).values_list("version", flat=True).first() != task.version
-    if moved:
+    now_sql, clock_params = clock.now_sql()
+    now_params: list[Any] = [connection.ops.adapt_datetimefield_value(value) for value in clock_params]
+    if not clock_params:  # the database's clock: SQLite's expression holds % signs, doubled in a statement with params
+        now_sql = now_sql.replace("%", "%%")
+    lease_params = [lease.pk, lease.epoch] if lease is not None else [None, None]
+    statements = _statements()
+    with step_cursor() as cursor:
+        cursor.execute(statements.task.format(now=now_sql), [*now_params, *lease_params, task_id])
+        row = cursor.fetchone()
+        if row is None:
+            raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
+        task = _Rows.of(Task).instance(row)
+        extra = row[len(_Rows.of(Task).fields) :]
+        now = _as_datetime(extra[0])
+        reserved_for: str = extra[1]
+        lease_expires_at = _as_datetime(extra[2]) if lease is not None and extra[2] is not None else None
+        cursor.execute(statements.operations, [task_id, *_UNSETTLED])
+        operations = _Rows.of(Operation)
+        nodes_of_ops = _Rows.of(Node)
+        unsettled = []
+        for row in cursor.fetchall():
+            op = operations.instance(row)
+            op.node = nodes_of_ops.instance(row[len(operations.fields) :])
+            unsettled.append(op)
+        cursor.execute(statements.nodes, [OperationStatus.REJECTED.value, task_id, task_id, task.plan_version])
+        node_rows = _Rows.of(Node)
+        nodes = []
+        version_now = None
+        for row in cursor.fetchall():
+            node = node_rows.instance(row)
+            node.retries, version_now = row[len(node_rows.fields) :]  # type: ignore[attr-defined]
+            nodes.append(node)
+        if not nodes:  # no plan yet: ask the version itself
+            cursor.execute(statements.version, [task_id])
+            found = cursor.fetchone()
+            version_now = found[0] if found else None
+    if version_now != task.version:
         return None
     by_pk = {n.pk: n for n in nodes}
     for op in unsettled:
         if op.node_id in by_pk:
             op.node = by_pk[op.node_id]
-    now: datetime = task.db_now
     return Snapshot(
         task=task,
-        nodes=nodes,
-        unsettled=unsettled,
+        nodes=tuple(nodes),
+        unsettled=tuple(unsettled),
         now=now,
-        lease_expires_at=getattr(task, "lease_expires_at", None),
-        reserved_for=task.reserved_for,
+        lease_expires_at=lease_expires_at,
+        reserved_for=reserved_for,
     )
+
+
+class _Rows[M: Model]:
+    """A model's concrete columns in order, and rows of them turned into instances as the ORM turns them: each
+    value through the converters the backend and the field apply (the ORM's compiler does the same)."""
+
+    _made: ClassVar[dict[type[Model], "_Rows[Any]"]] = {}
+
+    def __init__(self, model: type[M]) -> None:
+        self.model = model
+        self.fields = tuple(model._meta.concrete_fields)
+        self.attnames = [f.attname for f in self.fields]
+        self.converters = []
+        for field in self.fields:
+            col = field.get_col(model._meta.db_table)
+            found = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+            self.converters.append((found, col))
+
+    @classmethod
+    def of(cls, model: type[M]) -> "_Rows[M]":
+        rows = cls._made.get(model)
+        if rows is None:
+            rows = cls._made[model] = cls(model)
+        return rows
+
+    def columns(self, alias: str) -> str:
+        return ", ".join(f"{alias}.{connection.ops.quote_name(str(f.column))}" for f in self.fields)
+
+    def instance(self, row: Sequence[Any]) -> M:
+        values = []
+        for value, (converters, col) in zip(row, self.converters, strict=False):
+            for converter in converters:
+                value = converter(value, col, connection)
+            values.append(value)
+        return self.model.from_db(DEFAULT_DB_ALIAS, self.attnames, values)
+
+
+_DATETIME = DateTimeField()
+
+
+def _as_datetime(value: Any) -> datetime:
+    """A time computed in SQL (not a column): converted as a DateTimeField's value would be."""
+    expression = Value(None, output_field=_DATETIME)
+    for converter in connection.ops.get_db_converters(expression):
+        value = converter(value, expression, connection)
+    if isinstance(value, str):  # SQLite's own clock hands back text
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    result: datetime = value
+    return result
+
+
+class _Statements(NamedTuple):
+    task: str
+    operations: str
+    nodes: str
+    version: str
+
+
+@cache
+def _statements() -> _Statements:
+    """The reads, in SQL made once from the models' columns (the ORM compiled them on every read: most of a
+    snapshot's cost)."""
+    task, op, node = _Rows.of(Task), _Rows.of(Operation), _Rows.of(Node)
+    statuses = ", ".join(["%s"] * len(_UNSETTLED))
+    # Only column names from the models' own metadata are formatted in: no text from outside.
+    task_sql = (
+        f"SELECT {task.columns('t')}, {{now}},"  # noqa: S608
+        " COALESCE((SELECT r.holder_id FROM leases_leasereservation r WHERE r.task_id = t.id LIMIT 1), ''),"
+        " (SELECT l.expires_at FROM leases_lease l WHERE l.id = %s AND l.task_id = t.id AND l.epoch = %s"
+        " AND l.released_at IS NULL)"
+        " FROM tasks_task t WHERE t.id = %s"
+    ).replace("{{now}}", "{now}")
+    operations_sql = (
+        f"SELECT {op.columns('o')}, {node.columns('n')}"  # noqa: S608
+        " FROM tasks_operation o JOIN tasks_node n ON n.id = o.node_id"
+        f" WHERE o.task_id = %s AND o.status IN ({statuses}) ORDER BY o.registered_at, o.id"
+    )
+    nodes_sql = (
+        f"SELECT {node.columns('n')},"  # noqa: S608
+        " (SELECT COUNT(*) FROM tasks_operation o WHERE o.node_id = n.id AND o.status = %s),"
+        " (SELECT t.version FROM tasks_task t WHERE t.id = %s)"
+        " FROM tasks_node n WHERE n.task_id = %s AND n.plan_version = %s ORDER BY n.position"
+    )
+    return _Statements(task_sql, operations_sql, nodes_sql, "SELECT version FROM tasks_task WHERE id = %s")
 
 
 def after_write(
