@@ -47,8 +47,12 @@ class AuditEvent(models.Model):
             models.CheckConstraint(condition=Q(actor_kind__in=["user", "agent", "system"]), name="audit_actor_kind"),
         ]
         indexes = [
-            # Serves the console's audit trail of one task.
+            # Serves the console's audit trail of one task, and the audit log filtered by task, newest first.
             models.Index(fields=["task_id", "seq"], name="audit_task_idx"),
+            # Serves the audit log filtered by actor, newest first (keyset on seq).
+            models.Index(fields=["actor_kind", "actor_id", "seq"], name="audit_actor_idx"),
+            # Serves the audit log filtered by action (and "forced releases only"), newest first.
+            models.Index(fields=["action", "seq"], name="audit_action_idx"),
         ]
         ordering = ["seq"]
 
@@ -72,3 +76,34 @@ class AuditHead(models.Model):
 
     def __str__(self) -> str:
         return f"audit head #{self.seq}"
+
+
+class VerificationRun(models.Model):
+    """One check of both logs — the audit chain and every task's event log — run by a person ("Verify now") or a
+    command; what it found, so a page can show the last result without walking a million events."""
+
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+    run_by = models.CharField(max_length=200)
+    audit_checked = models.PositiveBigIntegerField()
+    audit_problem = models.TextField(blank=True)
+    tasks_checked = models.PositiveBigIntegerField()
+    tasks_with_problems = models.PositiveBigIntegerField()
+    tasks_quarantined = models.PositiveBigIntegerField()
+    # The first problems found (task id, sentence, quarantined now), capped: the count above is the full figure.
+    task_problems = models.JSONField(default=list, blank=True)
+    event_triggers_missing = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(tasks_with_problems__lte=models.F("tasks_checked")), name="verification_counts_consistent"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"verification at {self.finished_at:%Y-%m-%d %H:%M} by {self.run_by}"
+
+    @property
+    def sound(self) -> bool:
+        return not (self.audit_problem or self.tasks_with_problems or self.event_triggers_missing)

@@ -1,5 +1,242 @@
-"""The console's admin pages (issue 9): built by the session's admin work."""
+"""The admin and auditor pages: roles and scope grants (admins), the review queue of forced releases, the audit log
+with its filters, CSV export and the last check of both logs (admins and auditors read; only admins act)."""
 
-from django.urls import URLPattern
+import csv
+from collections.abc import Iterator
+from typing import Any
 
-urlpatterns: list[URLPattern] = []
+from django.contrib import messages
+from django.forms import Form
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.shortcuts import redirect, render
+from django.urls import path
+from django.views.decorators.http import require_POST, require_safe
+
+from audit.models import AuditEvent
+from audit.queries import AuditFilter, audit_export, audit_page, latest_verification
+from console.access import request_roles, require_admin_role, require_audit_reader
+from console.errors import message_for
+from console.forms.admin import KNOWN_ACTIONS, AuditFilterForm, ReviewForm, RoleForm, ScopeForm
+from tasks.errors import TaskError
+from tasks.forced_release import forced_release_review
+from tasks.oversight import (
+    forced_releases_pending,
+    forced_releases_reviewed,
+    logs_verify,
+    people_with_roles,
+)
+from tasks.permissions import ADMIN, permission_grant, permission_revoke, role_grant, role_revoke
+
+AUDIT_PAGE_SIZE = 50
+RECENT_REVIEWS = 20
+CSV_COLUMNS = ("seq", "at", "actor", "action", "task", "lease_epoch", "version_before", "version_after", "reason",
+               "impact", "details", "digest")  # fmt: skip
+
+
+# --- roles ------------------------------------------------------------------------------------------------------
+
+
+@require_safe
+def roles(request: HttpRequest) -> HttpResponse:
+    require_admin_role(request)
+    context = {
+        "people": people_with_roles(),
+        "role_form": RoleForm(),
+        "scope_form": ScopeForm(),
+    }
+    return render(request, "console/admin/roles.html", context)
+
+
+@require_POST
+def role_grant_view(request: HttpRequest) -> HttpResponse:
+    who = require_admin_role(request)
+    form = RoleForm(request.POST)
+    if _valid(request, form):
+        user, role = form.cleaned_data["username"], form.cleaned_data["role"]
+        _act(request, lambda: role_grant(actor=who, user=user, role=role), f"{user.get_username()} is now {role}.")
+    return redirect("roles")
+
+
+@require_POST
+def role_revoke_view(request: HttpRequest) -> HttpResponse:
+    who = require_admin_role(request)
+    form = RoleForm(request.POST)
+    if _valid(request, form):
+        user, role = form.cleaned_data["username"], form.cleaned_data["role"]
+        _act(request, lambda: role_revoke(actor=who, user=user, role=role), f"{user.get_username()} is no {role}.")
+    return redirect("roles")
+
+
+@require_POST
+def scope_grant_view(request: HttpRequest) -> HttpResponse:
+    who = require_admin_role(request)
+    form = ScopeForm(request.POST)
+    if _valid(request, form):
+        user, project, kind = (form.cleaned_data[k] for k in ("username", "project", "kind"))
+        _act(
+            request,
+            lambda: permission_grant(actor=who, user=user, project=project.strip(), kind=kind.strip()),
+            f"{user.get_username()} may now operate tasks of project {project}, kind {kind}.",
+        )
+    return redirect("roles")
+
+
+@require_POST
+def scope_revoke_view(request: HttpRequest) -> HttpResponse:
+    who = require_admin_role(request)
+    form = ScopeForm(request.POST)
+    if _valid(request, form):
+        user, project, kind = (form.cleaned_data[k] for k in ("username", "project", "kind"))
+        _act(
+            request,
+            lambda: permission_revoke(actor=who, user=user, project=project.strip(), kind=kind.strip()),
+            f"{user.get_username()} no longer operates tasks of project {project}, kind {kind}.",
+        )
+    return redirect("roles")
+
+
+# --- forced releases --------------------------------------------------------------------------------------------
+
+
+@require_safe
+def reviews(request: HttpRequest) -> HttpResponse:
+    who = require_audit_reader(request)
+    pending = list(forced_releases_pending())
+    context = {
+        "pending": pending,
+        # The admin who forced a release is shown why they cannot review it (the service refuses them too).
+        "own": {fr.pk for fr in pending if fr.forced_by_user_id == request.user.pk or fr.forced_by == str(who)},
+        "reviewed": forced_releases_reviewed(RECENT_REVIEWS),
+        "may_review": ADMIN in request_roles(request),
+        "review_form": ReviewForm(),
+    }
+    return render(request, "console/admin/reviews.html", context)
+
+
+@require_POST
+def review(request: HttpRequest, forced_release_id: int) -> HttpResponse:
+    who = require_admin_role(request)
+    form = ReviewForm(request.POST)
+    if _valid(request, form):
+        verdict, note = form.cleaned_data["verdict"], form.cleaned_data["note"]
+        _act(
+            request,
+            lambda: forced_release_review(actor=who, forced_release_id=forced_release_id, verdict=verdict, note=note),
+            f"Forced release #{forced_release_id} {verdict}.",
+        )
+    return redirect("reviews")
+
+
+# --- the audit log ----------------------------------------------------------------------------------------------
+
+
+@require_safe
+def audit_log(request: HttpRequest) -> HttpResponse:
+    require_audit_reader(request)
+    form = AuditFilterForm(request.GET)
+    before = _cursor(request.GET.get("before"))
+    rows: list[AuditEvent] = []
+    next_before = None
+    if form.is_valid():
+        rows, next_before = audit_page(form.to_filter(), before=before, size=AUDIT_PAGE_SIZE)
+    context = {
+        "form": form,
+        "rows": rows,
+        "next_query": _query(request, before=next_before) if next_before else None,
+        "first_query": _query(request, before=None) if before is not None else None,
+        "export_query": _query(request, before=None),
+        "known_actions": KNOWN_ACTIONS,
+        "verification": latest_verification(),
+        "may_verify": ADMIN in request_roles(request),
+    }
+    return render(request, "console/admin/audit_log.html", context)
+
+
+@require_safe
+def audit_log_csv(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
+    require_audit_reader(request)
+    form = AuditFilterForm(request.GET)
+    if not form.is_valid():
+        return HttpResponse("These filters are not valid: fix them on the audit log page.", status=400)
+    response = StreamingHttpResponse(_csv_lines(form.to_filter()), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = 'attachment; filename="reckon-audit.csv"'
+    return response
+
+
+@require_POST
+def verify_now(request: HttpRequest) -> HttpResponse:
+    who = require_admin_role(request)
+    run = logs_verify(actor=who)
+    if run.sound:
+        messages.success(request, f"Both logs verified: {run.audit_checked} audit events, {run.tasks_checked} tasks.")
+    else:
+        messages.error(request, "Verification found problems: see the result below.")
+    return redirect("audit-log")
+
+
+# --- helpers ----------------------------------------------------------------------------------------------------
+
+
+def _valid(request: HttpRequest, form: Form) -> bool:
+    if form.is_valid():
+        return True
+    for field, errors in form.errors.items():
+        label = "" if field == "__all__" else f"{form.fields[field].label or field.capitalize()}: "
+        messages.error(request, label + " ".join(str(error) for error in errors))
+    return False
+
+
+def _act(request: HttpRequest, action: Any, done: str) -> None:
+    """Run one service call; its refusal becomes the message the person reads (and nothing was written)."""
+    try:
+        action()
+    except TaskError as error:
+        messages.error(request, message_for(error))
+    else:
+        messages.success(request, done)
+
+
+def _cursor(value: str | None) -> int | None:
+    return int(value) if value and value.isdigit() else None
+
+
+def _query(request: HttpRequest, *, before: int | None) -> str:
+    query = request.GET.copy()
+    query.pop("before", None)
+    if before is not None:
+        query["before"] = str(before)
+    return query.urlencode()
+
+
+class _Echo:
+    def write(self, value: str) -> str:
+        return value
+
+
+def _cell(value: object) -> str:
+    """A CSV cell a spreadsheet shows as text: a leading = + - @ would make it a formula (CSV injection)."""
+    text = "" if value is None else str(value)
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
+def _csv_lines(which: AuditFilter) -> Iterator[str]:
+    writer = csv.writer(_Echo())
+    yield writer.writerow(CSV_COLUMNS)
+    for e in audit_export(which):
+        row = (e.seq, e.at.isoformat(), f"{e.actor_kind}:{e.actor_id}", e.action, e.task_id, e.lease_epoch,
+               e.version_before, e.version_after, e.reason, e.impact, e.details, e.digest)  # fmt: skip
+        yield writer.writerow([_cell(value) for value in row])
+
+
+urlpatterns = [
+    path("roles/", roles, name="roles"),
+    path("roles/grant/", role_grant_view, name="role-grant"),
+    path("roles/revoke/", role_revoke_view, name="role-revoke"),
+    path("roles/scopes/grant/", scope_grant_view, name="scope-grant"),
+    path("roles/scopes/revoke/", scope_revoke_view, name="scope-revoke"),
+    path("reviews/", reviews, name="reviews"),
+    path("reviews/<int:forced_release_id>/", review, name="review"),
+    path("audit/", audit_log, name="audit-log"),
+    path("audit/export.csv", audit_log_csv, name="audit-log-csv"),
+    path("audit/verify/", verify_now, name="verify-logs"),
+]
