@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from django.contrib.auth.models import Group, User
 from django.db import transaction
 from django.db.models import Prefetch, QuerySet
+from guardian.conf import settings as guardian_settings
 
 from audit.models import VerificationRun
 from audit.principals import Principal
@@ -90,8 +91,10 @@ class PersonRoles:
 
 
 def people_with_roles() -> list[PersonRoles]:
-    """Every account with its Reckon roles and scope grants, by user name: three queries, whatever the count."""
-    users = User.objects.order_by("username").prefetch_related(
+    """Every account with its Reckon roles and scope grants, by user name: three queries, whatever the count.
+    django-guardian's stand-in for anonymous visitors is no account a person uses, and is left out."""
+    users = User.objects.exclude(username=guardian_settings.ANONYMOUS_USER_NAME).order_by("username")
+    users = users.prefetch_related(
         Prefetch("groups", queryset=Group.objects.filter(name__in=ROLES), to_attr="reckon_roles"),
         Prefetch("reckon_scope_grants", queryset=ScopeGrant.objects.order_by("project", "kind"), to_attr="scopes"),
     )
