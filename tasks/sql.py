@@ -32,11 +32,39 @@ class RawJSON(str):
     """JSON text already serialised (canonical): stored as it is, not serialised again by the field."""
 
 
+# Fields that store an int, a str, a bool or None exactly as given, on every backend: such a value needs no
+# adaptation (the field's own would return it unchanged). Anything else goes through the field.
+_PLAIN_FIELDS = frozenset(
+    {
+        "CharField",
+        "TextField",
+        "IntegerField",
+        "SmallIntegerField",
+        "BigIntegerField",
+        "PositiveIntegerField",
+        "PositiveSmallIntegerField",
+        "PositiveBigIntegerField",
+        "BooleanField",
+        "ForeignKey",
+    }
+)
+_PLAIN_VALUES = frozenset({int, str, bool, type(None)})
+
+
+@cache
+def _plain(model: type[models.Model], names: tuple[str, ...]) -> tuple[bool, ...]:
+    return tuple(field.get_internal_type() in _PLAIN_FIELDS for _column, field in _columns(model, names))
+
+
 def _adapt(model: type[models.Model], names: tuple[str, ...], values: Iterable[Any]) -> list[Any]:
     db = connections[DEFAULT_DB_ALIAS]  # the wrapper itself: every attribute read through the proxy costs a lookup
     return [
-        str(value) if isinstance(value, RawJSON) else field.get_db_prep_save(value, db)
-        for (_column, field), value in zip(_columns(model, names), values, strict=True)
+        value
+        if plain and type(value) in _PLAIN_VALUES
+        else str(value)
+        if isinstance(value, RawJSON)
+        else field.get_db_prep_save(value, db)
+        for (_column, field), plain, value in zip(_columns(model, names), _plain(model, names), values, strict=True)
     ]
 
 
