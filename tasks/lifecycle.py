@@ -223,6 +223,8 @@ PERMITS: dict[tuple[ChangeKind, Actor], frozenset[TaskStatus]] = {
     (ChangeKind.SETTLE, Actor.OPERATOR): _SETTLING | {_T.HUMAN},
     (ChangeKind.CONFIRM, Actor.AGENT): _ACTIVE,
     (ChangeKind.CLEANUP, Actor.AGENT): TERMINAL_TASK_STATUSES,
+    # A person makes a stuck temp resource eligible for deletion again (tasks.cleanup.temp_resource_reset).
+    (ChangeKind.CLEANUP, Actor.PERSON): TERMINAL_TASK_STATUSES,
     # A cancel by the lease holder, or by a person allowed to operate the task (tasks.permissions).
     (ChangeKind.CANCEL, Actor.AGENT): _ACTIVE | {_T.PAUSED},
     (ChangeKind.CANCEL, Actor.OPERATOR): frozenset({_T.HUMAN}),

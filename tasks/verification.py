@@ -91,6 +91,7 @@ def _receipt_problems(task: Task) -> list[str]:
         "node_succeeded",
         "evidence_insufficient",
         "takeover_result_submitted",
+        "node_approved",
         "compensation_committed",
         "cleanup_committed",
     ]

@@ -28,6 +28,7 @@ EXPECTED: dict[tuple[str, str], set[str]] = {
     ("settle", "operator"): _SETTLING | {"human"},
     ("confirm", "agent"): _ACTIVE,
     ("cleanup", "agent"): _ENDED,
+    ("cleanup", "person"): _ENDED,
     ("cancel", "agent"): _ACTIVE | {"paused"},
     ("cancel", "operator"): {"human"},
     ("cancel", "person"): _ACTIVE | {"paused", "human"},
