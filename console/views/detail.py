@@ -1,5 +1,97 @@
-"""The console's detail pages (issue 9): built by the session's detail work."""
+"""The task detail page (issue 9, point 3): the header and what the state waits for, the plan's nodes, the
+operations, the timeline with the hash-chain check, the lease panel (polled), the takeover package, temp resources
+and retained objects. Views check access and call the reads of tasks/detail.py; nothing here writes."""
 
-from django.urls import URLPattern
+from typing import Any
 
-urlpatterns: list[URLPattern] = []
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.shortcuts import render
+from django.template.loader import render_to_string
+from django.urls import path
+from django.views.decorators.http import require_POST, require_safe
+from django.views.decorators.vary import vary_on_headers
+from django_htmx.http import HttpResponseStopPolling
+
+from console.access import principal, viewable_task
+from retention.models import RetainedObject
+from tasks.detail import (
+    InvalidTimelineCursor,
+    chain_check,
+    is_terminal,
+    lease_view,
+    shows_takeover_package,
+    task_detail,
+    timeline_page,
+)
+from tasks.models import Task
+from tasks.permissions import can_operate
+from tasks.takeover import takeover_package
+
+TEMPLATE = "console/task_detail.html"
+TIMELINE_PAGE_SIZE = 25
+# How often the lease panel asks again, while the tab is visible (the page says so).
+LEASE_POLL_SECONDS = 5
+
+
+@require_safe
+@vary_on_headers("HX-Request")
+def task_detail_page(request: HttpRequest, task_id: int) -> HttpResponse:
+    task = viewable_task(request, task_id)
+    try:
+        timeline, older = timeline_page(task, before=request.GET.get("before") or None, size=TIMELINE_PAGE_SIZE)
+    except InvalidTimelineCursor:
+        return HttpResponseBadRequest("This link to older events is not valid: open the task again.")
+    context = {"task": task, "timeline": timeline, "older": older, "paged": "before" in request.GET}
+    if request.headers.get("HX-Request") and "before" in request.GET:
+        return render(request, f"{TEMPLATE}#timeline-page", context)
+    return render(request, TEMPLATE, _page_context(request, task) | context)
+
+
+@require_safe
+@vary_on_headers("HX-Request")
+def task_lease_panel(request: HttpRequest, task_id: int) -> HttpResponse:
+    """The lease panel alone, for polling. Once the task is terminal the last panel is sent with htmx's stop code."""
+    task = viewable_task(request, task_id)
+    terminal = is_terminal(task)
+    context = {"task": task, "lease": lease_view(task), "terminal": terminal, "poll_seconds": LEASE_POLL_SECONDS}
+    if not request.headers.get("HX-Request"):
+        return render(request, f"{TEMPLATE}#lease-panel", context)
+    html = render_to_string(f"{TEMPLATE}#lease-panel", context, request=request)
+    return HttpResponseStopPolling(html) if terminal else HttpResponse(html)
+
+
+@require_POST
+@vary_on_headers("HX-Request")
+def task_chain_check(request: HttpRequest, task_id: int) -> HttpResponse:
+    """Verify the task's hash chain now, however long its log (read only: a problem found here is shown, not
+    acted on — the verify_log job quarantines). Any user who may see the task may ask."""
+    task = viewable_task(request, task_id)
+    check = chain_check(task, force=True)
+    if request.headers.get("HX-Request"):
+        return render(request, f"{TEMPLATE}#chain-check", {"task": task, "check": check})
+    timeline, older = timeline_page(task, before=None, size=TIMELINE_PAGE_SIZE)
+    context = {"timeline": timeline, "older": older, "paged": False}
+    return render(request, TEMPLATE, _page_context(request, task) | context | {"check": check})
+
+
+def _page_context(request: HttpRequest, task: Task) -> dict[str, Any]:
+    detail = task_detail(task)
+    lease = lease_view(task)
+    return {
+        "task": task,
+        "detail": detail,
+        "lease": lease,
+        "terminal": detail.terminal,
+        "check": chain_check(task),
+        "package": takeover_package(task.pk) if shows_takeover_package(task, lease) else None,
+        "retained": list(RetainedObject.objects.filter(task=task).order_by("name", "version")),
+        "may_operate": can_operate(principal(request), task),
+        "poll_seconds": LEASE_POLL_SECONDS,
+    }
+
+
+urlpatterns = [
+    path("tasks/<int:task_id>/", task_detail_page, name="task-detail"),
+    path("tasks/<int:task_id>/lease/", task_lease_panel, name="task-lease-panel"),
+    path("tasks/<int:task_id>/chain-check/", task_chain_check, name="task-chain-check"),
+]
