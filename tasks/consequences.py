@@ -86,7 +86,7 @@ def cancel_consequences(task: Task) -> Consequences:
         sentences.append(f"{plural(c.intents, 'registered intent')} never sent will be withdrawn.")
     sentences.append(
         f"{plural(c.committed_effects, 'committed effect')} stay{'s' if c.committed_effects == 1 else ''} "
-        "as they are: a cancel undoes nothing (a compensation is a separate, explicit choice)."
+        "as recorded: a cancel undoes nothing (a compensation is a separate, explicit choice)."
     )
     sentences.append(
         f"{plural(c.temp_resources, 'temp resource')} will be cleaned up once the task has stopped."
