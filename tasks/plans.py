@@ -48,7 +48,6 @@ from tasks.lifecycle import (
     ChangeKind,
     FailureClass,
     NodeStatus,
-    PauseReason,
     TaskStatus,
 )
 from tasks.models import Event, Node, Operation, PlanRevision, ProposalStatus, Task
@@ -549,15 +548,12 @@ class ReplanDraft:
 
 
 def replan_draft(task_id: int) -> ReplanDraft:
-    """The current plan, updated for the input changes the last recheck found (after a pause ``input_changed``)."""
+    """The current plan, updated for the input changes the last recheck found (after a pause ``input_changed``):
+    the unchanged part is kept as it is."""
     task = Task.objects.get(pk=task_id)
     revision = PlanRevision.objects.filter(task=task, number=task.plan_version).first()
     document: dict[str, Any] = copy.deepcopy(revision.document) if revision else {"nodes": []}
-    changed: dict[str, Any] = {}
-    if task.status == TaskStatus.PAUSED and task.status_reason == PauseReason.INPUT_CHANGED:
-        event = Event.objects.filter(task=task, type="inputs_confirmed").order_by("-seq").first()
-        found = event.payload.get("data", {}).get("changed", {}) if event else {}
-        changed = found if isinstance(found, dict) else {}
+    changed = _inputs_changed_since_plan(task)
     notes: list[str] = []
     touched: set[str] = set()
     by_key = {raw.get("key"): raw for raw in document.get("nodes", []) if isinstance(raw, dict)}
@@ -574,6 +570,20 @@ def replan_draft(task_id: int) -> ReplanDraft:
     redone = _downstream(by_key, touched)
     kept = [k for k in by_key if isinstance(k, str) and k not in redone]
     return ReplanDraft(document=document, kept=kept, redone=sorted(redone), notes=notes)
+
+
+def _inputs_changed_since_plan(task: Task) -> dict[str, Any]:
+    """The input changes the last recheck found since the current plan was accepted (the task paused
+    ``input_changed``, and may since have been taken over by a person): input name → {planned, now}."""
+    accepted = (
+        Event.objects.filter(task=task, type="plan_accepted").order_by("-seq").values_list("seq", flat=True).first()
+    )
+    rechecks = Event.objects.filter(task=task, type="inputs_confirmed", seq__gt=accepted or 0).order_by("-seq")
+    for payload in rechecks.values_list("payload", flat=True).iterator():
+        found = payload.get("data", {}).get("changed", {}) if isinstance(payload, dict) else {}
+        if isinstance(found, dict) and found:
+            return found
+    return {}
 
 
 def _downstream(by_key: dict[Any, dict[str, Any]], roots: set[str]) -> set[str]:
@@ -645,3 +655,25 @@ def _accept(
                 "proposed_by": revision.proposed_by,
             },
         )
+
+
+@dataclass(frozen=True)
+class PlanEffect:
+    """What accepting a plan would do to the task's nodes, computed without writing (the re-plan's review)."""
+
+    kept: list[str]  # succeeded nodes whose definition and upstream are unchanged: their receipts stay
+    redone: list[str]  # nodes that run (again) under the new plan
+    dropped: list[str]  # nodes of the current plan the new one does not have
+
+
+def plan_effect(task_id: int, document: Any) -> PlanEffect:
+    """Validate ``document`` and say which of the task's nodes it keeps, redoes and drops (PlanInvalid if invalid)."""
+    specs = validate_plan(document)
+    task = Task.objects.get(pk=task_id)
+    current = {n.key: n for n in Node.objects.filter(task=task, plan_version=task.plan_version)}
+    carried = {k: n for k, n in current.items() if n.status == NodeStatus.SUCCEEDED}
+    new = _new_nodes(specs, task.plan_version + 1, carried)
+    kept = [node.key for node, fields in new if fields["status"] == NodeStatus.SUCCEEDED.value]
+    redone = [node.key for node, fields in new if fields["status"] != NodeStatus.SUCCEEDED.value]
+    dropped = sorted(set(current) - {spec.key for spec in specs})
+    return PlanEffect(kept=kept, redone=redone, dropped=dropped)

@@ -26,7 +26,7 @@ from django.db import transaction
 from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
-from leases.errors import LeaseHeld, LeaseReserved
+from leases.errors import LeaseHeld, LeaseLost, LeaseReserved
 from leases.models import HolderKind, Lease
 from leases.services import (
     lease_acquire,
@@ -61,7 +61,7 @@ from tasks.lifecycle import (
     PauseReason,
     TaskStatus,
 )
-from tasks.models import Attachment, Event, Node, Operation, Receipt, Task
+from tasks.models import Attachment, Event, Node, Operation, PlanRevision, ProposalStatus, Receipt, Task
 from tasks.permissions import PermissionDenied, require_admin, require_operate
 from tasks.plans import digest_of
 from tasks.protocol import resolve_input
@@ -531,3 +531,82 @@ def takeover_package(task_id: int) -> dict[str, Any]:
         "suggested_checks": [f"query the remote for op key {op.op_key}" for op in open_ops]
         + [f"confirm {name} is still at version {ref.get('version')}" for name, ref in task.input_refs.items()],
     }
+
+
+def takeover_lease_of(*, actor: Principal, task_id: int, epoch: int) -> Lease:
+    """The takeover lease a page was rendered with: the task's open lease at ``epoch``, held by ``actor``. A page
+    from an older grant (released, expired and re-granted, forced off) gets LeaseLost and writes nothing."""
+    lease = lease_open(task_id)
+    if lease is None or lease.epoch != epoch:
+        raise LeaseLost(task_id, epoch, "the task's lease is no longer the one this page was given")
+    _own_lease(actor, lease)
+    return lease
+
+
+@dataclass(frozen=True)
+class TakeoverState:
+    """What the takeover page shows, read at one moment of the database clock (a fixed number of queries)."""
+
+    task: Task
+    now: datetime
+    lease: Lease | None
+    mine: bool  # the open lease is this person's takeover lease
+    reserved_for: str  # the operator waiting for the agent's lease to end, or ""
+    nodes: list[Node]
+    approvable: list[Node]  # approval nodes the holder may approve now
+    to_submit: list[Node]  # nodes a result may be submitted for (not succeeded, not approvals)
+    proposals: list[PlanRevision]  # proposed plans newer than the task's plan, waiting for acceptance
+    ended: bool
+
+    @property
+    def seconds_left(self) -> int | None:
+        if self.lease is None:
+            return None
+        return int((self.lease.expires_at - self.now).total_seconds())
+
+    @property
+    def ttl_seconds(self) -> int:
+        ttl = self.lease.ttl if self.lease is not None and self.lease.ttl else operator_ttl()
+        return int(ttl.total_seconds())
+
+    @property
+    def renew_every(self) -> int:
+        """The page renews its lease every third of its ttl: two renewals may be lost before it expires."""
+        return max(1, self.ttl_seconds // 3)
+
+    @property
+    def expiring(self) -> bool:
+        left = self.seconds_left
+        return left is not None and left <= self.renew_every
+
+    @property
+    def in_grace(self) -> bool:
+        left = self.seconds_left
+        return left is not None and left <= 0
+
+
+def takeover_state(*, actor: Principal, task: Task) -> TakeoverState:
+    from tasks.approvals import approvable_nodes, is_approval  # approvals builds on this module
+
+    now = clock.now()
+    lease = lease_open(task.pk)
+    reservation = lease_reservation(task.pk)
+    nodes = list(Node.objects.filter(task=task, plan_version=task.plan_version).order_by("position"))
+    proposals = list(
+        PlanRevision.objects.filter(task=task, status=ProposalStatus.PROPOSED, number__gt=task.plan_version)
+        .defer("document")
+        .order_by("-number")
+    )
+    mine = lease is not None and lease.holder_kind == HolderKind.OPERATOR and lease.holder_id == actor.id
+    return TakeoverState(
+        task=task,
+        now=now,
+        lease=lease,
+        mine=mine,
+        reserved_for=reservation.holder_id if reservation else "",
+        nodes=nodes,
+        approvable=approvable_nodes(nodes),
+        to_submit=[n for n in nodes if n.status != NodeStatus.SUCCEEDED and not is_approval(n)],
+        proposals=proposals,
+        ended=task.status not in NOT_ENDED,
+    )

@@ -1,0 +1,214 @@
+"""The takeover screen's forms: renew, release, approve, the result (built from the nodes' evidence specs) and the
+re-plan. Every form that changes a task carries the version the page showed (``expected_version``): the service
+refuses a stale one. Forms check shapes only; every rule is the services'."""
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from django import forms
+from django.core.files.uploadedfile import UploadedFile
+
+from tasks.attachments import (
+    ATTACHMENT_CAP_BYTES,
+    AttachmentIn,
+    attachment_path,
+    read_attachment,
+    store_attachment,
+)
+from tasks.decisions import resolved_input
+from tasks.errors import NodeNotReady
+from tasks.evidence import expected_values
+from tasks.models import Node
+from tasks.takeover import NodeResult
+
+DECISIONS = [
+    ("resume_agent", "Resume the agent — it re-reads its inputs and open operations first"),
+    ("end_task", "End the task"),
+    ("replan", "Re-plan — the task pauses for a new plan"),
+]
+END_STATUSES = [("", "—"), ("completed", "completed (every step has a receipt)"), ("failed", "failed")]
+STAGES = [("review", "review"), ("confirm", "confirm")]
+
+
+class VersionedForm(forms.Form):
+    expected_version = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
+
+
+class LeaseForm(forms.Form):
+    """Identifies the lease the page was rendered with (its epoch): a page from an older grant writes nothing."""
+
+    epoch = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
+
+
+class RenewForm(LeaseForm):
+    renewal_seq = forms.IntegerField(min_value=0, widget=forms.HiddenInput)
+
+
+class ReleaseForm(LeaseForm):
+    reason = forms.CharField(
+        max_length=500,
+        required=False,
+        label="Reason (optional)",
+        help_text="Why you give the task back without a decision; it stays with people for another operator.",
+    )
+
+
+class ApproveForm(VersionedForm):
+    node_key = forms.CharField(max_length=100, widget=forms.HiddenInput)
+    note = forms.CharField(max_length=2000, required=False, label="Note", widget=forms.Textarea(attrs={"rows": 2}))
+
+
+class ReplanProposeForm(VersionedForm):
+    plan = forms.CharField(label="Plan (JSON)", widget=forms.Textarea(attrs={"rows": 18, "spellcheck": "false"}))
+    reason = forms.CharField(min_length=10, max_length=500, label="Why re-plan")
+
+    def clean_plan(self) -> Any:
+        try:
+            return json.loads(self.cleaned_data["plan"])
+        except json.JSONDecodeError as error:
+            raise forms.ValidationError(f"not valid JSON: {error.msg} at line {error.lineno}") from None
+
+
+class ReplanAcceptForm(VersionedForm):
+    revision_id = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
+
+
+@dataclass(frozen=True)
+class NodeFields:
+    """The fields of one node's result in the result form, and what its evidence spec expects."""
+
+    node: Node
+    expects: dict[str, Any]  # evidence field → the value the spec pins (None: read from a step not done yet)
+    names: dict[str, str]  # receipt field / "evidence" / "file" / "stored" → form field name
+
+
+def _field(key: str, name: str) -> str:
+    return f"n-{key}-{name}"
+
+
+class ResultForm(VersionedForm, LeaseForm):
+    """A takeover result: a receipt per node the person did by hand — typed fields from that node's evidence
+    spec — evidence items, attachments and a note, and one decision. Two stages: ``review`` validates and shows
+    what will change (nothing written, files stored by digest only), ``confirm`` applies it."""
+
+    stage = forms.ChoiceField(choices=STAGES, initial="review")  # the button pressed: review, or confirm
+    decision = forms.ChoiceField(choices=DECISIONS, widget=forms.RadioSelect, label="Decision")
+    end_status = forms.ChoiceField(choices=END_STATUSES, required=False, label="If you end the task, it ends")
+    replan_reason = forms.CharField(
+        max_length=500, required=False, label="If you re-plan: why (10 characters at least)"
+    )
+    note = forms.CharField(max_length=4000, required=False, label="Note", widget=forms.Textarea(attrs={"rows": 3}))
+
+    def __init__(self, *args: Any, nodes: list[Node], all_nodes: list[Node], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.node_fields = [self._add_node(node, all_nodes) for node in nodes]
+
+    def _add_node(self, node: Node, all_nodes: list[Node]) -> NodeFields:
+        try:
+            expects = expected_values(node, {"input": resolved_input(all_nodes, node)})
+        except NodeNotReady:
+            expects = {name: None for name in node.evidence if name != "remote_id"}
+        names = {"remote_id": _field(node.key, "remote_id")}
+        self.fields[names["remote_id"]] = forms.CharField(
+            max_length=200, required=False, label="Remote id", help_text="The id the external system gave the result."
+        )
+        for name in ("remote_version", "digest", "count"):
+            if name not in node.evidence:
+                continue
+            names[name] = _field(node.key, name)
+            hint = f"Must be {expects[name]!r}." if expects.get(name) is not None else "Pinned by the step's input."
+            if name == "count":
+                self.fields[names[name]] = forms.IntegerField(
+                    min_value=0, required=False, label="Count", help_text=hint
+                )
+            else:
+                label = "Remote version" if name == "remote_version" else "Digest"
+                self.fields[names[name]] = forms.CharField(max_length=200, required=False, label=label, help_text=hint)
+        names["evidence"] = _field(node.key, "evidence")
+        self.fields[names["evidence"]] = forms.CharField(
+            max_length=4000,
+            required=False,
+            label="Evidence items",
+            help_text="One per line, as kind: value — e.g. console_url: https://store.example/batches/7",
+            widget=forms.Textarea(attrs={"rows": 2}),
+        )
+        names["file"] = _field(node.key, "file")
+        self.fields[names["file"]] = forms.FileField(
+            required=False, label="Attachment", help_text=f"At most {ATTACHMENT_CAP_BYTES // (1024 * 1024)} MiB."
+        )
+        names["stored"] = _field(node.key, "stored")
+        self.fields[names["stored"]] = forms.CharField(required=False, max_length=2000, widget=forms.HiddenInput)
+        return NodeFields(node=node, expects=expects, names=names)
+
+    def node_rows(self) -> list[tuple[NodeFields, list[forms.BoundField]]]:
+        """Each node's fields, bound, in the order the template shows them."""
+        return [(nf, [self[name] for name in nf.names.values()]) for nf in self.node_fields]
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        for nf in self.node_fields:
+            given = [cleaned.get(nf.names[n]) for n in ("remote_version", "digest", "count") if n in nf.names]
+            if not cleaned.get(nf.names["remote_id"]) and any(v not in (None, "") for v in given):
+                self.add_error(nf.names["remote_id"], "A result for this step needs the remote id.")
+            for line in (cleaned.get(nf.names["evidence"]) or "").splitlines():
+                if line.strip() and ":" not in line:
+                    self.add_error(nf.names["evidence"], f"Write each item as kind: value ({line.strip()[:40]!r}).")
+        return cleaned
+
+    def stored_attachments(self) -> dict[str, list[tuple[str, str]]]:
+        """Store each uploaded file by its digest (the bytes only, outside any transaction: no database row until
+        the result is confirmed) and return node key → [(name, sha256)], with those a review already stored."""
+        stored: dict[str, list[tuple[str, str]]] = {}
+        for nf in self.node_fields:
+            items = _parse_stored(self.cleaned_data.get(nf.names["stored"]) or "")
+            upload: UploadedFile[bytes] | None = self.cleaned_data.get(nf.names["file"])
+            if upload is not None:
+                content = upload.read()
+                sha256, _size = store_attachment(AttachmentIn(name=upload.name or "attachment", content=content))
+                items.append((upload.name or "attachment", sha256))
+            if items:
+                stored[nf.node.key] = items
+        return stored
+
+    def results(self, stored: dict[str, list[tuple[str, str]]]) -> list[NodeResult]:
+        results = []
+        for nf in self.node_fields:
+            remote_id = (self.cleaned_data.get(nf.names["remote_id"]) or "").strip()
+            if not remote_id:
+                continue
+            evidence = [
+                {"kind": kind.strip(), "value": value.strip()}
+                for kind, _sep, value in (
+                    line.partition(":") for line in (self.cleaned_data.get(nf.names["evidence"]) or "").splitlines()
+                )
+                if kind.strip()
+            ]
+            results.append(
+                NodeResult(
+                    node_key=nf.node.key,
+                    remote_id=remote_id,
+                    remote_version=self.cleaned_data.get(nf.names.get("remote_version", ""), "") or "",
+                    count=self.cleaned_data.get(nf.names.get("count", "")),
+                    digest=self.cleaned_data.get(nf.names.get("digest", ""), "") or "",
+                    evidence=evidence,
+                    attachments=[
+                        AttachmentIn(name=name, content=read_attachment(sha256))
+                        for name, sha256 in stored.get(nf.node.key, [])
+                    ],
+                )
+            )
+        return results
+
+
+def stored_field_value(items: list[tuple[str, str]]) -> str:
+    return "\n".join(f"{sha256} {name}" for name, sha256 in items)
+
+
+def _parse_stored(text: str) -> list[tuple[str, str]]:
+    items = []
+    for line in text.splitlines():
+        sha256, _sep, name = line.strip().partition(" ")
+        if len(sha256) == 64 and all(c in "0123456789abcdef" for c in sha256) and attachment_path(sha256).exists():
+            items.append((name or "attachment", sha256))
+    return items
