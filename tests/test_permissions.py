@@ -4,12 +4,14 @@ A refusal changes nothing and writes no audit row."""
 
 import io
 import re
+import threading
 from collections.abc import Callable
 from functools import partial
 
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
+from django.db import connection
 
 from audit.models import AuditEvent
 from audit.principals import Principal
@@ -482,3 +484,33 @@ def test_an_agent_may_cancel(make_task, agent_lease, clock) -> None:
     assert cancelled.cancel_requested_by == "agent:agent-1"
     event = AuditEvent.objects.get(action="cancel_requested")
     assert (event.actor_kind, event.actor_id, event.task_id) == ("agent", "agent-1", task.pk)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="needs PostgreSQL for real concurrent revocations")
+def test_two_admins_revoking_each_other_at_once_leave_one_admin() -> None:
+    from tests.test_races_postgres import run_threads
+
+    for round_ in range(6):
+        pair = [person(f"a{round_}", "admin").user, person(f"b{round_}", "admin").user]
+        outcomes: list[str] = []
+
+        def revoke_the_other(
+            index: int, barrier: threading.Barrier, pair: list[User] = pair, outcomes: list[str] = outcomes
+        ) -> None:
+            me, other = pair[index], pair[1 - index]
+            actor = Principal.of_user(User.objects.get(pk=me.pk))
+            barrier.wait()
+            try:
+                role_revoke(actor=actor, user=User.objects.get(pk=other.pk), role=ADMIN)
+                outcomes.append("revoked")
+            except (RoleRefused, PermissionDenied) as error:
+                outcomes.append(type(error).__name__)
+
+        run_threads(2, revoke_the_other)
+        assert outcomes.count("revoked") == 1, outcomes
+        assert User.objects.filter(groups__name=ADMIN, username__in=[u.username for u in pair]).count() == 1
+        for user in pair:  # the survivor is the only admin again for the next round's pair to start clean
+            user.groups.clear()
+    assert AuditEvent.objects.filter(action="role_revoked").count() == 6
