@@ -1,3 +1,4 @@
+import json
 from typing import Any, NoReturn
 
 from django.db import models
@@ -66,6 +67,11 @@ class AuditEvent(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise AuditRefused("audit events are append-only: no delete")
+
+    @property
+    def details_text(self) -> str:
+        """The details as compact JSON, keys sorted: how pages and exports show them."""
+        return json.dumps(self.details, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 class AuditHead(models.Model):

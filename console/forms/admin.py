@@ -42,6 +42,7 @@ class AuditFilterForm(forms.Form):
     forced = forms.BooleanField(required=False, label="Forced releases only")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("label_suffix", "")
         super().__init__(*args, **kwargs)
         self.fields["action"].widget.attrs["list"] = "known-actions"
 

@@ -224,7 +224,7 @@ def _csv_lines(which: AuditFilter) -> Iterator[str]:
     yield writer.writerow(CSV_COLUMNS)
     for e in audit_export(which):
         row = (e.seq, e.at.isoformat(), f"{e.actor_kind}:{e.actor_id}", e.action, e.task_id, e.lease_epoch,
-               e.version_before, e.version_after, e.reason, e.impact, e.details, e.digest)  # fmt: skip
+               e.version_before, e.version_after, e.reason, e.impact, e.details_text, e.digest)  # fmt: skip
         yield writer.writerow([_cell(value) for value in row])
 
 
