@@ -12,7 +12,7 @@ API (JSON bodies):
                                   404 {"state": "not_found"} (501 in ``no_idempotency_no_query``)
     GET  /limits → {"max_batch"}: the most objects one copy may span (the store's transaction boundary)
     GET  /versions/<locator>, POST /_sources {"locator", "version", "digest"}
-    POST /_faults {"mode", "times", "ms", "every", "action"}, GET /_stats, GET /_state, POST /_reset
+    POST /_faults {"mode", "times", "ms", "every", "action", "match"}, GET /_stats, GET /_state, POST /_reset
 
 Actions: prepare_target, copy_batch (its receipt lists the staging object it created in ``"temp"``), verify_digests,
 switch_reference, restore_reference, delete_objects {"target", "prefix"} and delete {"locator"} (exactly that one
@@ -24,7 +24,9 @@ that does not dedupe can still ask what became of an op key.
 Faults apply to the next ``times`` requests outside ``/_*`` (``accept_then_drop`` to the next ``times`` writes: a
 query has nothing to accept; ``run_async`` makes the next writes answer ``accepted`` and report themselves running,
 to ``GET /ops`` and the tag query, for ``ms`` more, then committed). ``every: n`` makes a fault hit only every n-th
-request it applies to; ``action`` limits it to writes of that action (``"switch_reference"``). ``no_idempotency``
+request it applies to; ``action`` limits it to writes of that action (``"switch_reference"``); ``match`` limits it
+to requests (writes and queries) whose op key contains that text — one task's op keys, or one node's. ``drop``
+closes the connection without an answer, for a query too: the client cannot tell what happened. ``no_idempotency``
 (no dedupe by op key, ``GET /ops`` answers 501) and ``no_idempotency_no_query`` (no dedupe, and both queries answer
 501) hold for the whole run, until reset or ``{"mode": "clear"}``.
 """
@@ -58,6 +60,7 @@ FAULT_MODES = frozenset(
         "run_async",
         "no_idempotency",
         "no_idempotency_no_query",
+        "drop",
     }
 )
 _WRITE_ONLY_FAULTS = frozenset({"accept_then_drop", "run_async"})
@@ -114,14 +117,17 @@ class Store:
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
 
-    def take_fault(self, *, write: bool, action: str = "") -> dict[str, Any] | None:
+    def take_fault(self, *, write: bool, action: str = "", op_key: str = "") -> dict[str, Any] | None:
         """Consume the first pending fault that applies to this request (a write, or a query; its action when the
-        fault names one; every n-th such request when it says ``every``)."""
+        fault names one; an op key containing its ``match`` when it names one; every n-th such request when it
+        says ``every``)."""
         with self.lock:
             for position, fault in enumerate(self.faults):
                 if not write and (fault["mode"] in _WRITE_ONLY_FAULTS or fault["action"]):
                     continue
                 if fault["action"] and fault["action"] != action:
+                    continue
+                if fault["match"] and fault["match"] not in op_key:
                     continue
                 fault["seen"] += 1
                 if fault["seen"] % fault["every"]:
@@ -146,12 +152,15 @@ class Store:
                 times = body.get("times", 1)
                 if not isinstance(times, int) or times < 1:
                     raise Refused(HTTPStatus.BAD_REQUEST, "invalid_params", "times must be a positive integer")
-                every, action = body.get("every", 1), body.get("action", "")
-                if not isinstance(every, int) or every < 1 or not isinstance(action, str):
+                every, action, match = body.get("every", 1), body.get("action", ""), body.get("match", "")
+                if not isinstance(every, int) or every < 1 or not isinstance(action, str) or not isinstance(match, str):
                     raise Refused(
-                        HTTPStatus.BAD_REQUEST, "invalid_params", "every must be a positive integer, action a string"
+                        HTTPStatus.BAD_REQUEST,
+                        "invalid_params",
+                        "every must be a positive integer, action and match strings",
                     )
                 fault = {"mode": mode, "times": times, "ms": int(body.get("ms", 0)), "every": every, "action": action}
+                fault["match"] = match
                 self.faults.append(fault | {"seen": 0})
             else:
                 known = ", ".join(sorted(FAULT_MODES | {"clear"}))
@@ -401,8 +410,11 @@ class Handler(BaseHTTPRequestHandler):
         if path.startswith("/_"):
             self._control(method, path, body)
             return
-        fault = store.take_fault(write=method == "POST", action=str(body.get("action", "")))
+        fault = store.take_fault(write=method == "POST", action=str(body.get("action", "")), op_key=_op_key_of(path))
         mode = fault["mode"] if fault else ""
+        if mode == "drop":
+            self._drop()
+            return
         if mode == "latency":
             time.sleep(fault["ms"] / 1000 if fault else 0)
         elif mode in _FAULT_STATUS:
@@ -475,6 +487,14 @@ class Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.NOT_FOUND, {"error": "not_found", "detail": f"no route {method} {path}"})
             return
         self._send(HTTPStatus.OK, {"ok": True})
+
+
+def _op_key_of(path: str) -> str:
+    """The op key a request names (``/ops/<key>``, ``/ops-by-tag/<key>``), or ""."""
+    for prefix in ("/ops/", "/ops-by-tag/"):
+        if path.startswith(prefix):
+            return unquote(path[len(prefix) :])
+    return ""
 
 
 class SimulatorServer(ThreadingHTTPServer):

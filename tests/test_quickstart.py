@@ -1,10 +1,8 @@
 """The README's agent quick start, run as written against the demo plan and a connector stand-in."""
 
-from io import StringIO
 from typing import Any
 
 import pytest
-from django.core.management import call_command
 from django.test import Client
 
 from agents.demo import migration_plan
@@ -55,14 +53,6 @@ def test_the_readme_agent_loop_runs_the_demo_plan_up_to_its_confirmation_point(d
     copy = Node.objects.get(task=task, key="copy-batch-1")
     assert copy.operations.get().request["input"]["target"] == "remote-1", "resolved from prepare-target's receipt"
     assert Task.objects.get(pk=task.pk).status == TaskStatus.RUNNING
-
-
-def test_load_demo_loads_one_task_once(db: None) -> None:
-    out = StringIO()
-    call_command("load_demo", stdout=out)
-    call_command("load_demo", stdout=out)
-    assert Task.objects.filter(kind="migrate_project").count() == 1
-    assert "already loaded" in out.getvalue()
 
 
 @pytest.mark.parametrize("path", ["/login/", "/admin/login/"])
