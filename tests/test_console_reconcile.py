@@ -17,7 +17,7 @@ from audit.models import AuditEvent
 from audit.principals import Principal
 from leases.services import lease_release
 from tasks.cleanup import cleanup_temp_resources
-from tasks.lifecycle import Actor, ChangeKind, FailureClass, permitted
+from tasks.lifecycle import FailureClass
 from tasks.models import Event, Operation, Task, TempResource, TempResourceStatus
 from tasks.outcomes import Committed, Failed, NotFound, Outcome
 from tasks.registry import register_kind, unregister_kind
@@ -331,14 +331,6 @@ def test_settle_by_hand_on_a_stale_page_writes_nothing(client, make_task, agent_
 # -- reset a stuck temp resource ---------------------------------------------------------------------------------
 
 
-PERMITTED = bool(permitted(ChangeKind.CLEANUP, Actor.PERSON))
-
-
-@pytest.mark.xfail(
-    not PERMITTED,
-    reason="needs (CLEANUP, PERSON) in tasks.lifecycle.PERMITS: /tmp/x/requests/reconcile.md",
-    strict=True,
-)
 def test_reset_makes_a_stuck_temp_resource_deletable_again_audited(
     client, make_task, agent_lease, clock, remote
 ) -> None:
