@@ -2,6 +2,7 @@
 
 DATABASE_URL      default: SQLite file data/reckon.sqlite3 (WAL, IMMEDIATE transactions, busy timeout)
 RECKON_CONN_MAX_AGE seconds a database connection is kept (default 600: persistent)
+RECKON_PG_PREPARE  "off" stops psycopg preparing the step's statements (a pooler that cannot keep them)
 CELERY_BROKER_URL default: filesystem broker under data/broker (no server); redis://… or amqp://… to scale out
 """
 
@@ -98,6 +99,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # several test runs share a checkout without sharing a database.
     _suffix = os.environ.get("RECKON_TEST_DB_SUFFIX", "")
     DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / f"test-reckon{_suffix}.sqlite3")}
+else:
+    # The step's statements bind on the server (leases/db.py) and are prepared after five runs on a connection
+    # (Django's own cursors bind on the client and are never prepared). Django turns preparing off unless asked;
+    # RECKON_PG_PREPARE=off keeps it off, for a pooler in transaction mode that does not track prepared statements.
+    _prepare = os.environ.get("RECKON_PG_PREPARE", "on") != "off"
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5 if _prepare else None
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
