@@ -17,7 +17,7 @@ from leases.models import HolderKind, Lease
 from tasks.errors import TaskError, TaskNotFound
 from tasks.lifecycle import TERMINAL_TASK_STATUSES, TaskStatus
 from tasks.models import Task
-from tasks.querysets import Attention, attention_field
+from tasks.querysets import Attention, approval_actions, attention_field
 
 if TYPE_CHECKING:
     from django_stubs_ext import WithAnnotations
@@ -86,7 +86,19 @@ def get_task(task_id: int) -> Task:
 def task_overview() -> "TaskQuerySet[WithAnnotations[Task, Overview]]":
     """Tasks, newest change first, with progress on their current plan, their open operations, their lease holder
     and what needs a person (attention_reasons). Page it with page()."""
-    return Task.objects.with_progress().with_holder().with_attention().order_by(*RECENT_FIRST)
+    approvals = approval_actions()
+    built = _overviews.get(approvals)
+    if built is None:
+        built = Task.objects.with_progress().with_holder().with_attention().order_by(*RECENT_FIRST)
+        _overviews.clear()
+        _overviews[approvals] = built
+    # A clone: the built queryset is never evaluated, only copied, so every caller gets a fresh one.
+    return built.all()
+
+
+# Building the overview's expressions costs more than running its query on a page (tens of correlated
+# subqueries): it is built once per process and set of approval actions (the only input it is built from).
+_overviews: dict[tuple[str, ...], "TaskQuerySet[WithAnnotations[Task, Overview]]"] = {}
 
 
 def task_queue(task_filter: TaskFilter) -> "TaskQuerySet[WithAnnotations[Task, Overview]]":
@@ -183,6 +195,11 @@ def page[T: Task](
         return found, None
     last = found[size - 1]
     return found[:size], _encode(last.updated_at, last.pk)
+
+
+def cursor_of(updated_at: datetime, pk: int) -> str:
+    """The cursor that pages after the row (updated_at, pk): what page() hands out for its last row."""
+    return _encode(updated_at, pk)
 
 
 def _after(order: Order, updated_at: datetime, pk: int) -> Q:

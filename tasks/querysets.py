@@ -208,13 +208,18 @@ def _attention_conditions() -> dict[Attention, Q]:
     }
 
 
+def approval_actions() -> tuple[str, ...]:
+    """The registered actions of kind approval (tasks.actions), sorted."""
+    return tuple(sorted(name for name in known_actions() if (spec := get_action(name)) and spec.kind == "approval"))
+
+
 def _awaiting_approval() -> Q:
     """next_directive would say ``stop: awaiting_approval``: nothing comes before the plan's nodes (no pause, no
     person, no cancel, no takeover request, no recheck, no unsettled operation), and the first ready node — the
     lowest position among pending nodes of the current plan whose dependencies all succeeded — is an approval."""
     from tasks.models import Node, Operation
 
-    approvals = [name for name in known_actions() if (spec := get_action(name)) and spec.kind == "approval"]
+    approvals = list(approval_actions())
     plan_of_outer = {"task_id": OuterRef("task_id"), "plan_version": OuterRef("plan_version")}
     ready_before = Node.objects.filter(**plan_of_outer, position__lt=OuterRef("position")).filter(_ready())
     first_ready_approval = Node.objects.filter(
