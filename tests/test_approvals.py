@@ -103,7 +103,6 @@ def test_an_approval_states_what_was_approved_from_its_evidence_spec(make_task, 
     assert Receipt.objects.get(operation__node=node(task, "ok")).remote_version == SOURCE_REF["version"]
 
 
-@pytest.mark.xfail(reason="tasks/verification.py must read node_approved receipts (/tmp/x/requests/takeover.md)")
 def test_an_approved_task_passes_verify_log(make_task, clock, root) -> None:
     task = make_task(approval_first())
     ann = operator_for(root, task, "ann")
