@@ -28,7 +28,7 @@ class Consequences:
 
     sentences: tuple[str, ...]
     impact: int
-    impact_label: str  # what ``impact`` counts, e.g. "operations in flight"
+    impact_label: str  # what ``impact`` counts, agreeing with it: "1 operation in flight", "2 operations in flight"
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,11 @@ class CancelCounts:
 
 
 def plural(count: int, word: str, many: str = "") -> str:
-    return f"{count} {word if count == 1 else (many or word + 's')}"
+    return f"{count} {noun(count, word, many)}"
+
+
+def noun(count: int, word: str, many: str = "") -> str:
+    return word if count == 1 else (many or word + "s")
 
 
 def cancel_counts(task: Task) -> CancelCounts:
@@ -93,7 +97,7 @@ def cancel_consequences(task: Task) -> Consequences:
         if c.temp_resources
         else "No temp resource is left to clean up."
     )
-    return Consequences(tuple(sentences), c.in_flight, "operations in flight")
+    return Consequences(tuple(sentences), c.in_flight, noun(c.in_flight, "operation") + " in flight")
 
 
 def force_release_consequences(task: Task) -> Consequences:
@@ -111,7 +115,7 @@ def force_release_consequences(task: Task) -> Consequences:
         "The release is recorded with your justification and impact, audited, and waits for review by "
         "another admin (you cannot review your own).",
     ]
-    return Consequences(tuple(sentences), in_flight, "operations in flight")
+    return Consequences(tuple(sentences), in_flight, noun(in_flight, "operation") + " in flight")
 
 
 def settle_consequences(op: Operation, resolution: Resolution) -> Consequences:
@@ -138,7 +142,7 @@ def settle_consequences(op: Operation, resolution: Resolution) -> Consequences:
         ]
         touched = 2
     sentences.append("Your note and evidence are audited with your name.")
-    return Consequences(tuple(sentences), touched, "operations written")
+    return Consequences(tuple(sentences), touched, noun(touched, "operation") + " written")
 
 
 def temp_reset_consequences(temp: TempResource, refused: int) -> Consequences:
@@ -149,4 +153,4 @@ def temp_reset_consequences(temp: TempResource, refused: int) -> Consequences:
         "if every delete is refused again it is marked stuck again.",
         "Only this one locator is named; the task's receipts are never touched.",
     )
-    return Consequences(sentences, refused, "deletes refused so far")
+    return Consequences(sentences, refused, noun(refused, "delete") + " refused so far")

@@ -70,7 +70,7 @@ def test_the_confirmation_counts_the_operations_in_flight_and_the_temp_resources
     in_flight(task, flying)
     client.force_login(operator_of(task).user)
     html = client.get(cancel_url(task)).content.decode()
-    assert f'data-impact="{flying}">{flying}</strong> operations in flight' in html
+    assert f'data-impact="{flying}">{flying}</strong> operation{"s" if flying > 1 else ""} in flight' in html
     assert f"{flying} operation{'s' if flying > 1 else ''} in flight will be awaited" in html
     assert "1 committed effect stays as recorded" in html
     assert f"{temps} temp resources will be cleaned up once the task has stopped" in html

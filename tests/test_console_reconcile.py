@@ -295,6 +295,19 @@ def test_settle_by_hand_writes_one_event_and_one_audit_row(client, make_task, ag
     assert audit is not None and audit.action == "operation_resolved_by_person" and audit.reason == NOTE
 
 
+def test_settle_as_not_done_needs_no_receipt_and_lets_the_node_run_again(client, make_task, agent_lease, clock) -> None:
+    task, ann, op = taken_over(make_task, agent_lease)
+    client.force_login(ann.user)
+    page = client.get(reverse("operation-settle", args=[task.pk, op.op_key]) + "?resolution=not_done").content
+    assert b'aria-current="true"><span aria-hidden="true">\xe2\x97\x8f</span> Not done' in page
+    assert b"compensate" not in page.lower().split(b"<main")[1]  # the node declares no compensation
+    response = settle(client, task, op, resolution="not_done", remote_id="")
+    assert response.status_code == 303
+    settled = Operation.objects.get(pk=op.pk)
+    assert (settled.status, settled.failure_class) == ("rejected", "not_done")
+    assert task.nodes.get(key="a").status == "pending"
+
+
 @pytest.mark.parametrize(
     ("fields", "says"),
     [

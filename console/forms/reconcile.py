@@ -75,8 +75,10 @@ class SettleForm(DangerForm):
 
     reason_label = "What you checked"
     reason_help = "The evidence: where you looked and what it showed."
+    field_order = ["version", "resolution", "remote_id", "remote_version", "count", "digest", "reason", "confirm"]
 
-    resolution = forms.ChoiceField(choices=RESOLUTIONS, widget=forms.RadioSelect)
+    # Chosen by the link the person followed (each shows its own consequences), carried as a hidden field.
+    resolution = forms.ChoiceField(choices=RESOLUTIONS, widget=forms.HiddenInput)
     remote_id = forms.CharField(required=False, max_length=300, label="Remote id")
     remote_version = forms.CharField(required=False, max_length=200, label="Remote version")
     count = forms.IntegerField(required=False, min_value=0, label="Count")
@@ -112,6 +114,8 @@ class SettleForm(DangerForm):
 class ForceReleaseForm(DangerForm):
     """Justification and impact (each MIN_FORCE_TEXT characters or more) besides the typed confirmation."""
 
+    field_order = ["version", "justification", "impact", "confirm"]
+
     justification = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), min_length=MIN_FORCE_TEXT)
     impact = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), min_length=MIN_FORCE_TEXT)
 
@@ -138,3 +142,5 @@ class Danger:
     consequences: Consequences
     form: DangerForm
     error: str = ""  # a service's refusal, as a sentence
+    # Variants of the action, each with its own consequences: (label, url, chosen), e.g. settle as done / not done.
+    variants: tuple[tuple[str, str, bool], ...] = ()

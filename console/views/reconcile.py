@@ -22,6 +22,7 @@ from django_htmx.http import HttpResponseStopPolling
 from console.access import operable_task, principal, require_admin_role, viewable_task
 from console.errors import message_for
 from console.forms.reconcile import (
+    RESOLUTIONS,
     CancelForm,
     Danger,
     DangerForm,
@@ -141,7 +142,6 @@ def _actions_context(request: HttpRequest, task: Task, **extra: Any) -> dict[str
         "terminal": task.status in _ENDED,
         "cancellable": task.cancel_requested_at is None and task.status not in _ENDED,
         "poll_seconds": POLL_SECONDS,
-        "query_form": QueryForm(initial={"version": task.version}),
         **extra,
     }
 
@@ -295,6 +295,12 @@ def operation_settle(request: HttpRequest, task_id: int, op_key: str) -> HttpRes
             else:
                 return _done(request, task, f"Operation {op.op_key} settled by hand ({resolution}).")
         task.refresh_from_db()
+    here = reverse("operation-settle", args=[task.pk, op.op_key])
+    variants = tuple(
+        (label.split(":")[0], f"{here}?resolution={value}", value == resolution)
+        for value, label in RESOLUTIONS
+        if value != "compensate" or op.node.compensation
+    )
     danger = Danger(
         title=f"Settle operation {op.op_key} by hand",
         action=reverse("operation-settle", args=[task.pk, op.op_key]),
@@ -303,6 +309,7 @@ def operation_settle(request: HttpRequest, task_id: int, op_key: str) -> HttpRes
         consequences=consequences.settle_consequences(op, resolution),  # type: ignore[arg-type]
         form=form,
         error=error,
+        variants=variants,
     )
     return _danger(request, danger, task, status)
 
