@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from django.conf import settings
 from kombu import Connection, Exchange, Queue
 
@@ -54,3 +55,16 @@ def test_database_and_broker_urls_come_from_the_environment() -> None:
     }
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)  # noqa: S603
     assert out.stdout.split() == ["django.db.backends.postgresql", "reckon_prod", "redis://cache.example:6379/0"]
+
+
+@pytest.mark.parametrize(("switch", "threshold"), [(None, "5"), ("on", "5"), ("off", "None")])
+def test_the_step_statements_are_prepared_on_postgresql_unless_turned_off(switch: str | None, threshold: str) -> None:
+    code = (
+        "import django, os; os.environ['DJANGO_SETTINGS_MODULE'] = 'console.settings'; django.setup(); "
+        "from django.conf import settings as s; print(s.DATABASES['default']['OPTIONS']['prepare_threshold'])"
+    )
+    env = {"DATABASE_URL": "postgres://someone@db.example:5432/reckon_prod", "PATH": "/usr/bin:/bin"}
+    if switch is not None:
+        env["RECKON_PG_PREPARE"] = switch
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)  # noqa: S603
+    assert out.stdout.split() == [threshold]
