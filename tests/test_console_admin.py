@@ -4,6 +4,7 @@ refused; a refused action writes nothing; pages cost a fixed number of queries w
 
 import csv
 import io
+import re
 from typing import Any
 
 import pytest
@@ -338,6 +339,39 @@ def test_the_audit_log_pages_newest_first_by_keyset(people, clock, monkeypatch) 
     assert seqs(second) == [4, 3, 2]
     assert 'rel="next"' in second
     assert seqs(browser.get(reverse("audit-log"), {"before": "2"}).content.decode()) == [1]
+
+
+def test_an_htmx_filter_gets_the_results_only_and_every_answer_varies_on_hx_request(people, clock) -> None:
+    append("note_added")
+    append("cancel_requested")
+    browser = logged_in(people["auditor"])
+    full = browser.get(reverse("audit-log"), {"action": "note_added"})
+    assert "HX-Request" in full["Vary"] and "<html" in full.content.decode()
+    rows = browser.get(reverse("audit-log"), {"action": "note_added"}, headers={"HX-Request": "true"})
+    html = rows.content.decode()
+    assert "HX-Request" in rows["Vary"]
+    assert "<html" not in html and "<form" not in html
+    assert seqs(html) == [1]
+    assert "export.csv?action=note_added" in html
+    restore = browser.get(
+        reverse("audit-log"),
+        {"action": "note_added"},
+        headers={"HX-Request": "true", "HX-History-Restore-Request": "true"},
+    )
+    assert "<html" in restore.content.decode()
+    invalid = browser.get(reverse("audit-log"), {"task": "x"}, headers={"HX-Request": "true"}).content.decode()
+    assert "Fix the filters" in invalid and "Enter a whole number." in invalid
+
+
+def test_every_htmx_link_on_the_audit_log_is_also_a_plain_link(people, clock, monkeypatch) -> None:
+    monkeypatch.setattr(views, "AUDIT_PAGE_SIZE", 1)
+    for _ in range(3):
+        append("note_added")
+    html = logged_in(people["auditor"]).get(reverse("audit-log"), {"before": "3"}).content.decode()
+    links = re.findall(r"<a [^>]*hx-get=[^>]*>", html)
+    assert len(links) == 2
+    for link in links:
+        assert re.search(r'href="([^"]+)"', link).group(1) == re.search(r'hx-get="([^"]+)"', link).group(1)
 
 
 AUDIT_QUERIES = 5  # session, user, roles, the page of events, the last verification

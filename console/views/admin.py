@@ -10,6 +10,7 @@ from django.forms import Form
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path
+from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST, require_safe
 
 from audit.models import AuditEvent
@@ -149,7 +150,12 @@ def audit_log(request: HttpRequest) -> HttpResponse:
         "verification": latest_verification(),
         "may_verify": ADMIN in request_roles(request),
     }
-    return render(request, "console/admin/audit_log.html", context)
+    # A filter or a page asked by HTMX gets the results only; a history restore, the whole page.
+    htmx: Any = getattr(request, "htmx", None)
+    partial = "#results" if htmx and not htmx.history_restore_request else ""
+    response = render(request, "console/admin/audit_log.html" + partial, context)
+    patch_vary_headers(response, ("HX-Request",))
+    return response
 
 
 @require_safe
