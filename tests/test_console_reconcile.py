@@ -408,3 +408,26 @@ def test_the_actions_page_costs_the_same_queries_for_1_row_as_for_12(
     assert response.status_code == 200
     assert response.content.decode().count("Query the remote now") == rows + 1
     assert len(queries) == ACTIONS_QUERIES, [q["sql"][:100] for q in queries.captured_queries]
+
+
+SETTLE_QUERIES = 9  # session, user, roles, task, 4 object-permission reads (access), the operation with its node
+RESET_QUERIES = 11  # the same access (8), the temp resource, its task (for the op key prefix), its cleanup tries
+
+
+@pytest.mark.parametrize("others", [0, 10])
+def test_the_settle_and_reset_dialogs_cost_a_fixed_number_of_queries(
+    client, make_task, agent_lease, clock, remote, others
+) -> None:
+    from tests.test_consequences import in_flight
+
+    task, ann, op = taken_over(make_task, agent_lease)
+    in_flight(task, others, status="unknown")
+    client.force_login(ann.user)
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get(reverse("operation-settle", args=[task.pk, op.op_key])).status_code == 200
+    assert len(queries) == SETTLE_QUERIES, [q["sql"][:100] for q in queries.captured_queries]
+    stuck, temp = stuck_temp(make_task, agent_lease, remote)
+    client.force_login(operator_of(stuck, "bea").user)
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get(reverse("temp-reset", args=[stuck.pk, temp.pk])).status_code == 200
+    assert len(queries) == RESET_QUERIES, [q["sql"][:100] for q in queries.captured_queries]
