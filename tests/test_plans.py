@@ -838,3 +838,156 @@ def test_a_replan_does_not_keep_a_node_whose_input_comes_from_a_node_that_is_red
     new = nodes_of(task, 2)
     assert new["a"].status == NodeStatus.PENDING
     assert new["b"].status == NodeStatus.PENDING, "b must run again against a's new output"
+
+
+# --- re-plan by a person: their identity, their permission, their audit; the agent's lease checks unchanged ------
+
+
+def _operator(task: Task) -> Any:
+    from tasks.permissions import permission_grant
+    from tests.conftest import person
+
+    root = person("root", "admin")
+    ann = person("ann", "operator")
+    permission_grant(actor=root, user=ann.user, task=task)
+    return ann
+
+
+def _holding(task: Task, agent_lease: Callable[..., Lease]) -> tuple[Any, Lease]:
+    """A task that succeeded a, then paused needs_replan; ann took it over."""
+    from tasks.takeover import takeover_claim
+
+    lease = agent_lease(task)
+    run_node(task, lease, Committed(remote_id="r-a"))
+    pause_on_invalid_params(task, lease)
+    from leases.services import lease_release
+
+    lease_release(lease=lease)
+    ann = _operator(task)
+    claim = takeover_claim(actor=ann, task_id=task.pk)
+    assert claim.lease is not None
+    return ann, claim.lease
+
+
+def test_a_person_proposes_and_accepts_as_themselves_and_hands_the_task_back(
+    make_task, agent_lease, clock, django_capture_on_commit_callbacks
+) -> None:
+    from audit.models import AuditEvent
+    from leases.services import lease_open
+    from tasks.plans import plan_accept_by_person, plan_propose_by_person
+
+    task = make_task(chain_plan("a", "b"))
+    ann, _lease = _holding(task, agent_lease)
+    revision = plan_propose_by_person(
+        actor=ann,
+        task_id=task.pk,
+        plan=chain_plan("a", "b"),
+        expected_version=current(task).version,
+        reason="b's prefix was wrong: same plan, b again",
+    )
+    assert revision.proposed_by == "user:ann"
+    proposed = AuditEvent.objects.order_by("-seq").first()
+    assert proposed is not None and (proposed.action, proposed.actor_id) == ("plan_proposed", "ann")
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        after = plan_accept_by_person(actor=ann, revision_id=revision.pk, expected_version=current(task).version)
+    assert (after.status, after.plan_version) == (TaskStatus.PENDING, 2)
+    assert nodes_of(task, 2)["a"].status == NodeStatus.SUCCEEDED, "a's receipt is kept"
+    assert lease_open(task.pk) is None and len(callbacks) == 1
+    accepted = AuditEvent.objects.order_by("-seq").first()
+    assert accepted is not None and (accepted.action, accepted.actor_id) == ("plan_accepted_after_replan", "ann")
+    assert PlanRevision.objects.get(pk=revision.pk).decision_reason == "accepted by user:ann"
+
+
+def test_a_person_may_not_propose_without_holding_the_task(make_task, agent_lease, clock) -> None:
+    from tasks.permissions import PermissionDenied
+    from tasks.plans import plan_propose_by_person
+
+    task = make_task(chain_plan("a", "b"))
+    ann = _operator(task)
+    before = snapshot()
+    with pytest.raises(PermissionDenied):
+        plan_propose_by_person(
+            actor=ann,
+            task_id=task.pk,
+            plan=chain_plan("a"),
+            expected_version=current(task).version,
+            reason="a reason long enough",
+        )
+    assert snapshot() == before
+
+
+def test_an_auditor_may_not_propose_or_accept(make_task, agent_lease, clock) -> None:
+    from tasks.permissions import PermissionDenied
+    from tasks.plans import plan_accept_by_person, plan_propose_by_person
+    from tests.conftest import person
+
+    task = make_task(chain_plan("a", "b"))
+    ann, _lease = _holding(task, agent_lease)
+    revision = plan_propose_by_person(
+        actor=ann,
+        task_id=task.pk,
+        plan=chain_plan("a", "b"),
+        expected_version=current(task).version,
+        reason="a reason long enough",
+    )
+    auditor = person("aud", "auditor")
+    before = snapshot()
+    with pytest.raises(PermissionDenied):
+        plan_propose_by_person(
+            actor=auditor,
+            task_id=task.pk,
+            plan=chain_plan("a"),
+            expected_version=current(task).version,
+            reason="a reason long enough",
+        )
+    with pytest.raises(PermissionDenied):
+        plan_accept_by_person(actor=auditor, revision_id=revision.pk, expected_version=current(task).version)
+    assert snapshot() == before
+
+
+def test_a_stale_person_replan_is_refused_with_the_changes_since(make_task, agent_lease, clock) -> None:
+    from tasks.plans import plan_accept_by_person, plan_propose_by_person
+
+    task = make_task(chain_plan("a", "b"))
+    seen = current(task).version
+    ann, _lease = _holding(task, agent_lease)
+    before = snapshot()
+    with pytest.raises(VersionConflict) as caught:
+        plan_propose_by_person(
+            actor=ann, task_id=task.pk, plan=chain_plan("a"), expected_version=seen, reason="a reason long enough"
+        )
+    assert caught.value.details["changes"], "the refusal lists what changed since"
+    revision = plan_propose_by_person(
+        actor=ann,
+        task_id=task.pk,
+        plan=chain_plan("a", "b"),
+        expected_version=current(task).version,
+        reason="a reason long enough",
+    )
+    before = snapshot()
+    with pytest.raises(VersionConflict):
+        plan_accept_by_person(actor=ann, revision_id=revision.pk, expected_version=seen)
+    assert snapshot() == before
+
+
+def test_the_agent_path_keeps_its_lease_checks(make_task, agent_lease, clock) -> None:
+    """A person's path is its own: an agent still cannot propose while a person holds the task."""
+    task = make_task(chain_plan("a", "b"))
+    agent = agent_lease(task)
+    run_node(task, agent, Committed(remote_id="r-a"))
+    pause_on_invalid_params(task, agent)
+    from leases.errors import LeaseLost
+    from leases.services import lease_release
+
+    lease_release(lease=agent)
+    _holding_after_release(task)
+    before = snapshot()
+    with pytest.raises((LeaseLost, LeaseExpired, TaskNotRunnable)):
+        propose(task, agent, chain_plan("a", "b"))
+    assert snapshot() == before
+
+
+def _holding_after_release(task: Task) -> None:
+    from tasks.takeover import takeover_claim
+
+    assert takeover_claim(actor=_operator(task), task_id=task.pk).granted
