@@ -209,3 +209,14 @@ def test_access_refuses_each_persona_where_it_must(make_task, clock) -> None:
     with pytest.raises(PermissionDenied):
         access.operable_task(request_of(personas["auditor"]), task.pk)  # sees it, may not act
     assert access.operable_task(request_of(personas["admin"]), task.pk) == task
+
+
+def test_a_deactivated_account_is_logged_out_of_an_open_session(client) -> None:
+    ada = account("ada", "admin")
+    client.force_login(ada)
+    assert client.get(reverse("audit-log")).status_code == 200
+    ada.is_active = False
+    ada.save(update_fields=["is_active"])
+    response = client.get(reverse("audit-log"))
+    assert response.status_code == 302 and response["Location"].startswith(reverse("login"))
+    assert client.post(reverse("login"), {"username": "ada", "password": PASSWORD}).status_code == 200
