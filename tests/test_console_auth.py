@@ -19,6 +19,12 @@ pytestmark = pytest.mark.django_db
 PASSWORD = "correct horse battery staple"
 
 
+@pytest.fixture(autouse=True)
+def quick_hashes(settings):  # type: ignore[no-untyped-def]
+    """A cheap password hash: these tests are about the doors, not about the hash's cost."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 def account(name: str, *roles: str, superuser: bool = False) -> User:
     user = person(name, *roles, superuser=superuser).user
     user.set_password(PASSWORD)
