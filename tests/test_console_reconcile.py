@@ -431,3 +431,15 @@ def test_the_settle_and_reset_dialogs_cost_a_fixed_number_of_queries(
     with CaptureQueriesContext(connection) as queries:
         assert client.get(reverse("temp-reset", args=[stuck.pk, temp.pk])).status_code == 200
     assert len(queries) == RESET_QUERIES, [q["sql"][:100] for q in queries.captured_queries]
+
+
+def test_an_op_key_of_another_task_is_not_found_through_this_one(client, make_task, agent_lease, clock) -> None:
+    task, ann, _op = taken_over(make_task, agent_lease)
+    other = unknown_task(make_task, agent_lease)
+    foreign = Operation.objects.get(task=other, status="unknown")
+    client.force_login(ann.user)
+    before = snapshot()
+    assert client.get(reverse("operation-settle", args=[task.pk, foreign.op_key])).status_code == 404
+    assert client.post(reverse("operation-query", args=[task.pk, foreign.op_key]), {"version": 1}).status_code == 404
+    assert settle(client, task, foreign).status_code == 404
+    assert snapshot() == before
