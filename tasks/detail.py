@@ -10,6 +10,7 @@ events (tests/test_detail_reads.py pins them). Reads only: nothing here writes.
 
 import base64
 import binascii
+import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -370,7 +371,7 @@ def _audit_entry(row: AuditEvent) -> TimelineEntry:
         lines.append(f"reason: {_short(row.reason, 300)}")
     if row.impact:
         lines.append(f"impact: {_short(row.impact, 300)}")
-    lines += [f"{key}: {_short(value)}" for key, value in sorted(row.details.items())]
+    lines += [f"{key}: {_value(value, 120)}" for key, value in sorted(row.details.items())]
     return TimelineEntry("audit", row.seq, row.at, row.action, lines, actor=f"{row.actor_kind}:{row.actor_id}")
 
 
@@ -390,12 +391,23 @@ def event_summary(payload: Any) -> list[str]:
             lines.append(f"{name} {ref}: " + (_fields(fields) if isinstance(fields, dict) else _short(fields)))
     data = payload.get("data")
     if isinstance(data, dict):
-        lines += [f"{key}: {_short(value)}" for key, value in sorted(data.items())]
+        lines += [f"{key}: {_value(value, 120)}" for key, value in sorted(data.items())]
     return lines
 
 
 def _fields(fields: dict[str, Any]) -> str:
-    return ", ".join(f"{name} {_short(value, 60)}" for name, value in fields.items())
+    return ", ".join(f"{name} {_value(value, 60)}" for name, value in fields.items())
+
+
+def _value(value: Any, limit: int) -> str:
+    """A payload value in a few characters: empty as a dash, a digest by its head, JSON compact."""
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, str) and value.startswith("sha256:"):
+        return value[:19] + "…"
+    if isinstance(value, dict | list):
+        return _short(json.dumps(value, separators=(",", ":"), default=str), limit)
+    return _short(value if isinstance(value, str) else str(value), limit)
 
 
 def _encode(key: tuple[datetime, int, int]) -> str:

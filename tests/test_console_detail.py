@@ -314,7 +314,7 @@ def test_the_nodes_show_their_inputs_versions_evidence_and_failure_destinations(
     assert "count = 100" in nodes and "digest equals the input source digest" in nodes
     assert "invalid_params → fail_task" in nodes
     node = Node.objects.get(task=task)
-    assert f"<td>0 / {node.max_attempts}</td>" in nodes
+    assert f"attempts</span> 0 / {node.max_attempts}" in nodes
 
 
 # --- the timeline -------------------------------------------------------------------------------------------------
