@@ -29,10 +29,10 @@ STATUSES: dict[TaskStatus, Presentation] = {
         "backing off", "↻", "A step failed and will be retried after a pause; waiting for its retry time.", "moving"
     ),
     _S.PAUSED: Presentation(
-        "paused", "⏸", "Stopped before its next step; waiting for a person's decision.", "attention"
+        "paused", "‖", "Stopped before its next step; waiting for a person's decision.", "attention"
     ),
     _S.HUMAN: Presentation(
-        "taken over", "✋", "A person holds or last held it; waiting for their result and decision.", "attention"
+        "taken over", "☺", "A person holds or last held it; waiting for their result and decision.", "attention"
     ),
     _S.STOPPING: Presentation(
         "stopping",
@@ -68,7 +68,7 @@ PAUSE_REASONS: dict[PauseReason, Presentation] = {
     ),
     _P.PERMISSION_REVOKED: Presentation(
         "permission revoked",
-        "⛔",
+        "⊘",
         "The remote refused for lack of permission; waiting for access and a decision.",
         "attention",
     ),
@@ -76,7 +76,7 @@ PAUSE_REASONS: dict[PauseReason, Presentation] = {
         "input changed", "≠", "An input's version changed; waiting for a re-plan or an approval.", "attention"
     ),
     _P.BUDGET_EXHAUSTED: Presentation(
-        "budget exhausted", "⌛", "Its attempts are spent; waiting for a person to take it over.", "attention"
+        "budget exhausted", "◔", "Its attempts are spent; waiting for a person to take it over.", "attention"
     ),
     _P.VERSION_CONFLICT: Presentation(
         "version conflict", "⇄", "The remote's version moved under it; waiting for a person's decision.", "attention"
@@ -92,10 +92,10 @@ PAUSE_REASONS: dict[PauseReason, Presentation] = {
 _A = Attention
 ATTENTION: dict[Attention, Presentation] = {
     _A.HUMAN: Presentation(
-        "taken over", "✋", "A person holds or last held it: their result and decision are due.", "attention"
+        "taken over", "☺", "A person holds or last held it: their result and decision are due.", "attention"
     ),
     _A.PAUSED: Presentation(
-        "paused", "⏸", "It stopped before its next step and waits for a person's decision.", "attention"
+        "paused", "‖", "It stopped before its next step and waits for a person's decision.", "attention"
     ),
     _A.AWAITING_APPROVAL: Presentation(
         "awaiting approval", "☐", "Its next step is an approval: nothing runs until a person approves.", "attention"
@@ -120,13 +120,13 @@ ATTENTION: dict[Attention, Presentation] = {
     ),
     _A.BUDGET_EXHAUSTED: Presentation(
         "attempt budget exhausted",
-        "⌛",
+        "◔",
         "No attempts are left for a step or the task: a person must take over.",
         "attention",
     ),
     _A.TEMP_RESOURCE_STUCK: Presentation(
         "temp resource stuck",
-        "⧖",
+        "▣",
         "A temporary resource could not be deleted: a person must reset or remove it.",
         "attention",
     ),
