@@ -22,7 +22,7 @@ from tasks.models import Event, Operation, Task, TempResource, TempResourceStatu
 from tasks.outcomes import Committed, Failed, NotFound, Outcome
 from tasks.registry import register_kind, unregister_kind
 from tasks.takeover import takeover_claim
-from tests.conftest import chain_plan, person, snapshot
+from tests.conftest import chain_plan, effect_node, person, snapshot
 from tests.steps import record, send
 
 pytestmark = pytest.mark.django_db
@@ -443,3 +443,23 @@ def test_an_op_key_of_another_task_is_not_found_through_this_one(client, make_ta
     assert client.post(reverse("operation-query", args=[task.pk, foreign.op_key]), {"version": 1}).status_code == 404
     assert settle(client, task, foreign).status_code == 404
     assert snapshot() == before
+
+
+def test_settle_as_compensate_commits_the_effect_and_registers_its_compensation(
+    client, make_task, agent_lease, clock
+) -> None:
+    plan = {"nodes": [effect_node("a", compensation="store.restore_reference"), effect_node("b")]}
+    task = unknown_task(make_task, agent_lease, plan)
+    ann = operator_of(task)
+    assert takeover_claim(actor=ann, task_id=task.pk).granted
+    op = Operation.objects.get(task=task, status="unknown")
+    client.force_login(ann.user)
+    page = client.get(reverse("operation-settle", args=[task.pk, op.op_key]) + "?resolution=compensate").content
+    assert b"2</strong> operations written" in page and f"{op.op_key}-compensation".encode() in page
+    audits = AuditEvent.objects.count()
+    response = settle(client, Task.objects.get(pk=task.pk), op, resolution="compensate", remote_id="r-a")
+    assert response.status_code == 303, response.content.decode()[-2000:]
+    assert Operation.objects.get(pk=op.pk).status == "committed"
+    compensation = Operation.objects.get(compensates=op)
+    assert (compensation.op_key, compensation.status) == (f"{op.op_key}-compensation", "intent")
+    assert AuditEvent.objects.count() == audits + 1
