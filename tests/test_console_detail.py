@@ -176,6 +176,20 @@ def test_the_chain_check_reports_a_problem_and_writes_nothing(admin, make_task, 
     assert Task.objects.get(pk=task.pk).status != "quarantined"
 
 
+@pytest.mark.parametrize("role", ["auditor", "operator"])
+def test_whoever_may_see_the_task_may_check_its_chain_and_nothing_is_written(client, make_task, role) -> None:
+    """Checking reads: it is no action, so an auditor may ask too (an operator only for a task granted to them)."""
+    task = make_task()
+    reader = person("rita", role)
+    if role == "operator":
+        permission_grant(actor=person("ada", "admin"), user=reader.user, task=task)
+    client.force_login(reader.user)
+    before = snapshot()
+    response = client.post(reverse("task-chain-check", args=[task.pk]), headers={"HX-Request": "true"})
+    assert response.status_code == 200 and "Hash chain verified" in response.content.decode()
+    assert snapshot() == before
+
+
 def test_the_chain_check_without_htmx_renders_the_whole_page_with_the_result(admin, make_task) -> None:
     task = make_task()
     response = admin.post(reverse("task-chain-check", args=[task.pk]))
@@ -365,6 +379,16 @@ def test_the_timeline_pages_never_repeat_or_skip(admin, make_task, agent_lease, 
 # --- the lease panel ----------------------------------------------------------------------------------------------
 
 
+HTMX = {"HX-Request": "true"}
+
+
+def test_the_lease_panel_without_htmx_is_the_page_at_the_panel(admin, make_task, clock) -> None:
+    task = make_task()
+    response = admin.get(reverse("task-lease-panel", args=[task.pk]))
+    assert response.status_code == 302
+    assert response["Location"] == reverse("task-detail", args=[task.pk]) + "#lease-panel"
+
+
 def lease_panel(client: Client, task: Task, **headers: str) -> "_MonkeyPatchedWSGIResponse":
     return client.get(reverse("task-lease-panel", args=[task.pk]), headers=headers)
 
@@ -372,23 +396,24 @@ def lease_panel(client: Client, task: Task, **headers: str) -> "_MonkeyPatchedWS
 def test_expires_in_follows_the_database_clock(admin, make_task, agent_lease, clock) -> None:
     task = make_task()
     lease = agent_lease(task, ttl=timedelta(seconds=30))
-    panel = lease_panel(admin, task, **{"HX-Request": "true"}).content.decode()
+    panel = lease_panel(admin, task, **HTMX).content.decode()
     assert "Held by agent <strong>agent-1</strong>" in panel
     assert ">30 s</strong>" in panel and f"<dd>{lease.epoch}</dd>" in panel
     clock.advance(timedelta(seconds=12))
-    assert ">18 s</strong>" in lease_panel(admin, task).content.decode()
+    assert ">18 s</strong>" in lease_panel(admin, task, **HTMX).content.decode()
     clock.advance(timedelta(seconds=20))
     grace = int(settings.RECKON_LEASE_GRACE.total_seconds())
-    panel = lease_panel(admin, task).content.decode()
+    panel = lease_panel(admin, task, **HTMX).content.decode()
     assert "Expired 2 s ago, in its grace" in panel and f"for {grace - 2} s more" in panel
     clock.advance(settings.RECKON_LEASE_GRACE)
-    assert "Lapsed" in lease_panel(admin, task).content.decode()
+    assert "Lapsed" in lease_panel(admin, task, **HTMX).content.decode()
+    assert "Lapsed" in section(page(admin, task), "lease-panel")  # the page shows the same panel
 
 
 def test_the_panel_says_no_one_holds_the_task_and_who_waits(admin, make_task, clock) -> None:
     task = make_task()
     lease_reserve(task_id=task.pk, operator_id="ann")
-    panel = lease_panel(admin, task).content.decode()
+    panel = lease_panel(admin, task, **HTMX).content.decode()
     assert "No one holds this task." in panel
     assert "Operator <strong>ann</strong> waits to take over" in panel
 
@@ -442,6 +467,29 @@ def test_the_page_costs_the_same_for_10_events_as_for_100(admin, make_task, agen
         record(send(task, lease, "a"), NotFound(), lease)
     assert version(task) in (10, 100)
     assert page_queries(admin, task) == PAGE_QUERIES
+
+
+def test_on_the_database_clock_the_page_reads_the_clock_once_more(admin, make_task) -> None:
+    task = make_task()  # no test clock: leases.clock reads the database server's
+    assert page_queries(admin, task) == PAGE_QUERIES + 1
+
+
+# takeover_package: the task, its nodes, its open operations, its receipts.
+PACKAGE_QUERIES = 4
+
+
+@pytest.mark.parametrize("nodes", [3, 30])
+def test_a_page_with_the_takeover_package_costs_the_same_for_3_nodes_as_for_30(
+    admin, make_task, agent_lease, clock, nodes
+) -> None:
+    keys = [f"n{i}" for i in range(nodes)]
+    task = make_task(chain_plan(*keys), attempt_budget=100)
+    lease = agent_lease(task)
+    for key in keys[:-1]:
+        record(send(task, lease, key), Committed(remote_id=f"r-{key}"), lease)
+    record(send(task, lease, keys[-1]), interrupted(), lease)
+    lease_reserve(task_id=task.pk, operator_id="ann")  # a person waits: the package is shown
+    assert page_queries(admin, task) == PAGE_QUERIES + PACKAGE_QUERIES
 
 
 def test_a_long_log_is_not_verified_on_open_and_costs_fewer_queries(

@@ -5,9 +5,9 @@ and retained objects. Views check access and call the reads of tasks/detail.py; 
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
-from django.urls import path
+from django.urls import path, reverse
 from django.views.decorators.http import require_POST, require_safe
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import HttpResponseStopPolling
@@ -55,7 +55,7 @@ def task_lease_panel(request: HttpRequest, task_id: int) -> HttpResponse:
     terminal = is_terminal(task)
     context = {"task": task, "lease": lease_view(task), "terminal": terminal, "poll_seconds": LEASE_POLL_SECONDS}
     if not request.headers.get("HX-Request"):
-        return render(request, f"{TEMPLATE}#lease-panel", context)
+        return redirect(reverse("task-detail", args=[task.pk]) + "#lease-panel")
     html = render_to_string(f"{TEMPLATE}#lease-panel", context, request=request)
     return HttpResponseStopPolling(html) if terminal else HttpResponse(html)
 
