@@ -145,7 +145,7 @@ def test_an_unknown_outcome_shows_stopped_with_pending_reconciliation(client, ma
     panel = status_panel(client, task)
     html = panel.content.decode()
     assert panel.status_code == 200
-    assert "Stopped, reconciliation pending" in html and "1 operation of unknown outcome" in html and op.op_key in html
+    assert "Stopped, to reconcile" in html and "1 operation of unknown outcome" in html and op.op_key in html
 
 
 def test_without_htmx_the_status_link_serves_the_whole_page(client, make_task, clock) -> None:

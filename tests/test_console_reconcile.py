@@ -180,7 +180,7 @@ def test_the_page_lists_unprovable_and_unknown_operations_first_and_stuck_temps(
     html = client.get(reverse("task-actions", args=[task.pk])).content.decode()
     assert op.op_key in html
     assert "Query the remote now" in html
-    assert "With a person" in html
+    assert "Taken over" in html
     assert "that is you" in html
 
 

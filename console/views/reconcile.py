@@ -19,6 +19,7 @@ from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 from django_htmx.http import HttpResponseStopPolling
 
+from console import present
 from console.access import operable_task, principal, require_admin_role, viewable_task
 from console.errors import message_for
 from console.forms.reconcile import (
@@ -93,38 +94,22 @@ class Shown:
     waits: str
 
 
-_SHOWN = {
-    TaskStatus.PENDING: ("○", "Pending", "Waiting for a worker to pick it up."),
-    TaskStatus.RUNNING: ("▶", "Running", "An agent is advancing it."),
-    TaskStatus.OBSERVING: ("◔", "Observing", "A remote operation was accepted and is still running."),
-    TaskStatus.BACKING_OFF: ("⏳", "Backing off", "A remote refused for now; it tries again later."),
-    TaskStatus.PAUSED: ("⏸", "Paused", "Waiting for a person."),
-    TaskStatus.HUMAN: ("👤", "With a person", "A person holds, or last held, the takeover."),
-    TaskStatus.COMPLETED: ("✔", "Completed", "Every node succeeded with its receipt."),
-    TaskStatus.FAILED: ("✖", "Failed", "It ended without completing."),
-    TaskStatus.QUARANTINED: ("☣", "Quarantined", "Its record cannot be trusted: nothing moves it."),
-}
-
-
 def shown_status(task: Task) -> Shown:
-    """Stopping, stopped with pending reconciliation and stopped each say what they wait for, counted now."""
-    status = TaskStatus(task.status)
-    if status == TaskStatus.STOPPING:
+    """The task's status as console/present.py shows it everywhere; stopping and stopped with pending
+    reconciliation also say what they wait for, counted now."""
+    presented = present.status(task.status)
+    waits = task.status_detail or presented.meaning
+    if task.status == TaskStatus.STOPPING:
         c = consequences.cancel_counts(task)
         waits = f"Cancel recorded; nothing new starts. Waiting for {plural(c.in_flight, 'operation')} in flight"
-        return Shown("◐", "Stopping", f"{waits}: {', '.join(c.in_flight_keys)}." if c.in_flight else waits + ".")
-    if status == TaskStatus.STOPPED_PENDING:
+        waits = f"{waits}: {', '.join(c.in_flight_keys)}." if c.in_flight else waits + "."
+    elif task.status == TaskStatus.STOPPED_PENDING:
         c = consequences.cancel_counts(task)
-        return Shown(
-            "◑",
-            "Stopped, reconciliation pending",
+        waits = (
             f"Nothing runs. {plural(c.unknown, 'operation')} of unknown outcome to reconcile by op key: "
-            f"{', '.join(c.in_flight_keys)}.",
+            f"{', '.join(c.in_flight_keys)}."
         )
-    if status == TaskStatus.STOPPED:
-        return Shown("■", "Stopped", "Cancelled; every operation settled. Temp resources are cleaned up.")
-    icon, label, waits = _SHOWN[status]
-    return Shown(icon, label, task.status_detail or waits)
+    return Shown(presented.icon, presented.label, waits)
 
 
 def _actions_context(request: HttpRequest, task: Task, **extra: Any) -> dict[str, Any]:
