@@ -90,16 +90,20 @@ class PersonRoles:
     scopes: list[ScopeGrant]
 
 
-def people_with_roles() -> list[PersonRoles]:
-    """Every account with its Reckon roles and scope grants, by user name: three queries, whatever the count.
-    django-guardian's stand-in for anonymous visitors is no account a person uses, and is left out."""
+def people_with_roles(*, name: str = "", limit: int = 200) -> tuple[list[PersonRoles], bool]:
+    """Accounts whose user name contains ``name`` (all when empty), by user name, at most ``limit``, with their
+    Reckon roles and scope grants — three queries, whatever the count — and whether more matched. django-guardian's
+    stand-in for anonymous visitors is no account a person uses, and is left out."""
     users = User.objects.exclude(username=guardian_settings.ANONYMOUS_USER_NAME).order_by("username")
+    if name:
+        users = users.filter(username__icontains=name)
     users = users.prefetch_related(
         Prefetch("groups", queryset=Group.objects.filter(name__in=ROLES), to_attr="reckon_roles"),
         Prefetch("reckon_scope_grants", queryset=ScopeGrant.objects.order_by("project", "kind"), to_attr="scopes"),
     )
+    found = list(users[: limit + 1])
     rows = []
-    for user in users:
+    for user in found[:limit]:
         held = {group.name for group in user.reckon_roles}
         rows.append(PersonRoles(user, [role for role in ROLES if role in held], user.scopes))
-    return rows
+    return rows, len(found) > limit

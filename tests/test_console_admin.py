@@ -199,6 +199,16 @@ def test_the_roles_page_lists_accounts_roles_grants_and_flags(people, clock) -> 
     assert "superuser" in sue and "no role (cannot use the console)" in sue
 
 
+def test_the_roles_page_finds_accounts_by_name_and_says_when_it_shows_only_the_first(people, clock, monkeypatch):
+    monkeypatch.setattr(views, "PEOPLE_SHOWN", 2)
+    admin = logged_in(people["admin"])
+    html = admin.get(reverse("roles")).content.decode()
+    assert html.count('<th scope="row">') == 2 and "Only the first 2 accounts are listed" in html
+    found = admin.get(reverse("roles"), {"name": "OLG"}).content.decode()
+    assert re.findall(r'<th scope="row">(\w+)', found) == ["olga"] and "Only the first" not in found
+    assert "No account matches “zzz”" in admin.get(reverse("roles"), {"name": "zzz"}).content.decode()
+
+
 ROLES_QUERIES = 6  # session, user, roles, accounts, their roles, their scope grants
 
 

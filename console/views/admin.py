@@ -29,6 +29,7 @@ from tasks.oversight import (
 from tasks.permissions import ADMIN, permission_grant, permission_revoke, role_grant, role_revoke
 
 AUDIT_PAGE_SIZE = 50
+PEOPLE_SHOWN = 200
 RECENT_REVIEWS = 20
 CSV_COLUMNS = ("seq", "at", "actor", "action", "task", "lease_epoch", "version_before", "version_after", "reason",
                "impact", "details", "digest")  # fmt: skip
@@ -40,8 +41,13 @@ CSV_COLUMNS = ("seq", "at", "actor", "action", "task", "lease_epoch", "version_b
 @require_safe
 def roles(request: HttpRequest) -> HttpResponse:
     require_admin_role(request)
+    name = request.GET.get("name", "").strip()[:150]
+    people, more = people_with_roles(name=name, limit=PEOPLE_SHOWN)
     context = {
-        "people": people_with_roles(),
+        "people": people,
+        "more": more,
+        "name": name,
+        "shown": PEOPLE_SHOWN,
         "role_form": RoleForm(),
         "scope_form": ScopeForm(),
     }
