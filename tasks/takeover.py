@@ -30,6 +30,7 @@ from leases.errors import LeaseHeld, LeaseLost, LeaseReserved
 from leases.models import HolderKind, Lease
 from leases.services import (
     lease_acquire,
+    lease_grace,
     lease_open,
     lease_release,
     lease_renew,
@@ -575,6 +576,21 @@ class TakeoverState:
         return max(1, self.ttl_seconds // 3)
 
     @property
+    def renew_in(self) -> int:
+        """Seconds until the page's next renewal: every third of the ttl, sooner when the lease has less left (a
+        page opened late in a lease renews before it lapses)."""
+        left = self.seconds_left
+        if left is None:
+            return self.renew_every
+        return max(1, min(self.renew_every, left // 2))
+
+    @property
+    def lapsed(self) -> bool:
+        """Past expiry and grace: it cannot be renewed; the next claim closes it and grants a new epoch."""
+        left = self.seconds_left
+        return left is not None and left <= -int(lease_grace().total_seconds())
+
+    @property
     def expiring(self) -> bool:
         left = self.seconds_left
         return left is not None and left <= self.renew_every
@@ -582,7 +598,7 @@ class TakeoverState:
     @property
     def in_grace(self) -> bool:
         left = self.seconds_left
-        return left is not None and left <= 0
+        return left is not None and left <= 0 and not self.lapsed
 
 
 def takeover_state(*, actor: Principal, task: Task) -> TakeoverState:

@@ -248,6 +248,23 @@ def test_the_page_warns_before_the_lease_expires(browser, task, ann, clock) -> N
     assert 'data-seconds="20"' in html
     warning = re.search(r"<p class=\"warning\"[^>]*data-expiry-warning[^>]*>", html)
     assert warning is not None and "hidden" not in warning.group(0)
+    assert "load delay:10s" in html, "a page opened late in the lease renews before it lapses"
+
+
+def test_a_lease_in_its_grace_says_so_and_a_lapsed_one_offers_to_take_over_again(browser, task, ann, clock) -> None:
+    lease = held(ann, task)
+    clock.advance(timedelta(seconds=125))
+    html = text(browser.get(url("takeover", task)))
+    assert "Expired 5 s ago, in its grace" in html
+    renewed = browser.post(url("takeover-renew", task), {"epoch": lease.epoch, "renewal_seq": 0})
+    assert renewed.status_code == 200, "a renewal is accepted inside the grace"
+    clock.advance(timedelta(seconds=140))
+    html = text(browser.get(url("takeover", task)))
+    assert "lapsed" in html and "Take over again" in html and "load delay" not in html
+    before = snapshot()
+    refused = browser.post(url("takeover-renew", task), {"epoch": lease.epoch, "renewal_seq": 1})
+    assert refused.status_code == 409 and SENTENCES["lease_expired"] in text(refused)
+    assert snapshot() == before
 
 
 def test_release_with_a_reason_is_audited(browser, task, ann, clock) -> None:
