@@ -79,6 +79,13 @@ class NodeRow:
     def satisfied(self) -> bool:
         return self.receipt is not None and not self.receipt_problems and self.node.status == NodeStatus.SUCCEEDED
 
+    @property
+    def receipt_fields(self) -> list[tuple[str, Any]]:
+        """The receipt's fields as the log records them (tasks.receipts.receipt_summary), the empty ones left out."""
+        if self.receipt is None:
+            return []
+        return [(name, value) for name, value in receipt_summary(self.receipt).items() if value not in (None, "")]
+
 
 @dataclass(frozen=True)
 class OperationRow:

@@ -503,3 +503,19 @@ def test_a_long_log_is_not_verified_on_open_and_costs_fewer_queries(
     html = page(admin, task)
     assert "Hash chain not checked on open: this log has 10 events." in html
     assert page_queries(admin, task) < PAGE_QUERIES
+
+
+def test_a_receipt_short_of_the_evidence_says_what_it_lacks(admin, make_task, agent_lease, clock) -> None:
+    from tests.conftest import copy_node
+
+    task = make_task({"nodes": [copy_node()]})
+    lease = agent_lease(task)
+    record(
+        send(task, lease, "copy"),
+        Committed(remote_id="r-1", count=99, digest="sha256:" + "ab" * 32, remote_version="7"),
+        lease,
+    )
+    nodes = section(page(admin, task), "nodes")
+    assert "does not satisfy it: receipt count is 99, the node expects 100" in nodes
+    assert "<dt>count</dt><dd><code>99</code></dd>" in nodes
+    assert "satisfies the evidence spec" not in nodes

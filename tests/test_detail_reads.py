@@ -106,6 +106,12 @@ def test_a_receipt_short_of_the_evidence_is_shown_with_what_it_lacks(make_task, 
     assert row.receipt is not None and row.receipt_op_key == op.op_key
     assert not row.satisfied
     assert row.receipt_problems == ["receipt count is 99, the node expects 100"]
+    assert row.receipt_fields == [
+        ("remote_id", "r-1"),
+        ("remote_version", "7"),
+        ("count", 99),
+        ("digest", "sha256:" + "ab" * 32),
+    ]
     assert [line.version for line in row.inputs if line.kind == "ref"] == ["7"]
 
 
