@@ -258,8 +258,9 @@ def test_an_htmx_refresh_gets_only_the_rows(admin, mixed, url_name) -> None:
     assert "HX-Request" in admin.get(reverse(url_name))["Vary"]
 
 
-def test_a_history_restore_gets_the_whole_page(admin, mixed) -> None:
-    response = admin.get(reverse("task-list"), headers={"HX-Request": "true", "HX-History-Restore-Request": "true"})
+@pytest.mark.parametrize("header", ["HX-History-Restore-Request", "HX-Boosted"])
+def test_a_history_restore_or_a_boosted_link_gets_the_whole_page(admin, mixed, header) -> None:
+    response = admin.get(reverse("task-list"), headers={"HX-Request": "true", header: "true"})
     assert "<html" in response.content.decode()
 
 

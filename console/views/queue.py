@@ -111,7 +111,8 @@ def _queue(request: HttpRequest, queue: Queue) -> HttpResponse:
 
 def _wants_rows(request: HttpRequest) -> bool:
     htmx: Any = getattr(request, "htmx", None)
-    return bool(htmx) and not htmx.history_restore_request
+    # A boosted link or a history restore swaps the whole page in: it gets the whole page.
+    return bool(htmx) and not htmx.history_restore_request and not htmx.boosted
 
 
 def _render(
