@@ -15,9 +15,12 @@ import secrets
 from typing import Any
 
 from django.contrib.auth.models import Group, User
+from django.contrib.auth.validators import UnicodeUsernameValidator
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import CharField, Exists, OuterRef, Q
 from django.db.models.functions import Cast
+from guardian.conf import settings as guardian_settings
 from guardian.models import GroupObjectPermission, UserObjectPermission
 from guardian.shortcuts import assign_perm, remove_perm
 
@@ -31,6 +34,7 @@ OPERATOR, ADMIN, AUDITOR = "operator", "admin", "auditor"
 ROLES = (OPERATOR, ADMIN, AUDITOR)
 OPERATE = "tasks.operate_task"
 _ROLE_CACHE = "_reckon_roles"
+USERNAME_MAX = 150  # django.contrib.auth's User.username
 
 
 class PermissionDenied(TaskError):
@@ -248,6 +252,7 @@ def role_grant(*, actor: Principal, user: User, role: str) -> User:
     already holds, or to a deactivated account, is refused and writes nothing."""
     require_admin(actor, "grant roles")
     _check_role(role)
+    _check_username(user.get_username())
     if not user.is_active:
         raise RoleRefused(f"{user.get_username()} is deactivated: reactivate the account first")
     with transaction.atomic():
@@ -277,6 +282,53 @@ def role_revoke(*, actor: Principal, user: User, role: str) -> User:
         )
     forget_roles(user)
     return user
+
+
+def account_create(*, actor: Principal, username: str, role: str) -> tuple[User, str]:
+    """An admin opens an account for a person, in one role, with a generated password (returned once, to be handed
+    over and changed by its owner). Audited: ``account_created`` and ``role_granted``, in one transaction."""
+    require_admin(actor, "create accounts")
+    _check_role(role)
+    _check_username(username)
+    with transaction.atomic():
+        if User.objects.filter(username=username).exists():
+            raise RoleRefused(f"there is already an account named {username}")
+        password = secrets.token_urlsafe(18)
+        user = User.objects.create_user(username, password=password)
+        audit_append(actor=actor, action="account_created", at=clock.now(), details={"user": username})
+        _grant(actor=actor, user=user, role=role, details={})
+    return user, password
+
+
+def account_password_reset(*, actor: Principal, user: User) -> str:
+    """An admin gives a person who lost their password a new generated one (returned once); every session of that
+    account ends. Audited (``password_reset``). Not for the admin's own account (the Password page is), nor for
+    another admin's: that would let one admin act as another (and review their own forced release)."""
+    require_admin(actor, "reset passwords")
+    if actor.user is not None and actor.user.pk == user.pk:
+        raise RoleRefused("change your own password on the Password page")
+    if user.groups.filter(name=ADMIN).exists():
+        raise RoleRefused(
+            f"{user.get_username()} is an admin: an admin changes their own password (or, locked out, from the "
+            "command line: manage.py changepassword)"
+        )
+    password = secrets.token_urlsafe(18)
+    with transaction.atomic():
+        user.set_password(password)
+        user.save(update_fields=["password"])
+        audit_append(actor=actor, action="password_reset", at=clock.now(), details={"user": user.get_username()})
+    return password
+
+
+def _check_username(username: str) -> None:
+    if username == guardian_settings.ANONYMOUS_USER_NAME:
+        raise RoleRefused(f"{username} is reserved for anonymous visitors")
+    try:
+        UnicodeUsernameValidator()(username)
+    except ValidationError as error:
+        raise RoleRefused(f"{username!r} is not a valid user name: {' '.join(error.messages)}") from None
+    if not username or len(username) > USERNAME_MAX:
+        raise RoleRefused("a user name has 1 to 150 characters")
 
 
 BOOTSTRAP = Principal.system("create_admin")

@@ -27,6 +27,8 @@ from tasks.permissions import (
     GrantRefused,
     PermissionDenied,
     RoleRefused,
+    account_create,
+    account_password_reset,
     admin_bootstrap,
     can_view,
     has_role,
@@ -395,6 +397,22 @@ def test_the_create_admin_command_prints_a_password_and_refuses_an_existing_user
     with pytest.raises(CommandError, match="--existing"):
         call_command("create_admin", "first", stdout=io.StringIO())
     assert AuditEvent.objects.count() == 1
+
+
+def test_only_an_admin_opens_accounts_and_resets_passwords(clock, root, ann) -> None:
+    carol = person("carol", "auditor")
+    for actor in (ann, carol, person("sue", superuser=True), Principal.system("scheduler")):
+        role_refused(partial(account_create, actor=actor, username="newbie", role=OPERATOR), PermissionDenied)
+        role_refused(partial(account_password_reset, actor=actor, user=carol.user), PermissionDenied)
+    role_refused(lambda: account_create(actor=root, username="newbie", role="root"))
+    role_refused(lambda: account_create(actor=root, username="x" * 151, role=OPERATOR))
+    role_refused(lambda: account_password_reset(actor=root, user=root.user))
+    max_ = person("max", "admin")
+    role_refused(lambda: account_password_reset(actor=root, user=max_.user))
+    user, password = account_create(actor=root, username="newbie", role=AUDITOR)
+    assert user.check_password(password)
+    assert account_password_reset(actor=root, user=user) != password
+    assert [row[2] for row in audit_rows()] == ["account_created", "role_granted", "password_reset"]
 
 
 def test_a_scope_grant_given_twice_or_revoked_when_absent_is_refused(make_task, clock, root, ann) -> None:

@@ -70,6 +70,11 @@ class RoleForm(forms.Form):
     role = forms.ChoiceField(choices=ROLE_CHOICES)
 
 
+class AccountForm(forms.Form):
+    username = forms.CharField(label="User name", max_length=150)
+    role = forms.ChoiceField(choices=ROLE_CHOICES)
+
+
 class ScopeForm(forms.Form):
     username = UserField(label="User name", widget=forms.TextInput)
     project = forms.CharField(max_length=100, initial="*", help_text="a project, or * for every project")

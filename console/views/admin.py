@@ -6,18 +6,19 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.contrib import messages
+from django.contrib.auth.models import User
 from django.forms import Form
-from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path
-from django.utils.cache import patch_vary_headers
+from django.utils.cache import add_never_cache_headers, patch_vary_headers
 from django.views.decorators.http import require_POST, require_safe
 
 from audit.models import AuditEvent
 from audit.queries import AuditFilter, audit_export, audit_page, latest_verification
 from console.access import request_roles, require_admin_role, require_audit_reader
 from console.errors import message_for
-from console.forms.admin import KNOWN_ACTIONS, AuditFilterForm, ReviewForm, RoleForm, ScopeForm
+from console.forms.admin import KNOWN_ACTIONS, AccountForm, AuditFilterForm, ReviewForm, RoleForm, ScopeForm
 from tasks.errors import TaskError
 from tasks.forced_release import forced_release_review
 from tasks.oversight import (
@@ -26,7 +27,15 @@ from tasks.oversight import (
     logs_verify,
     people_with_roles,
 )
-from tasks.permissions import ADMIN, permission_grant, permission_revoke, role_grant, role_revoke
+from tasks.permissions import (
+    ADMIN,
+    account_create,
+    account_password_reset,
+    permission_grant,
+    permission_revoke,
+    role_grant,
+    role_revoke,
+)
 
 AUDIT_PAGE_SIZE = 50
 PEOPLE_SHOWN = 200
@@ -49,6 +58,7 @@ def roles(request: HttpRequest) -> HttpResponse:
         "name": name,
         "shown": PEOPLE_SHOWN,
         "role_form": RoleForm(),
+        "account_form": AccountForm(),
         "scope_form": ScopeForm(),
     }
     return render(request, "console/admin/roles.html", context)
@@ -100,6 +110,44 @@ def scope_revoke_view(request: HttpRequest) -> HttpResponse:
             f"{user.get_username()} no longer operates tasks of project {project}, kind {kind}.",
         )
     return redirect("roles")
+
+
+@require_POST
+def account_create_view(request: HttpRequest) -> HttpResponse:
+    who = require_admin_role(request)
+    form = AccountForm(request.POST)
+    if not _valid(request, form):
+        return redirect("roles")
+    username, role = form.cleaned_data["username"].strip(), form.cleaned_data["role"]
+    try:
+        user, password = account_create(actor=who, username=username, role=role)
+    except TaskError as error:
+        messages.error(request, message_for(error))
+        return redirect("roles")
+    return _password_shown(request, user, password, f"The account {username} was created, as {role}.")
+
+
+@require_POST
+def password_reset_view(request: HttpRequest, user_id: int) -> HttpResponse:
+    who = require_admin_role(request)
+    user = User.objects.filter(pk=user_id).first()
+    if user is None:
+        raise Http404("No such account.")
+    try:
+        password = account_password_reset(actor=who, user=user)
+    except TaskError as error:
+        messages.error(request, message_for(error))
+        return redirect("roles")
+    return _password_shown(request, user, password, f"{user.get_username()} has a new password.")
+
+
+def _password_shown(request: HttpRequest, user: User, password: str, done: str) -> HttpResponse:
+    """The generated password, shown once on this answer (never put in a message or a session), never cached."""
+    response = render(
+        request, "console/admin/password_shown.html", {"account": user, "password": password, "done": done}
+    )
+    add_never_cache_headers(response)
+    return response
 
 
 # --- forced releases --------------------------------------------------------------------------------------------
@@ -244,6 +292,8 @@ urlpatterns = [
     path("roles/", roles, name="roles"),
     path("roles/grant/", role_grant_view, name="role-grant"),
     path("roles/revoke/", role_revoke_view, name="role-revoke"),
+    path("roles/accounts/", account_create_view, name="account-create"),
+    path("roles/accounts/<int:user_id>/password/", password_reset_view, name="password-reset"),
     path("roles/scopes/grant/", scope_grant_view, name="scope-grant"),
     path("roles/scopes/revoke/", scope_revoke_view, name="scope-revoke"),
     path("reviews/", reviews, name="reviews"),
