@@ -22,6 +22,7 @@ from leases.services import lease_grace
 from tasks.errors import TaskError
 from tasks.evidence import evidence_problems
 from tasks.lifecycle import (
+    NOT_ENDED,
     TERMINAL_TASK_STATUSES,
     NodeStatus,
     OperationStatus,
@@ -152,6 +153,11 @@ def task_detail(task: Task) -> TaskDetail:
         waiting=_waiting(node_rows, op_rows, temps),
         terminal=is_terminal(task),
     )
+
+
+def takeover_possible(task: Task) -> bool:
+    """tasks.takeover.takeover_claim refuses an ended or quarantined task: the page offers no takeover then."""
+    return TaskStatus(task.status) in NOT_ENDED
 
 
 def is_terminal(task: Task) -> bool:

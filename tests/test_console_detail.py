@@ -128,6 +128,20 @@ def test_an_operator_granted_the_task_sees_it_and_its_action_links(client, make_
     assert "Take over…" in html and "Cancel, reconcile…" in html
 
 
+@pytest.mark.parametrize("ended", ["completed", "quarantined"])
+def test_an_ended_or_quarantined_task_offers_no_takeover(admin, make_task, agent_lease, clock, ended) -> None:
+    task = make_task(chain_plan("a"))
+    if ended == "completed":
+        lease = agent_lease(task)
+        record(send(task, lease, "a"), Committed(remote_id="r-a"), lease)
+    else:
+        task_quarantine(task_id=task.pk, expected_version=version(task), reason="broken chain")
+    assert Task.objects.get(pk=task.pk).status == ended
+    with override_settings(ROOT_URLCONF=__name__):
+        html = page(admin, task)
+    assert "Take over…" not in html and "Cancel, reconcile…" in html
+
+
 def test_an_auditor_sees_the_task_but_no_action_link(client, make_task) -> None:
     task = make_task(title="migrate acme")
     client.force_login(person("aud", "auditor").user)

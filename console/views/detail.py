@@ -20,6 +20,7 @@ from tasks.detail import (
     is_terminal,
     lease_view,
     shows_takeover_package,
+    takeover_possible,
     task_detail,
     timeline_page,
 )
@@ -77,6 +78,7 @@ def task_chain_check(request: HttpRequest, task_id: int) -> HttpResponse:
 def _page_context(request: HttpRequest, task: Task) -> dict[str, Any]:
     detail = task_detail(task)
     lease = lease_view(task)
+    may_operate = can_operate(principal(request), task)
     return {
         "task": task,
         "detail": detail,
@@ -85,7 +87,8 @@ def _page_context(request: HttpRequest, task: Task) -> dict[str, Any]:
         "check": chain_check(task),
         "package": takeover_package(task.pk) if shows_takeover_package(task, lease) else None,
         "retained": list(RetainedObject.objects.filter(task=task).order_by("name", "version")),
-        "may_operate": can_operate(principal(request), task),
+        "may_operate": may_operate,
+        "may_take_over": may_operate and takeover_possible(task),
         "poll_seconds": LEASE_POLL_SECONDS,
     }
 
