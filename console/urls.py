@@ -10,5 +10,7 @@ urlpatterns = [
     path("", include("console.views.takeover")),
     path("", include("console.views.reconcile")),
     path("", include("console.views.admin")),
+    path("", include("console.views.bulk")),
+    path("", include("console.views.notes")),
     path("admin/", admin.site.urls),
 ]
