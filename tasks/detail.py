@@ -32,6 +32,7 @@ from tasks.lifecycle import (
 from tasks.models import Event, Node, Operation, OperationPurpose, Receipt, Task, TempResource, TempResourceStatus
 from tasks.querysets import UNPROVABLE
 from tasks.receipts import receipt_summary
+from tasks.takeover import takeover_package
 from tasks.verification import task_verify_log
 
 # Above this many events the page does not verify the chain on open (task_verify_log reads the whole log five
@@ -468,3 +469,31 @@ def shows_takeover_package(task: Task, lease: LeaseView) -> bool:
     operations to reconcile, or a person waiting to take it over."""
     waits_for_a_person = {TaskStatus.HUMAN, TaskStatus.PAUSED, TaskStatus.STOPPED_PENDING}
     return TaskStatus(task.status) in waits_for_a_person or lease.reservation is not None
+
+
+# --- the whole page ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DetailPage:
+    """Everything the detail page shows of a task but its timeline (paged on its own) and its retained objects
+    (the retention app sits above tasks)."""
+
+    detail: TaskDetail
+    lease: LeaseView
+    check: ChainCheck
+    package: dict[str, Any] | None
+    takeover_possible: bool
+
+
+def detail_page(task: Task, *, force_check: bool = False) -> DetailPage:
+    """task_detail, lease_view, chain_check and, when a person is needed, the takeover package: a fixed number of
+    queries (tests/test_console_detail.py pins the page's)."""
+    lease = lease_view(task)
+    return DetailPage(
+        detail=task_detail(task),
+        lease=lease,
+        check=chain_check(task, force=force_check),
+        package=takeover_package(task.pk) if shows_takeover_package(task, lease) else None,
+        takeover_possible=takeover_possible(task),
+    )

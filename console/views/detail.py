@@ -14,19 +14,9 @@ from django_htmx.http import HttpResponseStopPolling
 
 from console.access import principal, viewable_task
 from retention.models import RetainedObject
-from tasks.detail import (
-    InvalidTimelineCursor,
-    chain_check,
-    is_terminal,
-    lease_view,
-    shows_takeover_package,
-    takeover_possible,
-    task_detail,
-    timeline_page,
-)
+from tasks.detail import InvalidTimelineCursor, chain_check, detail_page, is_terminal, lease_view, timeline_page
 from tasks.models import Task
 from tasks.permissions import can_operate
-from tasks.takeover import takeover_package
 
 TEMPLATE = "console/task_detail.html"
 TIMELINE_PAGE_SIZE = 25
@@ -67,30 +57,34 @@ def task_chain_check(request: HttpRequest, task_id: int) -> HttpResponse:
     """Verify the task's hash chain now, however long its log (read only: a problem found here is shown, not
     acted on — the verify_log job quarantines). Any user who may see the task may ask."""
     task = viewable_task(request, task_id)
-    check = chain_check(task, force=True)
     if request.headers.get("HX-Request"):
-        return render(request, f"{TEMPLATE}#chain-check", {"task": task, "check": check})
+        return render(request, f"{TEMPLATE}#chain-check", {"task": task, "check": chain_check(task, force=True)})
     timeline, older = timeline_page(task, before=None, size=TIMELINE_PAGE_SIZE)
     context = {"timeline": timeline, "older": older, "paged": False}
-    return render(request, TEMPLATE, _page_context(request, task) | context | {"check": check})
+    return render(request, TEMPLATE, _page_context(request, task, force_check=True) | context)
 
 
-def _page_context(request: HttpRequest, task: Task) -> dict[str, Any]:
-    detail = task_detail(task)
-    lease = lease_view(task)
+def _page_context(request: HttpRequest, task: Task, *, force_check: bool = False) -> dict[str, Any]:
+    shown = detail_page(task, force_check=force_check)
     may_operate = can_operate(principal(request), task)
     return {
         "task": task,
-        "detail": detail,
-        "lease": lease,
-        "terminal": detail.terminal,
-        "check": chain_check(task),
-        "package": takeover_package(task.pk) if shows_takeover_package(task, lease) else None,
-        "retained": list(RetainedObject.objects.filter(task=task).order_by("name", "version")),
+        "detail": shown.detail,
+        "lease": shown.lease,
+        "terminal": shown.detail.terminal,
+        "check": shown.check,
+        "package": shown.package,
+        "retained": retained_objects(task),
         "may_operate": may_operate,
-        "may_take_over": may_operate and takeover_possible(task),
+        "may_take_over": may_operate and shown.takeover_possible,
         "poll_seconds": LEASE_POLL_SECONDS,
     }
+
+
+def retained_objects(task: Task) -> list[RetainedObject]:
+    """The task's retained objects, every version, purged ones too (their rows stay as the record). Read here:
+    tasks/detail.py may not import retention, which sits above it."""
+    return list(RetainedObject.objects.filter(task=task).order_by("name", "version"))
 
 
 urlpatterns = [
