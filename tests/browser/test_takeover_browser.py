@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from django.urls import reverse
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Page, ViewportSize, expect
 
 from leases.models import Lease
 from leases.services import lease_open, lease_release
@@ -20,7 +20,7 @@ from tests.conftest import SOURCE_REF, copy_node, effect_node, person
 
 pytestmark = pytest.mark.browser
 
-NARROW = {"width": 390, "height": 844}
+NARROW: ViewportSize = {"width": 390, "height": 844}
 
 
 def approval(key: str) -> dict[str, Any]:
