@@ -7,6 +7,7 @@ from django.contrib.auth.models import Group, User
 from django.db import transaction
 from django.db.models import Prefetch, QuerySet
 from guardian.conf import settings as guardian_settings
+from guardian.models import UserObjectPermission
 
 from audit.models import VerificationRun
 from audit.principals import Principal
@@ -14,7 +15,7 @@ from audit.services import audit_append, verify_audit
 from leases import clock
 from leases.models import ForcedRelease, ReviewStatus
 from tasks.models import ScopeGrant, Task
-from tasks.permissions import ROLES, require_admin
+from tasks.permissions import ROLES, require_admin, task_grants_condition
 from tasks.verification import missing_event_triggers, task_verify_log
 
 MAX_LISTED_PROBLEMS = 50  # problems kept on the run's row; the count is always complete
@@ -88,22 +89,29 @@ class PersonRoles:
     user: User
     roles: list[str]
     scopes: list[ScopeGrant]
+    tasks: list[int]  # the single tasks granted (django-guardian object permissions to the user)
 
 
 def people_with_roles(*, name: str = "", limit: int = 200) -> tuple[list[PersonRoles], bool]:
     """Accounts whose user name contains ``name`` (all when empty), by user name, at most ``limit``, with their
-    Reckon roles and scope grants — three queries, whatever the count — and whether more matched. django-guardian's
-    stand-in for anonymous visitors is no account a person uses, and is left out."""
+    Reckon roles, scope grants and single-task grants — four queries, whatever the count — and whether more
+    matched. django-guardian's stand-in for anonymous visitors is no account a person uses, and is left out."""
     users = User.objects.exclude(username=guardian_settings.ANONYMOUS_USER_NAME).order_by("username")
     if name:
         users = users.filter(username__icontains=name)
     users = users.prefetch_related(
         Prefetch("groups", queryset=Group.objects.filter(name__in=ROLES), to_attr="reckon_roles"),
         Prefetch("reckon_scope_grants", queryset=ScopeGrant.objects.order_by("project", "kind"), to_attr="scopes"),
+        Prefetch(
+            "userobjectpermission_set",
+            queryset=UserObjectPermission.objects.filter(**task_grants_condition()).only("user_id", "object_pk"),
+            to_attr="task_grants",
+        ),
     )
     found = list(users[: limit + 1])
     rows = []
     for user in found[:limit]:
         held = {group.name for group in user.reckon_roles}
-        rows.append(PersonRoles(user, [role for role in ROLES if role in held], user.scopes))
+        tasks = sorted(int(grant.object_pk) for grant in user.task_grants)
+        rows.append(PersonRoles(user, [role for role in ROLES if role in held], user.scopes, tasks))
     return rows, len(found) > limit

@@ -18,7 +18,7 @@ from django.contrib.auth.models import Group, User
 from django.contrib.auth.validators import UnicodeUsernameValidator
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import CharField, Exists, OuterRef, Q
+from django.db.models import CharField, Exists, OuterRef, Q, QuerySet
 from django.db.models.functions import Cast
 from guardian.conf import settings as guardian_settings
 from guardian.models import GroupObjectPermission, UserObjectPermission
@@ -195,6 +195,8 @@ def permission_grant(
     with transaction.atomic():
         now = clock.now()
         if task is not None:
+            if _task_grants(user, task).exists():
+                raise GrantRefused(f"{user.get_username()} already operates task {task.pk}")
             assign_perm(OPERATE, user, task)
         elif ScopeGrant.objects.filter(user=user, project=project, kind=kind).exists():
             raise GrantRefused(f"{user.get_username()} already operates project {project}, kind {kind}")
@@ -223,6 +225,8 @@ def permission_revoke(
     with transaction.atomic():
         now = clock.now()
         if task is not None:
+            if not _task_grants(user, task).exists():
+                raise GrantRefused(f"{user.get_username()} has no grant on task {task.pk}")
             remove_perm(OPERATE, user, task)
         else:
             removed, _ = ScopeGrant.objects.filter(user=user, project=project, kind=kind).delete()
@@ -235,6 +239,21 @@ def permission_revoke(
             task_id=task.pk if task else None,
             details=_grant_details(user, task, project, kind),
         )
+
+
+def task_grants_condition() -> dict[str, str]:
+    """The user object permissions that let their user operate one task (django-guardian rows), as filters."""
+    app_label, codename = OPERATE.split(".")
+    return {
+        "permission__codename": codename,
+        "permission__content_type__app_label": app_label,
+        "content_type__app_label": app_label,
+        "content_type__model": Task._meta.model_name or "task",
+    }
+
+
+def _task_grants(user: User, task: Task) -> "QuerySet[UserObjectPermission]":
+    return UserObjectPermission.objects.filter(user=user, object_pk=str(task.pk), **task_grants_condition())
 
 
 def _check_scope(task: Task | None, project: str, kind: str) -> None:

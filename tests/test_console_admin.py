@@ -99,6 +99,8 @@ def post_endpoints(forced: ForcedRelease) -> dict[str, tuple[str, dict[str, str]
         "scope-revoke": (reverse("scope-revoke"), {"username": "olga", "project": "acme", "kind": "*"}),
         "review": (reverse("review", args=[forced.pk]), {"verdict": "accepted", "note": NOTE}),
         "verify-logs": (reverse("verify-logs"), {}),
+        "task-grant": (reverse("task-grant"), {"username": "olga", "task": str(forced.task_id)}),
+        "task-revoke": (reverse("task-revoke"), {"username": "carol", "task": str(forced.task_id)}),
         "account-create": (reverse("account-create"), {"username": "newbie", "role": "auditor"}),
         "password-reset": (reverse("password-reset", args=[User.objects.get(username="olga").pk]), {}),
     }
@@ -109,6 +111,7 @@ AUDIT_ROWS = {"account-create": 2}  # account_created + role_granted; every othe
 
 def test_every_action_refuses_everyone_but_an_admin_and_writes_nothing(people, forced, clock) -> None:
     permission_grant(actor=Principal.of_user(people["admin"]), user=people["operator"], project="acme")
+    permission_grant(actor=Principal.of_user(people["admin"]), user=people["auditor"], task=forced.task)
     other_admin = person("max", "admin").user
     for endpoint, (url, body) in post_endpoints(forced).items():
         for name, user in people.items():
@@ -127,6 +130,7 @@ def test_every_action_refuses_everyone_but_an_admin_and_writes_nothing(people, f
 
 def test_an_admin_may_do_every_action(people, forced, clock) -> None:
     permission_grant(actor=Principal.of_user(people["admin"]), user=people["operator"], project="acme")
+    permission_grant(actor=Principal.of_user(people["admin"]), user=people["auditor"], task=forced.task)
     reviewer = logged_in(person("max", "admin").user)
     for endpoint, (url, body) in post_endpoints(forced).items():
         audited = AuditEvent.objects.count()
@@ -249,6 +253,32 @@ def test_scope_grants_are_granted_listed_and_revoked_on_the_page(people, clock) 
     assert list(AuditEvent.objects.values_list("action", flat=True)) == ["permission_granted", "permission_revoked"]
 
 
+def test_single_task_grants_are_granted_listed_and_revoked_on_the_page(people, make_task, clock) -> None:
+    task = make_task(project="billing")
+    admin = logged_in(people["admin"])
+    olga = logged_in(people["operator"])
+    assert olga.get(reverse("task-detail", args=[task.pk])).status_code == 404
+    admin.post(reverse("task-grant"), {"username": "olga", "task": task.pk})
+    assert olga.get(reverse("task-detail", args=[task.pk])).status_code == 200
+    row = admin.get(reverse("roles")).content.decode().split('<th scope="row">olga')[1].split("</tr>")[0]
+    assert f"task {task.pk}" in row
+    before = state()
+    for body, said in (
+        ({"username": "olga", "task": task.pk}, f"olga already operates task {task.pk}"),
+        ({"username": "olga", "task": 987654}, "There is no task 987654."),
+        ({"username": "carol", "task": task.pk}, f"carol has no grant on task {task.pk}"),
+    ):
+        url = reverse("task-revoke" if body["username"] == "carol" else "task-grant")
+        assert said in admin.post(url, body, follow=True).content.decode()
+        assert state() == before
+    admin.post(reverse("task-revoke"), {"username": "olga", "task": task.pk})
+    assert olga.get(reverse("task-detail", args=[task.pk])).status_code == 404
+    assert list(AuditEvent.objects.values_list("action", "task_id")) == [
+        ("permission_granted", task.pk),
+        ("permission_revoked", task.pk),
+    ]
+
+
 def test_the_roles_page_lists_accounts_roles_grants_and_flags(people, clock) -> None:
     permission_grant(actor=Principal.of_user(people["admin"]), user=people["operator"], kind="migrate")
     html = logged_in(people["admin"]).get(reverse("roles")).content.decode()
@@ -268,15 +298,17 @@ def test_the_roles_page_finds_accounts_by_name_and_says_when_it_shows_only_the_f
     assert "No account matches “zzz”" in admin.get(reverse("roles"), {"name": "zzz"}).content.decode()
 
 
-ROLES_QUERIES = 6  # session, user, roles, accounts, their roles, their scope grants
+ROLES_QUERIES = 7  # session, user, roles, accounts, their roles, their scope grants, their single-task grants
 
 
 @pytest.mark.parametrize("count", [3, 30])
-def test_the_roles_page_costs_the_same_for_3_accounts_as_for_30(people, clock, count) -> None:
+def test_the_roles_page_costs_the_same_for_3_accounts_as_for_30(people, make_task, clock, count) -> None:
     admin = Principal.of_user(people["admin"])
+    tasks = [make_task(), make_task()]
     for index in range(count):
         user = person(f"user{index:02}", "operator").user
         permission_grant(actor=admin, user=user, project=f"p{index}")
+        permission_grant(actor=admin, user=user, task=tasks[index % 2])
     browser = logged_in(people["admin"])
     with CaptureQueriesContext(connection) as queries:
         response = browser.get(reverse("roles"))

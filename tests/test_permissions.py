@@ -415,10 +415,15 @@ def test_only_an_admin_opens_accounts_and_resets_passwords(clock, root, ann) -> 
     assert [row[2] for row in audit_rows()] == ["account_created", "role_granted", "password_reset"]
 
 
-def test_a_scope_grant_given_twice_or_revoked_when_absent_is_refused(make_task, clock, root, ann) -> None:
+def test_a_grant_given_twice_or_revoked_when_absent_is_refused(make_task, clock, root, ann) -> None:
     permission_grant(actor=root, user=ann.user, project="billing")
     role_refused(lambda: permission_grant(actor=root, user=ann.user, project="billing"), GrantRefused)
     role_refused(lambda: permission_revoke(actor=root, user=ann.user, kind="export"), GrantRefused)
+    task = make_task()
+    permission_grant(actor=root, user=ann.user, task=task)
+    role_refused(lambda: permission_grant(actor=root, user=ann.user, task=task), GrantRefused)
+    permission_revoke(actor=root, user=ann.user, task=task)
+    role_refused(lambda: permission_revoke(actor=root, user=ann.user, task=task), GrantRefused)
 
 
 def test_roles_are_read_once_per_user_object(django_assert_num_queries, make_task, clock, root) -> None:

@@ -87,6 +87,11 @@ class ScopeForm(forms.Form):
         return data
 
 
+class TaskGrantForm(forms.Form):
+    username = UserField(label="User name", widget=forms.TextInput)
+    task = forms.IntegerField(label="Task id", min_value=1)
+
+
 class ReviewForm(forms.Form):
     verdict = forms.ChoiceField(
         choices=[("accepted", "Accept: the release was justified"), ("disputed", "Dispute: it was not")],

@@ -18,9 +18,18 @@ from audit.models import AuditEvent
 from audit.queries import AuditFilter, audit_export, audit_page, latest_verification
 from console.access import request_roles, require_admin_role, require_audit_reader
 from console.errors import message_for
-from console.forms.admin import KNOWN_ACTIONS, AccountForm, AuditFilterForm, ReviewForm, RoleForm, ScopeForm
+from console.forms.admin import (
+    KNOWN_ACTIONS,
+    AccountForm,
+    AuditFilterForm,
+    ReviewForm,
+    RoleForm,
+    ScopeForm,
+    TaskGrantForm,
+)
 from tasks.errors import TaskError
 from tasks.forced_release import forced_release_review
+from tasks.models import Task
 from tasks.oversight import (
     forced_releases_pending,
     forced_releases_reviewed,
@@ -110,6 +119,41 @@ def scope_revoke_view(request: HttpRequest) -> HttpResponse:
             f"{user.get_username()} no longer operates tasks of project {project}, kind {kind}.",
         )
     return redirect("roles")
+
+
+@require_POST
+def task_grant_view(request: HttpRequest) -> HttpResponse:
+    who = require_admin_role(request)
+    form = TaskGrantForm(request.POST)
+    if _valid(request, form) and (task := _task_named(request, form.cleaned_data["task"])):
+        user = form.cleaned_data["username"]
+        _act(
+            request,
+            lambda: permission_grant(actor=who, user=user, task=task),
+            f"{user.get_username()} may now operate task {task.pk}.",
+        )
+    return redirect("roles")
+
+
+@require_POST
+def task_revoke_view(request: HttpRequest) -> HttpResponse:
+    who = require_admin_role(request)
+    form = TaskGrantForm(request.POST)
+    if _valid(request, form) and (task := _task_named(request, form.cleaned_data["task"])):
+        user = form.cleaned_data["username"]
+        _act(
+            request,
+            lambda: permission_revoke(actor=who, user=user, task=task),
+            f"{user.get_username()} no longer operates task {task.pk}.",
+        )
+    return redirect("roles")
+
+
+def _task_named(request: HttpRequest, task_id: int) -> Task | None:
+    task = Task.objects.filter(pk=task_id).first()
+    if task is None:
+        messages.error(request, f"There is no task {task_id}.")
+    return task
 
 
 @require_POST
@@ -292,6 +336,8 @@ urlpatterns = [
     path("roles/", roles, name="roles"),
     path("roles/grant/", role_grant_view, name="role-grant"),
     path("roles/revoke/", role_revoke_view, name="role-revoke"),
+    path("roles/tasks/grant/", task_grant_view, name="task-grant"),
+    path("roles/tasks/revoke/", task_revoke_view, name="task-revoke"),
     path("roles/accounts/", account_create_view, name="account-create"),
     path("roles/accounts/<int:user_id>/password/", password_reset_view, name="password-reset"),
     path("roles/scopes/grant/", scope_grant_view, name="scope-grant"),
