@@ -69,8 +69,9 @@ def by_project(project: str) -> Task:
 # ------------------------------------------------------------------------------------------------ load_demo
 
 
-def test_load_demo_lands_a_task_in_every_state(db: None, simulator: Simulator) -> None:
-    load(simulator)
+def test_load_demo_lands_a_task_in_every_state_each_waiting_for_what_it_says(db: None, simulator: Simulator) -> None:
+    """One load (it takes seconds), every promise of it checked from the database."""
+    output = load(simulator)
     tasks = demo_tasks()
     assert len(tasks) == len(SCENARIOS)
     assert {t.status for t in tasks} >= EVERY_STATUS
@@ -84,10 +85,14 @@ def test_load_demo_lands_a_task_in_every_state(db: None, simulator: Simulator) -
         Attention.UNKNOWN_OPERATION,
         Attention.PAUSED,
     }
+    what_each_state_waits_for_is_in_the_database()
+    the_reconciled_task_went_through_unknown_and_settled_by_op_key(simulator)
+    the_budget_exhausted_task_has_a_takeover_package()
+    every_record_verifies_except_the_tampered_one(tasks)
+    the_logins_have_their_roles_through_audited_services(printed_passwords(output))
 
 
-def test_what_each_demo_state_waits_for_is_in_the_database(db: None, simulator: Simulator) -> None:
-    load(simulator)
+def what_each_state_waits_for_is_in_the_database() -> None:
     observing, stopping = by_project("dogwood"), by_project("larch")
     assert observing.status == TaskStatus.OBSERVING
     assert Operation.objects.filter(task=observing, status=OperationStatus.ACCEPTED).count() == 1
@@ -95,18 +100,16 @@ def test_what_each_demo_state_waits_for_is_in_the_database(db: None, simulator: 
     assert Operation.objects.filter(task=stopping, status=OperationStatus.ACCEPTED).count() == 1, "awaited"
     pending = by_project("maple")
     assert pending.status == TaskStatus.STOPPED_PENDING
-    assert list(
-        Operation.objects.filter(task=pending)
-        .exclude(status=OperationStatus.COMMITTED)
-        .values_list("status", flat=True)
-    ) == [OperationStatus.UNKNOWN]
+    unsettled = Operation.objects.filter(task=pending).exclude(status=OperationStatus.COMMITTED)
+    assert list(unsettled.values_list("status", flat=True)) == [OperationStatus.UNKNOWN]
     backing_off = by_project("elm")
     assert backing_off.status == TaskStatus.BACKING_OFF
     assert backing_off.nodes.get(key="copy-batch-1").not_before is not None
+    awaiting = Task.objects.with_attention().get(pk=by_project("birch").pk)
+    assert attention_reasons(awaiting) == [Attention.AWAITING_APPROVAL]
 
 
-def test_the_reconciled_task_went_through_unknown_and_settled_by_op_key(db: None, simulator: Simulator) -> None:
-    load(simulator)
+def the_reconciled_task_went_through_unknown_and_settled_by_op_key(simulator: Simulator) -> None:
     task = by_project("fir")
     unknown = Event.objects.get(task=task, type="operation_unknown")
     (op_key,) = unknown.payload["operations"]
@@ -115,8 +118,7 @@ def test_the_reconciled_task_went_through_unknown_and_settled_by_op_key(db: None
     assert simulator.stats()["by_op_key"][op_key] == 1, "reconciled by asking, never sent twice"
 
 
-def test_the_budget_exhausted_task_has_a_takeover_package(db: None, simulator: Simulator) -> None:
-    load(simulator)
+def the_budget_exhausted_task_has_a_takeover_package() -> None:
     task = by_project("juniper")
     assert (task.status, task.status_reason) == (TaskStatus.PAUSED, PauseReason.BUDGET_EXHAUSTED)
     package = takeover_package(task.pk)
@@ -124,17 +126,14 @@ def test_the_budget_exhausted_task_has_a_takeover_package(db: None, simulator: S
     assert package["completed"] and package["suggested_checks"]
 
 
-def test_every_demo_record_verifies_except_the_tampered_one(db: None, simulator: Simulator) -> None:
-    load(simulator)
-    problems = {t.project: task_verify_log(task_id=t.pk, quarantine=False).problem for t in demo_tasks()}
+def every_record_verifies_except_the_tampered_one(tasks: list[Task]) -> None:
+    problems = {t.project: task_verify_log(task_id=t.pk, quarantine=False).problem for t in tasks}
     assert problems.pop("nutmeg")
     assert problems == dict.fromkeys(problems)
     assert "receipt" in by_project("nutmeg").status_detail
 
 
-def test_load_demo_makes_the_logins_with_their_roles_through_audited_services(db: None, simulator: Simulator) -> None:
-    output = load(simulator)
-    passwords = printed_passwords(output)
+def the_logins_have_their_roles_through_audited_services(passwords: dict[str, str]) -> None:
     assert set(passwords) == set(DEMO_LOGINS)
     for username, role in DEMO_LOGINS.items():
         user = authenticate(username=username, password=passwords[username])

@@ -1,0 +1,55 @@
+"""The demo, as people see it: after ``load_demo`` the console's queues show every demo task to those who may see
+them, the needs-attention queue holds exactly the ones waiting for a person, and each task's page is saved as a
+screenshot (light and dark) under the state it landed in."""
+
+from collections.abc import Callable
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from playwright.sync_api import Page, expect
+
+from agents.demo_states import CREATED_BY
+from tasks.models import Task
+from tests.simulator_fixture import Simulator
+
+pytestmark = pytest.mark.browser
+
+WAITING_FOR_A_PERSON = {"birch", "ginkgo", "hazel", "juniper", "maple", "nutmeg"}
+
+
+@pytest.fixture
+def demo(simulator: Simulator, settings) -> list[Task]:
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    call_command("load_demo", store_url=simulator.url, wait=5, stdout=StringIO())
+    return list(Task.objects.filter(created_by=CREATED_BY).order_by("pk"))
+
+
+def test_the_operator_sees_every_demo_task_and_the_ones_waiting_for_a_person(
+    page: Page, demo: list[Task], login: Callable[..., None], screenshot: Callable[..., list[Path]]
+) -> None:
+    login(page, User.objects.get(username="operator"))
+    page.goto("/")
+    for task in demo:
+        expect(page.get_by_text(task.title)).to_be_visible()
+    screenshot(page, "demo-work-queue-operator")
+    page.goto("/attention/")
+    for task in demo:
+        if task.project in WAITING_FOR_A_PERSON:
+            expect(page.get_by_text(task.title)).to_be_visible()
+    expect(page.get_by_text("Migrate project alder")).to_have_count(0)
+    screenshot(page, "demo-needs-attention-operator")
+
+
+def test_every_demo_task_page_opens_for_the_auditor(
+    page: Page, demo: list[Task], login: Callable[..., None], screenshot: Callable[..., list[Path]]
+) -> None:
+    login(page, User.objects.get(username="auditor"))
+    for task in demo:
+        response = page.goto(f"/tasks/{task.pk}/")
+        assert response is not None and response.status == 200, task.title
+        expect(page.get_by_text(task.title).first).to_be_visible()
+        state = f"{task.status}-{task.status_reason}" if task.status_reason else task.status
+        screenshot(page, f"demo-task-{task.project}-{state}")
