@@ -544,6 +544,50 @@ def test_the_page_costs_the_same_queries_for_3_nodes_as_for_30(client, make_task
 TAKEOVER_PAGE_QUERIES = 12
 
 
+@pytest.mark.parametrize("size", [3, 30])
+# The replan page: access (8, as the takeover page), the takeover state (4), the draft (task, plan revision, the last
+# acceptance, the rechecks since), the proposal's effect (task, nodes) and its document (deferred on the takeover
+# page): 19 with one proposal; each further proposal shown (3 at most) adds its document and effect.
+@pytest.mark.parametrize(("name", "budget"), [("takeover-lease", 12), ("takeover-replan", 19)])
+def test_the_lease_panel_and_the_replan_page_cost_a_fixed_number_of_queries(
+    client, make_task, root, clock, size, name, budget
+) -> None:
+    from tasks.plans import plan_propose_by_person
+
+    task = make_task(chain_plan(*[f"n{i}" for i in range(size)]))
+    ann = person("ann", "operator")
+    permission_grant(actor=root, user=ann.user, task=task)
+    held(ann, task)
+    plan_propose_by_person(
+        actor=ann,
+        task_id=task.pk,
+        plan=chain_plan(*[f"n{i}" for i in range(size)]),
+        expected_version=version(task),
+        reason="the same plan, proposed again",
+    )
+    client.force_login(ann.user)
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get(url(name, task)).status_code == 200
+    assert len(queries) == budget, [q["sql"][:90] for q in queries.captured_queries]
+
+
+def test_a_stale_plan_acceptance_writes_nothing(browser, task, ann, clock) -> None:
+    from tasks.plans import plan_propose_by_person
+
+    held(ann, task)
+    plan = {"nodes": [effect_node("a")]}
+    seen = version(task)
+    revision = plan_propose_by_person(
+        actor=ann, task_id=task.pk, plan=plan, expected_version=seen, reason="a smaller plan for this task"
+    )
+    before, rows = snapshot(), counts()
+    response = browser.post(url("takeover-replan-accept", task), {"expected_version": seen, "revision_id": revision.pk})
+    assert response.status_code == 303
+    assert snapshot() == before and counts() == rows
+    page = text(browser.get(url("takeover", task)))
+    assert "The task changed since you opened this page" in page and "plan proposed" in page
+
+
 # --- refusals as sentences --------------------------------------------------------------------------------------
 
 
