@@ -393,3 +393,36 @@ def test_saving_or_deleting_without_a_csrf_token_is_refused(db) -> None:
 def test_the_queues_only_accept_reads(admin, db) -> None:
     for url_name in QUEUES:
         assert admin.post(reverse(url_name)).status_code == 405
+
+
+def test_attention_pages_skip_nothing_while_tasks_join_and_leave_the_queue(
+    admin, make_task, clock, monkeypatch
+) -> None:
+    """Oldest waiting first: a task that starts waiting joins the end (shown once, on a later page); a task that
+    stops waiting leaves without shifting the others (keyset, not offset)."""
+    from console.views import queue as views
+
+    monkeypatch.setattr(views, "PAGE_SIZE", 2)
+    waiting = []
+    for _ in range(6):
+        task = make_task()
+        set_status(task, "human", updated_at=clock.now())
+        waiting.append(task.pk)
+        clock.advance(timedelta(seconds=1))
+    seen: list[int] = []
+    link: str | None = reverse("attention")
+    joined = []
+    while link is not None:
+        html = admin.get(link).content.decode()
+        seen += [int(pk) for pk in re.findall(r'<tr data-task="(\d+)">', html)]
+        found = re.search(r'href="([^"]*)" rel="next"', html)
+        link = found.group(1).replace("&amp;", "&") if found else None
+        clock.advance(timedelta(seconds=1))
+        if len(joined) < 2:  # a task starts waiting between pages
+            task = make_task()
+            set_status(task, "paused", status_reason="needs_replan", updated_at=clock.now())
+            joined.append(task.pk)
+        # and the task the cursor names stops waiting (a person handed it back): the cursor holds values, not a row
+        if seen[-1] in waiting:
+            set_status(Task.objects.get(pk=seen[-1]), "running", updated_at=clock.now())
+    assert seen == waiting + joined
