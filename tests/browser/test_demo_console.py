@@ -2,6 +2,7 @@
 them, the needs-attention queue holds exactly the ones waiting for a person, and each task's page is saved as a
 screenshot (light and dark) under the state it landed in."""
 
+import time
 from collections.abc import Callable
 from io import StringIO
 from pathlib import Path
@@ -11,8 +12,14 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from playwright.sync_api import Page, expect
 
+from agents.demo import migration_plan
 from agents.demo_states import CREATED_BY
-from tasks.models import Task
+from agents.migrate_project import KIND
+from tasks.jobs import drive_task
+from tasks.lifecycle import NodeStatus
+from tasks.models import Node, Task
+from tasks.plans import task_create
+from tests.conftest import person
 from tests.simulator_fixture import Simulator
 
 pytestmark = pytest.mark.browser
@@ -53,3 +60,22 @@ def test_every_demo_task_page_opens_for_the_auditor(
         expect(page.get_by_text(task.title).first).to_be_visible()
         state = f"{task.status}-{task.status_reason}" if task.status_reason else task.status
         screenshot(page, f"demo-task-{task.project}-{state}")
+
+
+def test_a_task_the_real_worker_drives_shows_its_progress(
+    page: Page, worker: str, login: Callable[..., None], screenshot: Callable[..., list[Path]]
+) -> None:
+    """The worker fixture end to end: the wake-up goes to a worker process, which runs the demo plan against the
+    simulator up to its approval; the task's page, read afresh, shows the nodes it ran."""
+    task = task_create(
+        kind=KIND, title="Migrate project acme", plan=migration_plan(), created_by=CREATED_BY, project="acme"
+    )
+    drive_task.delay(task.pk)
+    deadline = time.monotonic() + 30
+    while Node.objects.filter(task=task, status=NodeStatus.SUCCEEDED).count() < 6:
+        assert time.monotonic() < deadline, "the worker did not run the task"
+        time.sleep(0.2)
+    login(page, person("ann", "admin").user)
+    page.goto(f"/tasks/{task.pk}/")
+    expect(page.get_by_text("approve-cleanup").first).to_be_visible()
+    screenshot(page, "task-detail-awaiting-approval")
