@@ -212,6 +212,19 @@ def test_a_claim_on_an_agent_held_task_shows_the_wait_and_polls_until_granted(
     assert lease is not None and lease.holder_id == "ann"
 
 
+def test_a_task_another_person_holds_offers_no_claim(browser, task, root, clock) -> None:
+    bob = person("bob", "operator")
+    permission_grant(actor=root, user=bob.user, task=task)
+    held(bob, task)
+    html = text(browser.get(url("takeover", task)))
+    assert "Held by operator:bob" in html and "Another person holds it" in html
+    assert ">Take over<" not in html and "Submit a result" not in html
+    before = snapshot()
+    refused = browser.post(url("takeover-claim", task))  # the endpoint refuses, whatever the page shows
+    assert refused.status_code == 303 and snapshot() == before
+    assert SENTENCES["takeover_held"] in text(browser.get(url("takeover", task)))
+
+
 def test_the_renewal_carries_the_seq_and_a_stale_one_is_refused(browser, task, ann, clock) -> None:
     lease = held(ann, task)
     ok = browser.post(
