@@ -1,7 +1,7 @@
 """Saved queue views: the only writes the queue pages make. A view belongs to its owner; nobody else reads,
 opens or deletes it (another person's view is "not found", not "forbidden": its existence is not disclosed)."""
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import Http404
@@ -10,6 +10,8 @@ from console.models import SavedView
 from leases import clock
 
 SCREENS = ("task-list", "attention")
+# request.user as the views hold it; an anonymous visitor (no pk) owns nothing and cannot save.
+type Owner = AbstractBaseUser | AnonymousUser
 MAX_VIEWS_PER_OWNER = 50
 
 
@@ -17,11 +19,11 @@ class TooManySavedViews(ValueError):
     pass
 
 
-def saved_views_of(owner: AbstractBaseUser) -> QuerySet[SavedView]:
+def saved_views_of(owner: Owner) -> QuerySet[SavedView]:
     return SavedView.objects.filter(owner_id=owner.pk).order_by("name")
 
 
-def saved_view_of(owner: AbstractBaseUser, view_id: int) -> SavedView:
+def saved_view_of(owner: Owner, view_id: int) -> SavedView:
     """``owner``'s view ``view_id``; Http404 for anyone else's or none."""
     view = SavedView.objects.filter(owner_id=owner.pk, pk=view_id).first()
     if view is None:
@@ -29,8 +31,10 @@ def saved_view_of(owner: AbstractBaseUser, view_id: int) -> SavedView:
     return view
 
 
-def saved_view_save(*, owner: AbstractBaseUser, name: str, screen: str, query: str) -> SavedView:
+def saved_view_save(*, owner: Owner, name: str, screen: str, query: str) -> SavedView:
     """Save ``query`` (a filter query string) for ``screen`` under ``name``; the same name again replaces it."""
+    if owner.pk is None:
+        raise ValueError("only a logged-in person saves views")
     if screen not in SCREENS:
         raise ValueError(f"no queue named {screen!r}")
     with transaction.atomic():
@@ -47,7 +51,7 @@ def saved_view_save(*, owner: AbstractBaseUser, name: str, screen: str, query: s
     return view
 
 
-def saved_view_delete(*, owner: AbstractBaseUser, view_id: int) -> None:
+def saved_view_delete(*, owner: Owner, view_id: int) -> None:
     """Delete ``owner``'s view ``view_id``; Http404 for anyone else's (nothing is deleted)."""
     deleted, _ = SavedView.objects.filter(owner_id=owner.pk, pk=view_id).delete()
     if deleted == 0:

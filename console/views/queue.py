@@ -121,7 +121,7 @@ def _render(
     context = {"queue": queue, "refresh_seconds": REFRESH_SECONDS, **context}
     if rows_only:
         return render(request, "console/queue.html#rows", context, status=status)
-    context["saved_views"] = list(saved_views_of(request.user))  # type: ignore[arg-type]
+    context["saved_views"] = list(saved_views_of(request.user))
     context["saved_view_form"] = SavedViewForm(initial={"screen": queue.url_name})
     return render(request, "console/queue.html", context, status=200 if status == HTMX_STOP_POLLING else status)
 
@@ -141,7 +141,7 @@ def saved_view_create(request: HttpRequest) -> HttpResponse:
     data = form.cleaned_data
     screen, query = data["screen"], filter_query(QueryDict(data["query"]))
     try:
-        saved_view_save(owner=request.user, name=data["name"], screen=screen, query=query)  # type: ignore[arg-type]
+        saved_view_save(owner=request.user, name=data["name"], screen=screen, query=query)
     except TooManySavedViews as refused:
         messages.error(request, str(refused))
     else:
@@ -152,15 +152,15 @@ def saved_view_create(request: HttpRequest) -> HttpResponse:
 @require_safe
 def saved_view_open(request: HttpRequest, view_id: int) -> HttpResponse:
     require_console_role(request)
-    view = saved_view_of(request.user, view_id)  # type: ignore[arg-type]
+    view = saved_view_of(request.user, view_id)
     return HttpResponseRedirect(_url(view.screen, view.query))
 
 
 @require_POST
 def saved_view_remove(request: HttpRequest, view_id: int) -> HttpResponse:
     require_console_role(request)
-    view = saved_view_of(request.user, view_id)  # type: ignore[arg-type]
-    saved_view_delete(owner=request.user, view_id=view.pk)  # type: ignore[arg-type]
+    view = saved_view_of(request.user, view_id)
+    saved_view_delete(owner=request.user, view_id=view.pk)
     messages.success(request, f"Deleted the view “{view.name}”.")
     return HttpResponseRedirect(reverse(view.screen))
 
