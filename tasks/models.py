@@ -361,3 +361,69 @@ class Attachment(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.sha256[:12]}) for {self.node_key} of task {self.task_id}"
+
+
+class BulkOperation(models.TextChoices):
+    """The named operations a person applies to a filtered set of tasks (tasks/bulk.py), each through one service."""
+
+    RESUME = "resume", "Resume the agent (it re-checks its inputs first)"
+    CANCEL = "cancel", "Cancel"
+    REQUEST_TAKEOVER = "request_takeover", "Request takeover"
+    RELEASE = "release", "Release my takeover"
+
+
+class BulkRunStatus(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+
+
+class BulkItemStatus(models.TextChoices):
+    PENDING = "pending"
+    DONE = "done"
+    SKIPPED = "skipped"  # a rule said no, or the task moved since the preview: nothing was written to it
+    FAILED = "failed"  # an unexpected error: nothing was written to it (its transaction rolled back)
+
+
+class BulkRun(models.Model):
+    """One confirmed bulk operation: who, what, why, on which filter. Its items are the tasks the preview said it
+    would change, each with the version seen then."""
+
+    operation = models.CharField(max_length=20, choices=BulkOperation.choices)
+    actor = models.ForeignKey("auth.User", on_delete=models.PROTECT, related_name="+")
+    reason = models.TextField()
+    filter_query = models.CharField(max_length=2000, blank=True)
+    status = models.CharField(max_length=10, choices=BulkRunStatus.choices, default=BulkRunStatus.PENDING)
+    created_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(operation__in=BulkOperation.values), name="bulk_run_operation_valid"),
+            models.CheckConstraint(condition=Q(status__in=BulkRunStatus.values), name="bulk_run_status_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"bulk run {self.pk} {self.operation} ({self.status})"
+
+
+class BulkRunItem(models.Model):
+    """One task of a bulk run, as seen at the preview. ``task_id`` is a plain id, not a foreign key: a posted id
+    that names no task (or one the person may not see) is recorded and skipped like any other refusal."""
+
+    run = models.ForeignKey(BulkRun, on_delete=models.CASCADE, related_name="items")
+    task_id = models.BigIntegerField()
+    seen_version = models.PositiveBigIntegerField()
+    seen_epoch = models.PositiveBigIntegerField(null=True, blank=True)  # the open lease's epoch at the preview
+    status = models.CharField(max_length=10, choices=BulkItemStatus.choices, default=BulkItemStatus.PENDING)
+    detail = models.CharField(max_length=500, blank=True)  # what was done, or why not
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "task_id"], name="bulk_item_one_per_task"),
+            models.CheckConstraint(condition=Q(status__in=BulkItemStatus.values), name="bulk_item_status_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"task {self.task_id} of bulk run {self.run_id}: {self.status}"
