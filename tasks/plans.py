@@ -524,13 +524,16 @@ def plan_accept_by_person(*, actor: Principal, revision_id: int, expected_versio
         with transaction.atomic():
             _accept(task, revision, specs, lease=lease, expected_version=expected_version, accepted_by=actor)
             lease_release(lease=lease)
-            _wake_agent_on_commit(task.pk)
+            wake_agent_on_commit(task.pk)
     except VersionConflict:
         raise _stale(task.pk, expected_version) from None
     return Task.objects.get(pk=task.pk)
 
 
-def _wake_agent_on_commit(task_id: int) -> None:
+def wake_agent_on_commit(task_id: int) -> None:
+    """The agent's wake-up, sent once a person's hand-back is committed (never from inside the transaction: a worker
+    that woke first would find the person's lease still open). A lost message costs latency only: the recovery
+    scan finds the task from the database. ``robust``: a broker that is down does not undo a committed decision."""
     from tasks.jobs import drive_task  # Celery entry points sit above the services they call
 
     transaction.on_commit(lambda: drive_task.delay(task_id), robust=True)

@@ -64,7 +64,7 @@ from tasks.lifecycle import (
 )
 from tasks.models import Attachment, Event, Node, Operation, PlanRevision, ProposalStatus, Receipt, Task
 from tasks.permissions import PermissionDenied, require_admin, require_operate
-from tasks.plans import digest_of
+from tasks.plans import digest_of, wake_agent_on_commit
 from tasks.protocol import resolve_input
 from tasks.queries import get_task as _task
 from tasks.receipts import receipt_summary, succeeded_fields
@@ -327,17 +327,8 @@ def takeover_submit(
             raise _stale_form(_task(task.pk), based_on_version) from None  # moved while we validated
         lease_release(lease=lease)
         if decision == "resume_agent":
-            _wake_agent_on_commit(task.pk)
+            wake_agent_on_commit(task.pk)
     return _task(task.pk)
-
-
-def _wake_agent_on_commit(task_id: int) -> None:
-    """The agent's wake-up, sent once the hand-back is committed (never from inside the transaction: a worker
-    that woke first would find the person's lease still open). A lost message costs latency only: the recovery
-    scan finds the task from the database. ``robust``: a broker that is down does not undo a committed decision."""
-    from tasks.jobs import drive_task  # Celery entry points sit above the services they call
-
-    transaction.on_commit(lambda: drive_task.delay(task_id), robust=True)
 
 
 def _validated(
