@@ -170,6 +170,14 @@ def test_a_post_without_a_csrf_token_is_refused(task, ann, method, name) -> None
     assert snapshot() == before
 
 
+def test_the_lease_panel_link_opens_the_whole_page(browser, task, ann, clock) -> None:
+    held(ann, task)
+    response = browser.get(url("takeover-lease", task))
+    assert response.status_code == 302 and response["Location"] == url("takeover", task)
+    panel = browser.get(url("takeover-lease", task), HTTP_HX_REQUEST="true")
+    assert 'id="lease-panel"' in text(panel) and "<html" not in text(panel)
+
+
 def test_a_missing_task_is_404(browser) -> None:
     assert browser.get(reverse("takeover", args=[999999])).status_code == 404
 
@@ -579,8 +587,9 @@ def test_the_lease_panel_and_the_replan_page_cost_a_fixed_number_of_queries(
         reason="the same plan, proposed again",
     )
     client.force_login(ann.user)
+    headers = {"HTTP_HX_REQUEST": "true"} if name == "takeover-lease" else {}
     with CaptureQueriesContext(connection) as queries:
-        assert client.get(url(name, task)).status_code == 200
+        assert client.get(url(name, task), **headers).status_code == 200
     assert len(queries) == budget, [q["sql"][:90] for q in queries.captured_queries]
 
 

@@ -129,9 +129,12 @@ def takeover_page(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
 
 @require_safe
 def lease_panel(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
-    """The lease panel alone (polled while waiting; its link opens the whole page)."""
+    """The lease panel alone, for HTMX (the page's own panel polls by POSTing its claim or renewal); stops polling once
+    the task has ended."""
     task = operable_task(request, task_id)
-    if task.status not in NOT_ENDED and request.htmx:
+    if not request.htmx:  # a person following the link gets the whole page
+        return _vary(HttpResponseRedirect(_page_url(task)))
+    if task.status not in NOT_ENDED:
         return _vary(HttpResponseStopPolling())
     state = takeover_state(actor=principal(request), task=task)
     return _vary(render(request, f"{PAGE}#lease-panel", {"state": state, "task": task, "wait_poll": WAIT_POLL_SECONDS}))
