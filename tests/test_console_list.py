@@ -230,6 +230,10 @@ def test_a_forged_cursor_is_a_bad_request_with_a_sentence(client, db, cursor, ur
     assert b"start again from the first page" in response.content
 
 
-def test_an_empty_queue_says_so(client, db) -> None:
+def test_an_empty_queue_says_so(client, make_task) -> None:
     html = client.get(reverse("task-list")).content.decode()
-    assert "No task matches these filters." in html and 'rel="next"' not in html
+    assert "No tasks yet." in html and 'rel="next"' not in html
+    make_task(project="acme")
+    html = client.get(reverse("task-list"), {"project": "globex"}).content.decode()
+    assert "No task matches these filters." in html
+    assert "No task needs a person right now." in client.get(reverse("attention")).content.decode()
