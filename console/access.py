@@ -52,8 +52,14 @@ def viewable_task(request: HttpRequest, task_id: int) -> Task:
 
 
 def operable_task(request: HttpRequest, task_id: int) -> Task:
-    """The task, if the request's user may operate it; 404 if they may not see it, 403 if they only see it."""
-    task = viewable_task(request, task_id)
-    if not can_operate(principal(request), task):
-        raise PermissionDenied("You may see this task but not operate it: ask an admin for a grant.")
-    return task
+    """The task, if the request's user may operate it; 404 if they may not see it, 403 if they only see it.
+    One object-permission check when they may operate it (can_view of an operator asks can_operate again)."""
+    who = require_console_role(request)
+    task = Task.objects.filter(pk=task_id).first()
+    if task is None:
+        raise Http404("No such task, or you may not see it.")
+    if can_operate(who, task):
+        return task
+    if not can_view(who, task):
+        raise Http404("No such task, or you may not see it.")
+    raise PermissionDenied("You may see this task but not operate it: ask an admin for a grant.")

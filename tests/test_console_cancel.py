@@ -155,8 +155,8 @@ def test_without_htmx_the_status_link_serves_the_whole_page(client, make_task, c
     assert response.status_code == 200 and "<html" in response.content.decode()
 
 
-CONFIRM_QUERIES = 11  # session, user, roles, task, 4 object-permission reads (access), 3 counts
-STATUS_QUERIES = 11  # the same: access (8, see CONFIRM_QUERIES) + the stopping counts (3)
+CONFIRM_QUERIES = 9  # session, user, roles, task, 2 object-permission reads (access), 3 counts
+STATUS_QUERIES = 9  # the same: access (6, see CONFIRM_QUERIES) + the stopping counts (3)
 
 
 @pytest.mark.parametrize("rows", [1, 15])

@@ -382,7 +382,7 @@ def test_reset_refusals_write_nothing(client, make_task, agent_lease, clock, rem
 
 # -- what the pages cost -----------------------------------------------------------------------------------------
 
-ACTIONS_QUERIES = 11
+ACTIONS_QUERIES = 9
 
 
 @pytest.mark.parametrize("rows", [1, 12])
@@ -410,8 +410,8 @@ def test_the_actions_page_costs_the_same_queries_for_1_row_as_for_12(
     assert len(queries) == ACTIONS_QUERIES, [q["sql"][:100] for q in queries.captured_queries]
 
 
-SETTLE_QUERIES = 9  # session, user, roles, task, 4 object-permission reads (access), the operation with its node
-RESET_QUERIES = 11  # the same access (8), the temp resource, its task (for the op key prefix), its cleanup tries
+SETTLE_QUERIES = 7  # session, user, roles, task, 2 object-permission reads (access), the operation with its node
+RESET_QUERIES = 9  # the same access (6), the temp resource, its task (for the op key prefix), its cleanup tries
 
 
 @pytest.mark.parametrize("others", [0, 10])
