@@ -13,7 +13,7 @@ from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import HttpResponseStopPolling
 
 from console.access import principal, viewable_task
-from retention.models import RetainedObject
+from retention.queries import retained_for_task
 from tasks.detail import InvalidTimelineCursor, chain_check, detail_page, is_terminal, lease_view, timeline_page
 from tasks.models import Task
 from tasks.permissions import can_operate
@@ -74,17 +74,11 @@ def _page_context(request: HttpRequest, task: Task, *, force_check: bool = False
         "terminal": shown.detail.terminal,
         "check": shown.check,
         "package": shown.package,
-        "retained": retained_objects(task),
+        "retained": retained_for_task(task.pk),
         "may_operate": may_operate,
         "may_take_over": may_operate and shown.takeover_possible,
         "poll_seconds": LEASE_POLL_SECONDS,
     }
-
-
-def retained_objects(task: Task) -> list[RetainedObject]:
-    """The task's retained objects, every version, purged ones too (their rows stay as the record). Read here:
-    tasks/detail.py may not import retention, which sits above it."""
-    return list(RetainedObject.objects.filter(task=task).order_by("name", "version"))
 
 
 urlpatterns = [
