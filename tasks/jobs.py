@@ -8,6 +8,7 @@ from typing import Any
 from celery import Task, shared_task
 
 from leases import clock
+from tasks.bulk import bulk_run_apply
 from tasks.models import Task as TaskRow
 from tasks.recovery import tasks_needing_work
 from tasks.registry import connector_for
@@ -55,3 +56,11 @@ def recovery_scan(queue: str = "") -> int:
         else:
             drive_task.delay(task_id, version)
     return len(seen)
+
+
+@shared_task(name="tasks.apply_bulk_run", acks_late=True, ignore_result=True)
+def apply_bulk_run(run_id: int) -> str:
+    """Apply a confirmed bulk run (tasks.bulk.bulk_run_apply), task by task. A redelivered message finishes what is
+    left and changes nothing twice: each item is finished once, each change is version-checked."""
+    run = bulk_run_apply(run_id=run_id)
+    return f"bulk run {run.pk}: {run.status}"

@@ -1,0 +1,319 @@
+"""Bulk operations (issue 9 point 8), as services: the dry run counts what the run then does, task by task, each
+change through its own service (its event and audit row), a task that moved since the preview is skipped and
+listed and nothing is written to it, a task the person may not operate is never touched even when its id is
+posted, and a redelivered job changes nothing twice."""
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.test import override_settings
+from guardian.shortcuts import assign_perm
+
+from audit.models import AuditEvent
+from audit.principals import Principal
+from leases.models import Lease
+from leases.services import lease_open, lease_release
+from tasks.bulk import (
+    MAX_TASKS,
+    BulkRefused,
+    Seen,
+    bulk_preview,
+    bulk_run_apply,
+    bulk_run_create,
+    bulk_run_progress,
+    verdict,
+)
+from tasks.cancel import task_request_cancel
+from tasks.jobs import apply_bulk_run
+from tasks.lifecycle import FailureClass
+from tasks.models import BulkItemStatus, BulkRunItem, Event, Task
+from tasks.outcomes import Failed
+from tasks.permissions import PermissionDenied
+from tasks.queries import TaskFilter
+from tasks.takeover import takeover_claim
+from tests.conftest import chain_plan, person
+from tests.steps import record, send
+
+pytestmark = pytest.mark.django_db
+
+PROJECT = "outage"
+OPERATE = "tasks.operate_task"
+REASON = "the store's outage is over, resume them"
+ALL = TaskFilter(project=PROJECT)
+
+
+def fresh(task: Task) -> Task:
+    return Task.objects.get(pk=task.pk)
+
+
+def paused(make_task: Callable[..., Task], agent_lease: Callable[..., Lease], title: str = "paused") -> Task:
+    """Paused permission_revoked by a refused call, its agent gone: what an outage leaves behind."""
+    task = make_task(chain_plan("a", "b"), project=PROJECT, title=title)
+    lease = agent_lease(task)
+    record(send(task, lease, "a"), Failed(FailureClass.PERMISSION_REVOKED, "403 from the store"), lease)
+    lease_release(lease=lease)
+    return fresh(task)
+
+
+def task_state(task: Task) -> tuple[Any, ...]:
+    """Everything a bulk change could write to one task: its row, its events, its audit rows, its leases."""
+    row = Task.objects.filter(pk=task.pk).values().get()
+    return (
+        row,
+        list(Event.objects.filter(task=task).values_list("seq", "type")),
+        list(AuditEvent.objects.filter(task_id=task.pk).values_list("seq", "action")),
+        list(Lease.objects.filter(task=task).values_list("epoch", "holder_id", "released_at")),
+    )
+
+
+def seen_of(preview: Any, *, everything: bool = False) -> list[Seen]:
+    rows = preview.rows if everything else preview.changing
+    return [Seen(r.facts.task_id, r.facts.version, r.facts.epoch) for r in rows]
+
+
+@pytest.fixture
+def admin() -> Principal:
+    return person("ada", "admin")
+
+
+@pytest.fixture
+def mixed(make_task: Callable[..., Task], agent_lease: Callable[..., Lease], admin: Principal) -> dict[str, Task]:
+    """One task of every kind the bulk rules tell apart."""
+    tasks = {
+        "paused": paused(make_task, agent_lease, "p1"),
+        "paused2": paused(make_task, agent_lease, "p2"),
+        "pending": make_task(chain_plan("a"), project=PROJECT, title="pending"),
+        "agent_holds_paused": paused(make_task, agent_lease, "p3"),
+        "cancelled": paused(make_task, agent_lease, "p4"),
+        "mine": paused(make_task, agent_lease, "p5"),
+        "others": paused(make_task, agent_lease, "p6"),
+        "elsewhere": make_task(chain_plan("a"), project="other", title="not in the filter"),
+    }
+    agent_lease(tasks["agent_holds_paused"], holder="agent-9")
+    task_request_cancel(actor=admin, task_id=tasks["cancelled"].pk, reason="no longer wanted by anyone")
+    assert takeover_claim(actor=admin, task_id=tasks["mine"].pk).granted
+    bob = person("bob", "admin")
+    assert takeover_claim(actor=bob, task_id=tasks["others"].pk).granted
+    return {k: fresh(t) for k, t in tasks.items()}
+
+
+@pytest.mark.parametrize("operation", ["resume", "cancel", "request_takeover", "release"])
+def test_the_dry_run_counts_what_the_run_then_does_task_by_task(
+    operation: str, mixed: dict[str, Task], admin: Principal
+) -> None:
+    preview = bulk_preview(actor=admin, operation=operation, task_filter=ALL)
+    assert {r.task.pk for r in preview.rows} == {t.pk for k, t in mixed.items() if k != "elsewhere"}
+    predicted = {r.task.pk: r.verdict for r in preview.rows}
+    # Every task of the preview, the skipped ones too: the run asks the same rule of each.
+    run = bulk_run_create(actor=admin, operation=operation, reason=REASON, seen=seen_of(preview, everything=True))
+    bulk_run_apply(run_id=run.pk)
+    items = {i.task_id: i for i in BulkRunItem.objects.filter(run=run)}
+    for task_id, judged in predicted.items():
+        item = items[task_id]
+        assert (item.status == BulkItemStatus.DONE) == judged.changes, (task_id, judged, item.detail)
+        assert item.detail == judged.sentence, (task_id, item.detail)
+    done = Counter(i.status for i in items.values())
+    assert done[BulkItemStatus.DONE] == len(preview.changing) > 0
+    assert done[BulkItemStatus.FAILED] == 0
+
+
+def test_resume_hands_each_task_back_through_claim_and_submit_with_its_own_events_and_audit_rows(
+    mixed: dict[str, Task], admin: Principal
+) -> None:
+    preview = bulk_preview(actor=admin, operation="resume", task_filter=ALL)
+    assert preview.counts == Counter({"resumed": 3, "not_waiting": 1, "agent_holds": 1, "ended": 1, "person_holds": 1})
+    run = bulk_run_create(actor=admin, operation="resume", reason=REASON, seen=seen_of(preview))
+    bulk_run_apply(run_id=run.pk)
+    for key in ("paused", "paused2", "mine"):
+        task = fresh(mixed[key])
+        assert task.status == "pending"
+        assert task.inputs_recheck_required == bool(task.input_refs)
+        types = list(Event.objects.filter(task=task, seq__gt=mixed[key].version).values_list("type", flat=True))
+        assert types == (
+            ["takeover_result_submitted"] if key == "mine" else ["takeover_granted", "takeover_result_submitted"]
+        )
+        assert AuditEvent.objects.filter(task_id=task.pk, action="takeover_result_submitted").count() == 1
+        assert lease_open(task.pk) is None
+    for key in ("pending", "agent_holds_paused", "cancelled", "others"):
+        assert fresh(mixed[key]).version == mixed[key].version
+
+
+def test_a_task_that_moved_since_the_preview_is_skipped_and_listed_and_nothing_is_written_to_it(
+    make_task: Callable[..., Task], agent_lease: Callable[..., Lease], admin: Principal
+) -> None:
+    still, moved = paused(make_task, agent_lease), paused(make_task, agent_lease)
+    preview = bulk_preview(actor=admin, operation="cancel", task_filter=ALL)
+    assert len(preview.changing) == 2
+    takeover_claim(actor=person("bob", "admin"), task_id=moved.pk)  # moves it: version + 1
+    before = task_state(moved)
+    run = bulk_run_create(actor=admin, operation="cancel", reason=REASON, seen=seen_of(preview))
+    bulk_run_apply(run_id=run.pk)
+    assert task_state(moved) == before
+    assert fresh(still).cancel_requested_at is not None
+    item = BulkRunItem.objects.get(run=run, task_id=moved.pk)
+    assert item.status == BulkItemStatus.SKIPPED
+    assert "Changed since the preview" in item.detail
+    progress = bulk_run_progress(actor=admin, run_id=run.pk)
+    assert progress is not None and progress.finished
+    assert progress.counts == {"pending": 0, "done": 1, "skipped": 1, "failed": 0}
+
+
+def test_a_lease_taken_since_the_preview_without_a_new_version_is_skipped_too(
+    make_task: Callable[..., Task], agent_lease: Callable[..., Lease], admin: Principal
+) -> None:
+    task = paused(make_task, agent_lease)
+    preview = bulk_preview(actor=admin, operation="resume", task_filter=ALL)
+    agent_lease(task)  # a lease grant writes no task version
+    before = task_state(task)
+    run = bulk_run_create(actor=admin, operation="resume", reason=REASON, seen=seen_of(preview))
+    bulk_run_apply(run_id=run.pk)
+    assert task_state(task) == before
+    assert "lease changed" in BulkRunItem.objects.get(run=run).detail
+
+
+def test_a_task_the_person_may_not_operate_is_never_changed_even_when_its_id_is_posted(
+    make_task: Callable[..., Task], agent_lease: Callable[..., Lease]
+) -> None:
+    granted, other = paused(make_task, agent_lease), paused(make_task, agent_lease)
+    ann = person("ann", "operator")
+    assign_perm(OPERATE, ann.user, granted)
+    preview = bulk_preview(actor=ann, operation="cancel", task_filter=ALL)
+    assert [r.task.pk for r in preview.rows] == [granted.pk]  # the other is not even shown
+    before = task_state(other)
+    posted = [*seen_of(preview), Seen(other.pk, other.version, None), Seen(999_999, 1, None)]
+    run = bulk_run_create(actor=ann, operation="cancel", reason=REASON, seen=posted)
+    bulk_run_apply(run_id=run.pk)
+    assert task_state(other) == before
+    items = {i.task_id: i for i in BulkRunItem.objects.filter(run=run)}
+    assert items[granted.pk].status == BulkItemStatus.DONE
+    assert items[other.pk].status == items[999_999].status == BulkItemStatus.SKIPPED
+    assert items[other.pk].detail == items[999_999].detail  # an unknown id and a forbidden one read the same
+
+
+def test_an_operator_whose_role_is_revoked_before_the_run_changes_nothing(
+    make_task: Callable[..., Task], agent_lease: Callable[..., Lease]
+) -> None:
+    task = paused(make_task, agent_lease)
+    ann = person("ann", "operator")
+    assign_perm(OPERATE, ann.user, task)
+    run = bulk_run_create(
+        actor=ann,
+        operation="cancel",
+        reason=REASON,
+        seen=seen_of(bulk_preview(actor=ann, operation="cancel", task_filter=ALL)),
+    )
+    ann.user.groups.clear()
+    before = task_state(task)
+    bulk_run_apply(run_id=run.pk)
+    assert task_state(task) == before
+    assert BulkRunItem.objects.get(run=run).status == BulkItemStatus.SKIPPED
+
+
+def test_an_auditor_and_an_outsider_may_neither_preview_nor_run(
+    make_task: Callable[..., Task], agent_lease: Callable[..., Lease]
+) -> None:
+    task = paused(make_task, agent_lease)
+    for who in (person("aud", "auditor"), person("out")):
+        with pytest.raises(PermissionDenied):
+            bulk_preview(actor=who, operation="cancel", task_filter=ALL)
+        with pytest.raises(PermissionDenied):
+            bulk_run_create(actor=who, operation="cancel", reason=REASON, seen=[Seen(task.pk, task.version, None)])
+
+
+def test_a_run_needs_a_reason_a_known_operation_and_at_most_the_cap(admin: Principal) -> None:
+    one = [Seen(1, 1, None)]
+    with pytest.raises(BulkRefused):
+        bulk_run_create(actor=admin, operation="cancel", reason="short", seen=one)
+    with pytest.raises(BulkRefused):
+        bulk_run_create(actor=admin, operation="delete_everything", reason=REASON, seen=one)
+    with pytest.raises(BulkRefused):
+        bulk_run_create(actor=admin, operation="cancel", reason=REASON, seen=[])
+    with pytest.raises(BulkRefused):
+        bulk_run_create(
+            actor=admin, operation="cancel", reason=REASON, seen=[Seen(i, 1, None) for i in range(MAX_TASKS + 1)]
+        )
+    assert not BulkRunItem.objects.exists()
+
+
+def test_a_run_is_audited_and_its_job_is_enqueued_only_on_commit(
+    make_task: Callable[..., Task],
+    agent_lease: Callable[..., Lease],
+    admin: Principal,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    task = paused(make_task, agent_lease)
+    with django_capture_on_commit_callbacks() as callbacks:
+        run = bulk_run_create(actor=admin, operation="cancel", reason=REASON, seen=[Seen(task.pk, task.version, None)])
+    assert len(callbacks) == 1
+    confirmed = AuditEvent.objects.get(action="bulk_run_confirmed")
+    assert confirmed.details["run"] == run.pk and confirmed.details["tasks"] == [task.pk]
+
+
+@override_settings(CELERY_TASK_ALWAYS_EAGER=True)
+def test_the_celery_job_applies_the_run_and_a_redelivery_changes_nothing_twice(
+    make_task: Callable[..., Task], agent_lease: Callable[..., Lease], admin: Principal
+) -> None:
+    task = paused(make_task, agent_lease)
+    run = bulk_run_create(actor=admin, operation="cancel", reason=REASON, seen=[Seen(task.pk, task.version, None)])
+    assert apply_bulk_run.apply(args=(run.pk,)).get() == f"bulk run {run.pk}: done"
+    after = task_state(task)
+    BulkRunItem.objects.filter(run=run).update(status=BulkItemStatus.PENDING)  # as if the first never finished
+    apply_bulk_run.apply(args=(run.pk,))
+    assert task_state(task) == after  # the version moved: the second attempt wrote nothing to the task
+    assert BulkRunItem.objects.get(run=run).status == BulkItemStatus.SKIPPED
+    assert AuditEvent.objects.filter(task_id=task.pk, action="cancel_requested").count() == 1
+
+
+def test_request_takeover_grants_a_free_task_and_reserves_an_agent_held_one(
+    make_task: Callable[..., Task], agent_lease: Callable[..., Lease], admin: Principal
+) -> None:
+    free, held = paused(make_task, agent_lease), paused(make_task, agent_lease)
+    agent_lease(held, holder="agent-7")
+    preview = bulk_preview(actor=admin, operation="request_takeover", task_filter=ALL)
+    assert preview.counts == Counter({"taken_over": 1, "takeover_requested": 1})
+    run = bulk_run_create(actor=admin, operation="request_takeover", reason=REASON, seen=seen_of(preview))
+    bulk_run_apply(run_id=run.pk)
+    assert fresh(free).status == "human"
+    assert Event.objects.filter(task=held, type="takeover_requested").count() == 1
+    release = bulk_preview(actor=admin, operation="release", task_filter=ALL)
+    assert release.counts == Counter({"released": 1, "not_yours": 1})
+    run = bulk_run_create(actor=admin, operation="release", reason=REASON, seen=seen_of(release))
+    bulk_run_apply(run_id=run.pk)
+    assert lease_open(free.pk) is None
+    assert AuditEvent.objects.filter(task_id=free.pk, action="takeover_released").count() == 1
+
+
+def test_the_rules_are_a_pure_table() -> None:
+    from tasks.bulk import Facts
+
+    def facts(**kw: Any) -> Facts:
+        base: dict[str, Any] = {
+            "task_id": 1,
+            "version": 3,
+            "status": "paused",
+            "cancel_requested": False,
+            "operable": True,
+            "epoch": None,
+            "lease_kind": None,
+            "lease_holder": None,
+            "lease_live": False,
+            "reserved_for": None,
+        }
+        return Facts(**(base | kw))
+
+    assert verdict("resume", "ada", facts()).code == "resumed"
+    assert verdict("resume", "ada", facts(operable=False)).code == "no_permission"
+    assert verdict("resume", "ada", None).code == "no_permission"
+    assert verdict("resume", "ada", facts(status="running")).code == "not_waiting"
+    assert verdict("resume", "ada", facts(status="completed")).code == "ended"
+    lapsed = {"epoch": 2, "lease_kind": "agent", "lease_holder": "a", "lease_live": False}
+    assert verdict("resume", "ada", facts(**lapsed)).code == "resumed"
+    assert verdict("resume", "ada", facts(**(lapsed | {"lease_live": True}))).code == "agent_holds"
+    assert verdict("request_takeover", "ada", facts(reserved_for="ada")).code == "you_wait"
+    assert verdict("request_takeover", "ada", facts(reserved_for="bob")).code == "person_waits"
+    mine = {"epoch": 2, "lease_kind": "operator", "lease_holder": "ada"}
+    assert verdict("release", "ada", facts(**mine, lease_live=False)).code == "released"
+    assert verdict("release", "bob", facts(**mine, lease_live=True)).code == "not_yours"
+    assert verdict("cancel", "ada", facts(cancel_requested=True)).code == "cancel_recorded"
