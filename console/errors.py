@@ -40,6 +40,8 @@ SENTENCES: dict[str, str] = {
     "invalid_cursor": "This link to a page is not valid any more: start again from the first page.",
     "takeover_required": "Take the task over before settling its operations by hand.",
     "takeover_refused": "The takeover was refused.",
+    "note_refused": "The note is empty or too long: write what you saw, briefly.",
+    "bulk_refused": "The bulk action cannot run as asked: check the selection, the action and the reason.",
     # tasks.permissions
     "permission_denied": "You may not do this on this task. Ask an admin to grant you the task, or its project.",
     "grant_refused": "That grant already exists, or there is nothing to revoke.",

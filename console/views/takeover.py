@@ -32,7 +32,7 @@ from console.forms.takeover import (
 )
 from leases.errors import LeaseError
 from tasks.approvals import node_approve
-from tasks.errors import TaskError
+from tasks.errors import TaskError, VersionConflict
 from tasks.lifecycle import NOT_ENDED
 from tasks.models import Task
 from tasks.permissions import PermissionDenied
@@ -227,8 +227,20 @@ def submit(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
             )
         takeover_submit(**arguments)
     except (TaskError, LeaseError) as error:
+        if isinstance(error, VersionConflict):  # the form is based on the version now, for a new review
+            form = _rebased(state, request, error)
         return _render_page(request, task, who, status=_status_of(error), result_form=form, error=message_for(error))
     return _after_action(request, task, _submitted(data["decision"]))
+
+
+def _rebased(state: TakeoverState, request: HtmxHttpRequest, error: VersionConflict) -> ResultForm:
+    """After a stale-form refusal: the person's entries again, on the version the task is at now (they read what
+    changed, then review again: no confirm button until they do)."""
+    data = request.POST.copy()
+    data["expected_version"] = str(error.details.get("actual") or state.task.version)
+    rebased = _result_form(state, data)
+    rebased.is_valid()
+    return rebased
 
 
 def _reviewed(
