@@ -261,9 +261,9 @@ def bulk_preview(*, actor: Principal, operation: str, task_filter: TaskFilter) -
     require_bulk_role(actor)
     if operation not in _RULES:
         raise BulkRefused(f"unknown bulk operation {operation!r}")
-    selected = Task.objects.filter(filter_condition(task_filter)).viewable_by(actor.user)
-    if task_filter.attention:
-        selected = selected.with_attention()
+    # The attention filter reads with_attention()'s annotations: they come first.
+    annotated = Task.objects.with_attention() if task_filter.attention else Task.objects.all()
+    selected = annotated.filter(filter_condition(task_filter)).viewable_by(actor.user)
     tasks = list(_with_lease_facts(selected).order_by("pk")[: MAX_TASKS + 1])
     too_many = len(tasks) > MAX_TASKS
     tasks = tasks[:MAX_TASKS]
@@ -397,29 +397,28 @@ def _cancel(actor: Principal, facts: Facts, reason: str) -> None:
         raise _Skip(CANCEL_RECORDED.sentence)
 
 
-def _claim(actor: Principal, facts: Facts) -> tuple[Lease, int]:
-    """Take the task over (or ask for it) as takeover_claim does, and the version after; the claim must be the
-    only change since the facts were read, or the task moved and the claim is rolled back with everything else."""
+def _claim(actor: Principal, facts: Facts) -> Lease:
+    """Take the task over as takeover_claim does (a lease already held by ``actor`` is renewed, nothing recorded).
+    The claim must be the only change since the facts were read, or the task moved while being claimed and
+    everything written for it is rolled back."""
     claim = takeover_claim(actor=actor, task_id=facts.task_id)
-    version = _check_one_change(facts)
+    held_already = facts.holder_kind == HolderKind.OPERATOR and facts.holder_id == actor.id
+    _check_version(facts, facts.version if held_already else facts.version + 1)
     if not claim.granted or claim.lease is None:
         raise _Skip(f"Waits for {claim.waiting_for}: not resumed.")
-    return claim.lease, version
+    return claim.lease
 
 
 def _request_takeover(actor: Principal, facts: Facts, reason: str) -> None:
     """Granted at once on a free task, recorded as a request while an agent holds it: either is one event."""
     takeover_claim(actor=actor, task_id=facts.task_id)
-    _check_one_change(facts)
+    _check_version(facts, facts.version + 1)
 
 
-def _check_one_change(facts: Facts) -> int:
-    """The version after a claim: it must be the claim's one event on the version seen, or the task moved while
-    being claimed and everything written for it is rolled back."""
+def _check_version(facts: Facts, expected: int) -> None:
     version = Task.objects.values_list("version", flat=True).get(pk=facts.task_id)
-    if version != facts.version + 1:
+    if version != expected:
         raise _Skip(f"Changed while being taken over (version {facts.version} → {version}): not touched.")
-    return version
 
 
 def _release(actor: Principal, facts: Facts, reason: str) -> None:
@@ -430,13 +429,10 @@ def _release(actor: Principal, facts: Facts, reason: str) -> None:
 
 
 def _resume(actor: Principal, facts: Facts, reason: str) -> None:
-    if facts.holder_kind == HolderKind.OPERATOR and facts.holder_id == actor.id:
-        lease = lease_open(facts.task_id)
-        if lease is None or lease.epoch != facts.epoch:
-            raise _Skip("Its lease changed since the preview: not touched.")
-        version = facts.version
-    else:
-        lease, version = _claim(actor, facts)
+    """Claim (or renew one's own lease), then hand back with ``resume_agent``: the task goes ``pending`` with its
+    inputs to re-check before anything new starts, and the agent is woken once committed."""
+    lease = _claim(actor, facts)
+    version = Task.objects.values_list("version", flat=True).get(pk=facts.task_id)
     takeover_submit(actor=actor, lease=lease, based_on_version=version, decision="resume_agent", note=reason)
 
 

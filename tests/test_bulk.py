@@ -5,6 +5,7 @@ posted, and a redelivered job changes nothing twice."""
 
 from collections import Counter
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -317,3 +318,26 @@ def test_the_rules_are_a_pure_table() -> None:
     assert verdict("release", "ada", facts(**mine, lease_live=False)).code == "released"
     assert verdict("release", "bob", facts(**mine, lease_live=True)).code == "not_yours"
     assert verdict("cancel", "ada", facts(cancel_requested=True)).code == "cancel_recorded"
+
+
+def test_the_preview_takes_the_queues_attention_filter(
+    make_task: Callable[..., Task], agent_lease: Callable[..., Lease], admin: Principal
+) -> None:
+    waiting = paused(make_task, agent_lease)
+    make_task(chain_plan("a"), project=PROJECT, title="needs nobody")
+    preview = bulk_preview(actor=admin, operation="cancel", task_filter=TaskFilter(project=PROJECT, attention="any"))
+    assert [r.task.pk for r in preview.rows] == [waiting.pk]
+
+
+def test_resume_renews_ones_own_lease_in_its_grace_and_hands_the_task_back(
+    make_task: Callable[..., Task], agent_lease: Callable[..., Lease], admin: Principal, clock: Any
+) -> None:
+    task = paused(make_task, agent_lease)
+    assert takeover_claim(actor=admin, task_id=task.pk).granted
+    clock.advance(timedelta(seconds=125))  # past the 120 s operator lease, inside its 15 s grace
+    preview = bulk_preview(actor=admin, operation="resume", task_filter=ALL)
+    assert preview.counts == Counter({"resumed": 1})
+    run = bulk_run_create(actor=admin, operation="resume", reason=REASON, seen=seen_of(preview))
+    bulk_run_apply(run_id=run.pk)
+    assert BulkRunItem.objects.get(run=run).status == BulkItemStatus.DONE
+    assert fresh(task).status == "pending"
