@@ -183,6 +183,12 @@ def test_a_missing_task_is_404(browser) -> None:
     assert browser.get(reverse("takeover", args=[999999])).status_code == 404
 
 
+def test_a_free_task_awaiting_approval_says_so(browser, task, clock) -> None:
+    html = text(browser.get(url("takeover", task)))
+    assert "Waiting for a person's approval: ok. Take the task over to approve." in html
+    assert "Approve ok" not in html, "approving needs the takeover lease"
+
+
 # --- claim, wait, renew, release --------------------------------------------------------------------------------
 
 
