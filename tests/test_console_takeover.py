@@ -111,6 +111,7 @@ ENDPOINTS = [
     ("get", "takeover-lease"),
     ("get", "takeover-replan"),
     ("post", "takeover-claim"),
+    ("post", "takeover-withdraw"),
     ("post", "takeover-renew"),
     ("post", "takeover-release"),
     ("post", "takeover-submit"),
@@ -238,6 +239,19 @@ def test_a_task_another_person_holds_offers_no_claim(browser, task, root, clock)
     refused = browser.post(url("takeover-claim", task))  # the endpoint refuses, whatever the page shows
     assert refused.status_code == 303 and snapshot() == before
     assert SENTENCES["takeover_held"] in text(browser.get(url("takeover", task)))
+
+
+def test_a_waiting_request_can_be_withdrawn_and_the_agent_goes_on(browser, task, agent_lease, clock) -> None:
+    agent_lease(task)
+    browser.post(url("takeover-claim", task))
+    assert "Withdraw the request" in text(browser.get(url("takeover", task)))
+    response = browser.post(url("takeover-withdraw", task))
+    assert response.status_code == 303
+    from leases.services import lease_reservation
+
+    assert lease_reservation(task.pk) is None
+    row = AuditEvent.objects.order_by("-seq").first()
+    assert row is not None and (row.action, row.actor_id) == ("takeover_withdrawn", "ann")
 
 
 def test_the_renewal_carries_the_seq_and_a_stale_one_is_refused(browser, task, ann, clock) -> None:

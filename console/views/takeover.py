@@ -46,6 +46,7 @@ from tasks.takeover import (
     takeover_renew,
     takeover_state,
     takeover_submit,
+    takeover_withdraw,
 )
 
 PAGE = "console/takeover/takeover.html"
@@ -162,6 +163,17 @@ def claim(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
     return _after_action(
         request, task, f"Takeover requested: {result.waiting_for} finishes its step first; this page waits for it."
     )
+
+
+@require_POST
+def withdraw(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
+    """Stop waiting for the agent's lease: agents may go on."""
+    task = operable_task(request, task_id)
+    try:
+        takeover_withdraw(actor=principal(request), task_id=task.pk)
+    except (TaskError, LeaseError) as error:
+        return _after_action(request, task, message_for(error), error=error)
+    return _after_action(request, task, "Takeover request withdrawn: the agent may go on.")
 
 
 @require_POST
@@ -361,6 +373,7 @@ urlpatterns = [
     path("tasks/<int:task_id>/takeover/", takeover_page, name="takeover"),
     path("tasks/<int:task_id>/takeover/lease/", lease_panel, name="takeover-lease"),
     path("tasks/<int:task_id>/takeover/claim/", claim, name="takeover-claim"),
+    path("tasks/<int:task_id>/takeover/withdraw/", withdraw, name="takeover-withdraw"),
     path("tasks/<int:task_id>/takeover/renew/", renew, name="takeover-renew"),
     path("tasks/<int:task_id>/takeover/release/", release, name="takeover-release"),
     path("tasks/<int:task_id>/takeover/submit/", submit, name="takeover-submit"),
