@@ -450,7 +450,7 @@ _APPLY: dict[str, Callable[[Principal, Facts, str], None]] = {
 @dataclass(frozen=True)
 class RunProgress:
     run: BulkRun
-    items: list[BulkRunItem]
+    items: list[tuple[BulkRunItem, str | None]]  # each item, and its task's title when the reader may see the task
     counts: dict[str, int]  # item status → how many
 
     @property
@@ -459,11 +459,18 @@ class RunProgress:
 
 
 def bulk_run_progress(*, actor: Principal, run_id: int) -> RunProgress | None:
-    """The run and its items, if ``actor`` started it (None otherwise: another person's run is not disclosed). Two
-    queries whatever the number of items."""
+    """The run and its items, if ``actor`` started it (None otherwise: another person's run is not disclosed), with
+    the titles of the tasks ``actor`` may see (an id posted for another task stays a bare number). Three queries
+    whatever the number of items."""
     run = BulkRun.objects.filter(pk=run_id, actor_id=getattr(actor.user, "pk", None)).first()
     if run is None:
         return None
     items = list(BulkRunItem.objects.filter(run=run).order_by(F("finished_at").asc(nulls_last=True), "pk"))
+    visible = Task.objects.filter(pk__in=[i.task_id for i in items]).viewable_by(actor.user)
+    titles: dict[int, str] = dict(visible.values_list("pk", "title"))
     counts = Counter(item.status for item in items)
-    return RunProgress(run, items, {status: counts.get(status, 0) for status in BulkItemStatus.values})
+    return RunProgress(
+        run,
+        [(item, titles.get(item.task_id)) for item in items],
+        {status: counts.get(status, 0) for status in BulkItemStatus.values},
+    )

@@ -31,6 +31,7 @@ pytestmark = pytest.mark.django_db
 PROJECT = "outage"
 OPERATE = "tasks.operate_task"
 REASON = "the outage is over: cancel what it left"
+PINNED = {"preview": 6, "run": 7}
 PREVIEW = f"{reverse('bulk')}?project={PROJECT}&op=cancel"
 
 
@@ -176,7 +177,7 @@ def test_a_task_that_moves_after_the_preview_is_skipped_listed_and_untouched(
 def test_an_id_injected_into_the_confirmation_is_never_changed(
     client: Client, make_task: Callable[..., Task], agent_lease: Callable[..., Lease]
 ) -> None:
-    mine, not_mine = paused(make_task, agent_lease), paused(make_task, agent_lease)
+    mine, not_mine = paused(make_task, agent_lease, "granted to ann"), paused(make_task, agent_lease, "secret merger")
     ann = person("ann", "operator")
     assign_perm(OPERATE, ann.user, mine)
     client.force_login(ann.user)
@@ -189,6 +190,9 @@ def test_an_id_injected_into_the_confirmation_is_never_changed(
     assert task_state(not_mine) == before
     assert BulkRunItem.objects.get(task_id=not_mine.pk).status == BulkItemStatus.SKIPPED
     assert BulkRunItem.objects.get(task_id=mine.pk).status == BulkItemStatus.DONE
+    shown = client.get(reverse("bulk-run", args=[BulkRun.objects.get().pk])).content.decode()
+    assert f'#{not_mine.pk} <span class="muted">(not yours to see)</span>' in shown
+    assert not_mine.title not in shown.replace(mine.title, "")
 
 
 def test_an_altered_preview_token_is_refused(
@@ -223,6 +227,6 @@ def test_the_bulk_pages_read_the_same_number_of_queries_for_3_and_30_tasks(
             response = client.get(url)
         assert response.status_code == 200
         counts.append(len(queries))
-    # session, user, roles, then the preview: tasks with their lease facts, the operable ones, the database clock;
-    # the run page: the run, its items.
-    assert counts[0] == counts[1] <= 6, counts
+    # Session, user, roles; the preview: the tasks with their lease facts, the operable ones, the database clock; the
+    # run page: the run, its items, the titles of the tasks the reader may see (and the run's actor, for its name).
+    assert counts == [PINNED[page]] * 2, counts
