@@ -3,8 +3,13 @@ change through its own service (its event and audit row), a task that moved sinc
 listed and nothing is written to it, a task the person may not operate is never touched even when its id is
 posted, and a redelivered job changes nothing twice."""
 
+import os
+import subprocess
+import sys
+import time
+import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -12,8 +17,10 @@ import pytest
 from django.test import override_settings
 from guardian.shortcuts import assign_perm
 
+from agents.demo import migration_plan
 from audit.models import AuditEvent
 from audit.principals import Principal
+from harness.killmatrix import database_url
 from leases.models import Lease
 from leases.services import lease_open, lease_release
 from tasks.bulk import (
@@ -27,14 +34,16 @@ from tasks.bulk import (
     verdict,
 )
 from tasks.cancel import task_request_cancel
-from tasks.jobs import apply_bulk_run
+from tasks.jobs import apply_bulk_run, drive_task
 from tasks.lifecycle import FailureClass
-from tasks.models import BulkItemStatus, BulkRunItem, Event, Task
+from tasks.models import BulkItemStatus, BulkRun, BulkRunItem, Event, Task
 from tasks.outcomes import Failed
 from tasks.permissions import PermissionDenied
+from tasks.plans import task_create
 from tasks.queries import TaskFilter
 from tasks.takeover import takeover_claim
 from tests.conftest import chain_plan, person
+from tests.simulator_fixture import ROOT, Simulator
 from tests.steps import record, send
 
 pytestmark = pytest.mark.django_db
@@ -341,3 +350,44 @@ def test_resume_renews_ones_own_lease_in_its_grace_and_hands_the_task_back(
     bulk_run_apply(run_id=run.pk)
     assert BulkRunItem.objects.get(run=run).status == BulkItemStatus.DONE
     assert fresh(task).status == "pending"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_real_worker_applies_a_run_enqueued_on_commit(
+    store: Simulator, monkeypatch: pytest.MonkeyPatch, admin_queue: str
+) -> None:
+    ada = person("ada", "admin")
+    made = [
+        task_create(kind="migrate_project", title=f"Migrate {p}", plan=migration_plan(), created_by="test", project=p)
+        for p in ("acme", "globex")
+    ]
+    run = bulk_run_create(
+        actor=ada, operation="cancel", reason=REASON, seen=[Seen(t.pk, t.version, None) for t in made]
+    )  # its job goes to the worker once this commits
+    deadline = time.monotonic() + 60
+    while BulkRun.objects.get(pk=run.pk).status != "done":
+        assert time.monotonic() < deadline, "the worker did not finish the run in 60 s"
+        time.sleep(0.2)
+    assert set(BulkRunItem.objects.filter(run=run).values_list("status", flat=True)) == {BulkItemStatus.DONE}
+    assert all(Task.objects.get(pk=t.pk).cancel_requested_at is not None for t in made)
+
+
+@pytest.fixture
+def admin_queue(store: Simulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A real Celery worker process on a queue of this test's own; every job the services enqueue goes there."""
+    name = f"test-{uuid.uuid4().hex[:10]}"
+    for job in (apply_bulk_run, drive_task):
+        monkeypatch.setattr(job, "delay", lambda *a, _job=job, **kw: _job.apply_async(a, kw, queue=name))
+    env = os.environ | {"DATABASE_URL": database_url(), "RECKON_OBJECTSTORE_URL": store.url}
+    command = [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool=solo", "-Q", name]
+    command += ["--without-heartbeat", "--without-mingle", "--without-gossip", "--loglevel=WARNING"]
+    worker = subprocess.Popen(command, cwd=ROOT, env=env)  # noqa: S603
+    try:
+        yield name
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(15)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait(5)
