@@ -12,7 +12,7 @@ object-store simulator, never by writing a status column.
 """
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -22,14 +22,19 @@ from playwright.sync_api import Page, expect
 from agents.demo import SOURCE_DIGEST
 from agents.migrate_project import KIND, plan
 from audit.principals import Principal
+from leases.models import ForcedRelease
 from tasks.connectors.objectstore import ObjectStoreConnector
+from tasks.forced_release import lease_force_release
 from tasks.lifecycle import TaskStatus
-from tasks.models import Receipt, Task
+from tasks.models import Operation, Receipt, Task
 from tasks.permissions import permission_grant
 from tasks.plans import task_create
+from tasks.registry import register_kind, unregister_kind
 from tasks.runner import run_task_once
-from tests.conftest import person
+from tests.conftest import chain_plan, person, snapshot
 from tests.simulator_fixture import Simulator
+from tests.test_console_reconcile import KIND as RECONCILE_KIND
+from tests.test_console_reconcile import Remote, stuck_temp, unknown_task
 
 pytestmark = pytest.mark.browser
 
@@ -117,3 +122,205 @@ def test_an_operator_finishes_a_paused_task_by_hand_and_the_worker_completes_it(
     wait_on_the_task_page(page, "Completed")
     expect(page.locator("#node-switch-reference")).to_contain_text("succeeded")
     assert Task.objects.get(pk=task.pk).status == TaskStatus.COMPLETED
+
+
+@pytest.fixture
+def remote() -> Iterator[Remote]:
+    """The reconcile test kind's remote (in this process: the live server's thread asks it)."""
+    held = Remote()
+    register_kind(RECONCILE_KIND, connector=lambda: held)
+    yield held
+    unregister_kind(RECONCILE_KIND)
+
+
+def test_an_operator_settles_an_unknown_operation_by_hand_and_the_task_page_shows_it(
+    page: Page,
+    make_task: Callable[..., Task],
+    agent_lease: Callable[..., Any],
+    login: Callable[..., None],
+    remote: Remote,
+) -> None:
+    task = unknown_task(make_task, agent_lease)
+    op = Operation.objects.get(task=task, status="unknown")
+    ann = operator_of(task)
+    login(page, ann.user)
+    page.goto(reverse("attention"))
+    row = page.get_by_role("row").filter(has_text=task.title)
+    expect(row).to_contain_text("unknown")
+    row.get_by_role("link", name=str(task.pk), exact=True).click()
+    expect(page.locator("#state")).to_contain_text(op.op_key)
+
+    page.get_by_role("link", name="Take over…").click()
+    page.get_by_role("button", name="Take over").click()
+    expect(page.get_by_text("You hold this task.")).to_be_visible()
+    page.goto(reverse("task-detail", args=[task.pk]))
+    page.get_by_role("link", name="Cancel, reconcile…").click()
+    expect(page.get_by_role("heading", name="Open operations (1)")).to_be_visible()
+    page.get_by_role("link", name=f"Settle: done… {op.op_key}").click()
+    dialog = page.locator("#dialog")
+    dialog.get_by_label("Remote id").fill("batch-1")
+    dialog.get_by_label("What you checked").fill("the store's console lists batch-1 under this op key")
+    dialog.get_by_label(f"Type {task.pk} to confirm").fill(str(task.pk))
+    dialog.get_by_role("button", name="Settle the operation").click()
+    expect(page.get_by_text(f"Operation {op.op_key} settled by hand (done).")).to_be_visible()
+    expect(page.get_by_role("heading", name="Open operations (0)")).to_be_visible()
+
+    page.goto(reverse("task-detail", args=[task.pk]))
+    node = page.locator("#node-a")
+    expect(node).to_contain_text("succeeded")
+    expect(node).to_contain_text("batch-1")
+    expect(node).to_contain_text(op.op_key)
+    expect(page.locator("#state")).not_to_contain_text(op.op_key)
+    assert Operation.objects.get(pk=op.pk).status == "committed"
+
+
+def test_an_admin_force_releases_a_lease_and_only_another_admin_reviews_it(
+    page: Page, make_task: Callable[..., Task], agent_lease: Callable[..., Any], login: Callable[..., None]
+) -> None:
+    task = make_task(chain_plan("a", "b"), title="Migrate project stuck-agent")
+    agent_lease(task, holder="agent-7")
+    ada, bob = person("ada", "admin").user, person("bob", "admin").user
+
+    login(page, ada)
+    page.goto(reverse("task-detail", args=[task.pk]))
+    page.get_by_role("link", name="Cancel, reconcile…").click()
+    page.get_by_role("link", name="Force-release the lease… (admin)").click()
+    dialog = page.locator("#dialog")
+    expect(dialog).to_contain_text("agent-7")
+    dialog.get_by_label("Justification").fill("agent-7's host is gone and its lease blocks the migration")
+    dialog.get_by_label("Impact").fill("nothing was in flight; the operators on call are told in #ops")
+    dialog.get_by_label(f"Type {task.pk} to confirm").fill(str(task.pk))
+    dialog.get_by_role("button", name="Force-release the lease").click()
+    expect(page.get_by_text(f"Lease of task {task.pk} released; it waits for another admin's review.")).to_be_visible()
+    forced = ForcedRelease.objects.get(task=task)
+    assert forced.status == "pending" and "agent-7" in forced.removed_holder
+
+    page.get_by_role("navigation").get_by_role("link", name="Reviews").click()
+    card = page.get_by_role("article").filter(has_text=f"Forced release #{forced.pk}")
+    expect(card).to_contain_text("You forced this release: another admin reviews it.")
+    expect(card.get_by_role("button", name="Record the review")).to_have_count(0)
+    # Past the page: ada posts a verdict on her own release anyway; the service refuses it.
+    refused = page.request.post(
+        reverse("review", args=[forced.pk]),
+        headers={"X-CSRFToken": csrf_token(page)},
+        form={"verdict": "accepted", "note": "I reviewed my own release, which must not count"},
+    )
+    assert refused.url.endswith(reverse("reviews")), refused.url
+    assert "message-error" in refused.text(), "the refusal is said on the reviews page"
+    assert ForcedRelease.objects.get(pk=forced.pk).status == "pending", "an admin reviewed their own release"
+    page.get_by_role("button", name="Log out").click()
+
+    login(page, bob)
+    page.get_by_role("navigation").get_by_role("link", name="Reviews").click()
+    card = page.get_by_role("article").filter(has_text=f"Forced release #{forced.pk}")
+    expect(card).to_contain_text("user:ada")
+    card.get_by_label("Accept: the release was justified").check()
+    card.get_by_label("Note").fill("checked: agent-7's host was decommissioned this morning")
+    card.get_by_role("button", name="Record the review").click()
+    expect(page.get_by_text(f"Forced release #{forced.pk} accepted.")).to_be_visible()
+    expect(page.get_by_role("row").filter(has_text="checked: agent-7's host")).to_contain_text("bob")
+    reviewed = ForcedRelease.objects.get(pk=forced.pk)
+    assert (reviewed.status, reviewed.reviewed_by) == ("accepted", "user:bob")
+
+
+def csrf_token(page: Page) -> str:
+    return next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
+
+
+def auditor_action_posts(
+    task: Task, op: Operation, temp_task: Task, temp_id: int, forced: ForcedRelease
+) -> dict[str, dict[str, str | float | bool]]:
+    """Every console URL that changes something, with a form that would pass its validation."""
+    v, pk, user_id = str(task.version), str(task.pk), str(forced.forced_by_user_id)
+    change: dict[str, str | float | bool] = {
+        "version": v,
+        "expected_version": v,
+        "confirm": pk,
+        "reason": "the auditor tries to act here",
+    }
+    return {
+        reverse("takeover-claim", args=[task.pk]): change,
+        reverse("takeover-renew", args=[task.pk]): {"epoch": "1", "renewal_seq": "0"},
+        reverse("takeover-release", args=[task.pk]): {"epoch": "1", "reason": "giving it back"},
+        reverse("takeover-submit", args=[task.pk]): change
+        | {"epoch": "1", "decision": "resume_agent", "stage": "confirm"},
+        reverse("takeover-approve", args=[task.pk]): change | {"node_key": "a"},
+        reverse("takeover-replan", args=[task.pk]): change | {"plan": '{"nodes": []}'},
+        reverse("takeover-replan-accept", args=[task.pk]): change | {"revision_id": "1"},
+        reverse("task-cancel", args=[task.pk]): change,
+        reverse("force-release", args=[task.pk]): change
+        | {"justification": "the auditor pretends an agent hangs", "impact": "none at all, it is a test of access"},
+        reverse("operation-settle", args=[task.pk, op.op_key]): change
+        | {"resolution": "done", "remote_id": "batch-1", "note": "the auditor pretends to have checked"},
+        reverse("operation-query", args=[task.pk, op.op_key]): change,
+        reverse("temp-reset", args=[temp_task.pk, temp_id]): {
+            "version": str(temp_task.version),
+            "confirm": str(temp_task.pk),
+            "reason": "the auditor tries to reset",
+        },
+        reverse("task-notes", args=[task.pk]): {"text": "an auditor's note"},
+        reverse("review", args=[forced.pk]): {"verdict": "accepted", "note": "an auditor may read, never review"},
+        reverse("role-grant"): {"user": user_id, "role": "admin"},
+        reverse("role-revoke"): {"user": user_id, "role": "admin"},
+        reverse("task-grant"): {"user": user_id, "task": pk},
+        reverse("task-revoke"): {"user": user_id, "task": pk},
+        reverse("account-create"): {"username": "mallory", "role": "admin"},
+        reverse("password-reset", args=[forced.forced_by_user_id]): {"confirm": "ada"},
+        reverse("scope-grant"): {"user": user_id, "kind": RECONCILE_KIND},
+        reverse("scope-revoke"): {"user": user_id, "kind": RECONCILE_KIND},
+        reverse("bulk"): {"operation": "cancel", "filter": "", "seen": f"{pk}:{v}", "confirm": "1", "reason": "x" * 20},
+    }
+
+
+def test_an_auditor_sees_everything_and_no_action_works(
+    page: Page,
+    make_task: Callable[..., Task],
+    agent_lease: Callable[..., Any],
+    login: Callable[..., None],
+    remote: Remote,
+) -> None:
+    task = unknown_task(make_task, agent_lease)
+    op = Operation.objects.get(task=task, status="unknown")
+    temp_task, temp = stuck_temp(make_task, agent_lease, remote)
+    held = make_task(chain_plan("a"), title="Migrate project held")
+    agent_lease(held, holder="agent-7")
+    forced = lease_force_release(
+        actor=person("ada", "admin"),
+        task_id=held.pk,
+        justification="agent-7's host is gone and its lease blocks the work",
+        impact="nothing was in flight; the operators are told",
+    )
+    audrey = person("audrey", "auditor").user
+    login(page, audrey)
+
+    page.goto(reverse("task-list"))
+    expect(page.get_by_role("row").filter(has_text=task.title).first).to_be_visible()
+    page.goto(reverse("task-detail", args=[task.pk]))
+    expect(page.get_by_role("heading", level=1)).to_have_text(task.title)
+    expect(page.locator("#state")).to_contain_text(op.op_key)
+    for name in ("Take over…", "Cancel, reconcile…"):
+        expect(page.get_by_role("link", name=name)).to_have_count(0)
+    page.get_by_role("navigation").get_by_role("link", name="Audit log").click()
+    expect(page.get_by_role("heading", level=1)).to_be_visible()
+    expect(page.locator("main")).to_contain_text("force")
+    page.get_by_role("navigation").get_by_role("link", name="Reviews").click()
+    card = page.get_by_role("article").filter(has_text=f"Forced release #{forced.pk}")
+    expect(card).to_contain_text("agent-7")
+    expect(page.get_by_text("You read this queue; only admins review.")).to_be_visible()
+    expect(page.get_by_role("button", name="Record the review")).to_have_count(0)
+    expect(page.get_by_role("navigation").get_by_role("link", name="Roles")).to_have_count(0)
+
+    token = page.evaluate("JSON.parse(document.body.getAttribute('hx-headers'))['X-CSRFToken']")
+    # The token is good: what an auditor may do (check a task's chain) takes it.
+    check = page.request.post(reverse("task-chain-check", args=[task.pk]), headers={"X-CSRFToken": token})
+    assert check.status == 200, check.status
+    before = snapshot()
+    answers = {}
+    for url, form in auditor_action_posts(task, op, temp_task, temp.pk, forced).items():
+        answer = page.request.post(url, headers={"X-CSRFToken": token}, form=form, max_redirects=0)
+        answers[url] = answer.status
+        assert "CSRF verification failed" not in answer.text(), (
+            f"{url}: refused for its token, not for the auditor's role"
+        )
+    assert {url: status for url, status in answers.items() if status != 403} == {}
+    assert snapshot() == before, "a refused action wrote something"
