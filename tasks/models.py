@@ -71,6 +71,8 @@ class Task(models.Model):
         indexes = [
             # Serves the recovery scan and the console's task list: tasks by status.
             models.Index(fields=["status", "updated_at"], name="task_status_idx"),
+            # Serves the needs-attention queue (oldest change first) and page()'s keyset on updated_at.
+            models.Index(fields=["updated_at", "id"], name="task_updated_idx"),
         ]
 
     def __str__(self) -> str:
@@ -145,6 +147,16 @@ class Node(models.Model):
                 condition=Q(attempts__lte=models.F("max_attempts")), name="node_attempts_within_budget"
             ),
             models.CheckConstraint(condition=~Q(key=""), name="node_key_not_empty"),
+        ]
+        indexes = [
+            # Serves the needs-attention queue's budget reason: a pending node that spent its attempts.
+            models.Index(
+                fields=["task", "plan_version"],
+                condition=Q(status="pending", attempts__gte=models.F("max_attempts")),
+                name="node_spent_idx",
+            ),
+            # Serves the needs-attention queue's awaiting-approval reason: pending nodes of the approval actions.
+            models.Index(fields=["action", "status"], name="node_action_status_idx"),
         ]
         ordering = ["plan_version", "position"]
 
