@@ -230,3 +230,12 @@ def test_the_bulk_pages_read_the_same_number_of_queries_for_3_and_30_tasks(
     # Session, user, roles; the preview: the tasks with their lease facts, the operable ones, the database clock; the
     # run page: the run, its items, the titles of the tasks the reader may see (and the run's actor, for its name).
     assert counts == [PINNED[page]] * 2, counts
+
+
+def test_a_history_restore_of_a_pushed_preview_gets_the_whole_page(
+    client: Client, make_task: Callable[..., Task], agent_lease: Callable[..., Lease]
+) -> None:
+    paused(make_task, agent_lease)
+    client.force_login(person("ada", "admin").user)
+    restored = client.get(PREVIEW, headers={"HX-Request": "true", "HX-History-Restore-Request": "true"})
+    assert restored.status_code == 200 and b"<html" in restored.content

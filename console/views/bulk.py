@@ -38,7 +38,10 @@ def require_bulk_person(request: HttpRequest) -> None:
 
 
 def _htmx(request: HttpRequest) -> bool:
-    return request.headers.get("HX-Request") == "true"
+    """An HTMX request for a part of the page; a history restore (the back button after hx-push-url) or a boosted
+    link gets the whole page."""
+    htmx: Any = getattr(request, "htmx", None)
+    return bool(htmx) and not htmx.history_restore_request and not htmx.boosted
 
 
 def _page(request: HttpRequest, template: str, context: dict[str, Any], status: int = 200) -> HttpResponse:
