@@ -31,8 +31,19 @@ IMPACT = "its in-flight copy is reconciled by op key afterwards"
 NOTE = "agreed: the worker was stuck and nothing was lost"
 
 
+def streamed(response: Any) -> str:
+    """A streamed response's whole body (the test client's response type does not declare streaming_content)."""
+    return b"".join(response.streaming_content).decode()
+
+
+def matched(pattern: str, text: str) -> re.Match[str]:
+    found = re.search(pattern, text)
+    assert found is not None, f"{pattern!r} not in the page"
+    return found
+
+
 @pytest.fixture(autouse=True)
-def quick_hashes(settings):  # type: ignore[no-untyped-def]
+def quick_hashes(settings):
     """A cheap password hash: these tests are about who may act, not about the hash's cost."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
@@ -176,7 +187,7 @@ def test_a_refused_grant_says_why_and_writes_nothing(people, clock, body, said) 
 def test_an_admin_opens_an_account_whose_password_is_shown_once_and_works(people, clock) -> None:
     response = logged_in(people["admin"]).post(reverse("account-create"), {"username": "newbie", "role": "operator"})
     assert response.status_code == 200 and "no-store" in response["Cache-Control"]
-    password = re.search(r'id="generated" class="secret" value="([^"]+)"', response.content.decode()).group(1)
+    password = matched(r'id="generated" class="secret" value="([^"]+)"', response.content.decode()).group(1)
     newbie = User.objects.get(username="newbie")
     assert newbie.check_password(password) and has_role(Principal.of_user(newbie), "operator")
     assert list(AuditEvent.objects.values_list("actor_id", "action", "details")) == [
@@ -204,7 +215,7 @@ def test_a_new_password_ends_the_accounts_sessions_and_is_refused_for_admins_and
     assert olga_browser.get(reverse("task-list")).status_code == 200
     admin = logged_in(people["admin"])
     response = admin.post(reverse("password-reset", args=[people["operator"].pk]))
-    password = re.search(r'id="generated" class="secret" value="([^"]+)"', response.content.decode()).group(1)
+    password = matched(r'id="generated" class="secret" value="([^"]+)"', response.content.decode()).group(1)
     assert User.objects.get(pk=people["operator"].pk).check_password(password)
     assert olga_browser.get(reverse("task-list")).status_code == 302  # her old session ended
     assert AuditEvent.objects.get().action == "password_reset"
@@ -472,7 +483,7 @@ def test_every_htmx_link_on_the_audit_log_is_also_a_plain_link(people, clock, mo
     links = re.findall(r"<a [^>]*hx-get=[^>]*>", html)
     assert len(links) == 2
     for link in links:
-        assert re.search(r'href="([^"]+)"', link).group(1) == re.search(r'hx-get="([^"]+)"', link).group(1)
+        assert matched(r'href="([^"]+)"', link).group(1) == matched(r'hx-get="([^"]+)"', link).group(1)
 
 
 AUDIT_QUERIES = 5  # session, user, roles, the page of events, the last verification
@@ -498,12 +509,12 @@ def test_the_csv_export_streams_the_filtered_log_and_defuses_formulas(people, fo
     assert response.status_code == 200 and response.streaming
     assert response["Content-Type"].startswith("text/csv")
     assert "attachment" in response["Content-Disposition"]
-    rows = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
+    rows = list(csv.reader(io.StringIO(streamed(response))))
     assert rows[0][:4] == ["seq", "at", "actor", "action"]
     assert len(rows) == 2 and rows[1][2] == "agent:bot"
     assert rows[1][8].startswith("'=")  # shown as text by a spreadsheet, never run
     everything = logged_in(people["admin"]).get(reverse("audit-log-csv"))
-    assert len(list(csv.reader(io.StringIO(b"".join(everything.streaming_content).decode())))) == 4
+    assert len(list(csv.reader(io.StringIO(streamed(everything))))) == 4
     bad = logged_in(people["admin"]).get(reverse("audit-log-csv"), {"task": "x"})
     assert bad.status_code == 400
 

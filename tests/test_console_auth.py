@@ -2,11 +2,13 @@
 404 pages that say what to do; access.py reading the user's roles once per request. Each tried as someone who
 should be refused."""
 
+from typing import Any
+
 import pytest
 from django.contrib.auth.models import AnonymousUser, User
 from django.core.exceptions import PermissionDenied
 from django.db import connection
-from django.http import Http404
+from django.http import Http404, HttpRequest
 from django.test import Client, RequestFactory
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -20,13 +22,13 @@ PASSWORD = "correct horse battery staple"
 
 
 @pytest.fixture(autouse=True)
-def quick_hashes(settings):  # type: ignore[no-untyped-def]
+def quick_hashes(settings):
     """A cheap password hash: these tests are about the doors, not about the hash's cost."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def account(name: str, *roles: str, superuser: bool = False) -> User:
-    user = person(name, *roles, superuser=superuser).user
+    user: User = person(name, *roles, superuser=superuser).user
     user.set_password(PASSWORD)
     user.save()
     return user
@@ -163,7 +165,7 @@ def test_the_404_page_says_what_to_do(client) -> None:
 # --- access.py --------------------------------------------------------------------------------------------------
 
 
-def request_of(user: object) -> object:
+def request_of(user: Any) -> HttpRequest:
     request = RequestFactory().get("/")
     request.user = user
     return request

@@ -33,8 +33,14 @@ PAGE_TOTAL = 3 + PAGE_QUERIES
 ROWS_TOTAL = 3 + ROWS_QUERIES
 
 
+def matched(pattern: str, text: str) -> re.Match[str]:
+    found = re.search(pattern, text)
+    assert found is not None, f"{pattern!r} not in the page"
+    return found
+
+
 @pytest.fixture
-def client(client):  # type: ignore[no-untyped-def]
+def client(client):
     """An admin's browser (the access tests are in test_console_queue.py)."""
     client.force_login(person("ada", "admin").user)
     return client
@@ -84,7 +90,7 @@ def test_the_state_badge_says_the_state_in_words_with_an_icon_and_what_it_waits_
     Task.objects.filter(pk=paused.pk).update(status="paused", status_reason="input_changed")
     html = client.get(reverse("task-list")).content.decode()
     badges = {
-        name: re.search(r'<span class="badge [^"]*" title="([^"]+)">.*?</span></span>', row_of(html, task)).group(0)
+        name: matched(r'<span class="badge [^"]*" title="([^"]+)">.*?</span></span>', row_of(html, task)).group(0)
         for name, task in [("stopping", stopping), ("pending", stopped_pending), ("done", completed), ("p", paused)]
     }
     assert "stopping" in badges["stopping"] and "waiting for operations already sent" in badges["stopping"]
@@ -92,7 +98,7 @@ def test_the_state_badge_says_the_state_in_words_with_an_icon_and_what_it_waits_
     assert "completed" in badges["done"] and "Nothing more will happen" in badges["done"]
     assert "paused: input changed" in badges["p"]
     # Three distinct texts and icons: never told apart by colour alone; the meaning is in text for screen readers.
-    icons = {re.search(r'aria-hidden="true">([^<]+)<', badge).group(1) for badge in badges.values()}
+    icons = {matched(r'aria-hidden="true">([^<]+)<', badge).group(1) for badge in badges.values()}
     assert len(icons) == 4
     assert all('class="visually-hidden"' in badge for badge in badges.values())
 

@@ -411,7 +411,7 @@ def test_attention_pages_skip_nothing_while_tasks_join_and_leave_the_queue(
         clock.advance(timedelta(seconds=1))
     seen: list[int] = []
     link: str | None = reverse("attention")
-    joined = []
+    joined: list[int] = []
     while link is not None:
         html = admin.get(link).content.decode()
         seen += [int(pk) for pk in re.findall(r'<tr data-task="(\d+)">', html)]
