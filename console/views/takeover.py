@@ -51,20 +51,6 @@ from tasks.takeover import (
 
 PAGE = "console/takeover/takeover.html"
 REPLAN = "console/takeover/replan.html"
-STATUS_ICONS = {
-    "pending": "○",
-    "running": "▶",
-    "observing": "◔",
-    "backing_off": "↻",
-    "paused": "‖",
-    "human": "⚑",
-    "stopping": "◼",
-    "stopped_pending": "◪",
-    "stopped": "■",
-    "completed": "✔",
-    "failed": "✖",
-    "quarantined": "⚠",
-}
 WAIT_POLL_SECONDS = 3  # while an agent finishes its step, the page claims again this often
 
 type Refusal = TaskError | LeaseError
@@ -97,7 +83,6 @@ def _render_page(
         "state": state,
         "task": task,
         "wait_poll": WAIT_POLL_SECONDS,
-        "status_icon": STATUS_ICONS.get(task.status, ""),
     }
     context.setdefault("result_form", _result_form(state))
     context.update(extra)
