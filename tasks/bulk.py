@@ -30,7 +30,7 @@ from leases.services import lease_grace, lease_open
 from tasks.cancel import task_request_cancel
 from tasks.errors import TaskError
 from tasks.hygiene import check_payload
-from tasks.lifecycle import NOT_ENDED, TaskStatus
+from tasks.lifecycle import NOT_ENDED, PauseReason, TaskStatus
 from tasks.models import BulkItemStatus, BulkOperation, BulkRun, BulkRunItem, BulkRunStatus, Task
 from tasks.permissions import ADMIN, OPERATOR, PermissionDenied, can_operate, principal_roles
 from tasks.queries import TaskFilter, filter_condition
@@ -40,6 +40,16 @@ MAX_TASKS = 500  # one run touches at most this many tasks: a wider filter is na
 MIN_REASON = 10
 # What "resume" hands back to the agent: a task people hold or last held, or one paused for a person.
 RESUMABLE = frozenset({TaskStatus.PAUSED.value, TaskStatus.HUMAN.value})
+# Pauses the agent cannot get past by itself: handed back as they are, it would stop again at once (the plan, the
+# inputs or the budget must change first; an unprovable operation must be settled by a person). takeover_submit
+# would accept them; a bulk resume skips them and says what each needs instead.
+NOT_RESUMABLE: dict[str, str] = {
+    PauseReason.NEEDS_REPLAN: "It needs a new plan first (re-plan it from its takeover page).",
+    PauseReason.INPUT_CHANGED: "Its inputs changed: it needs a new plan, or an approval, first.",
+    PauseReason.BUDGET_EXHAUSTED: "Its attempt budget is spent: the agent would stop at once. Submit the step by "
+    "hand or re-plan it.",
+    PauseReason.UNPROVABLE: "An operation of unprovable outcome must be settled by hand first.",
+}
 _NOT_ENDED = frozenset(s.value for s in NOT_ENDED)
 _LEASE_MATTERS = frozenset({BulkOperation.RESUME, BulkOperation.REQUEST_TAKEOVER, BulkOperation.RELEASE})
 
@@ -57,6 +67,7 @@ class Facts:
     task_id: int
     version: int
     status: str
+    status_reason: str  # why it is paused ("" unless paused)
     cancel_requested: bool
     operable: bool  # tasks.permissions: the person may operate it
     epoch: int | None  # the open lease's epoch (live, in its grace, or lapsed but not yet closed)
@@ -118,6 +129,8 @@ def _resume_rule(me: str, f: Facts) -> Verdict:
         return CANCEL_RECORDED
     if f.status not in RESUMABLE:
         return _skip("not_waiting", f"It is {f.status.replace('_', ' ')}, not paused or with people: it runs already.")
+    if f.status == TaskStatus.PAUSED and f.status_reason in NOT_RESUMABLE:
+        return _skip(f"paused_{f.status_reason}", NOT_RESUMABLE[f.status_reason])
     if f.holder_kind == HolderKind.AGENT:
         return _skip("agent_holds", f"An agent ({f.holder_id}) holds it.")
     return _person_holds(me, f) or Verdict(
@@ -184,6 +197,7 @@ def _facts(task: Task, operable: bool, now: datetime) -> Facts:
         task_id=task.pk,
         version=task.version,
         status=task.status,
+        status_reason=task.status_reason,
         cancel_requested=task.cancel_requested_at is not None,
         operable=operable,
         epoch=getattr(task, "lease_epoch", None),

@@ -58,11 +58,16 @@ def fresh(task: Task) -> Task:
     return Task.objects.get(pk=task.pk)
 
 
-def paused(make_task: Callable[..., Task], agent_lease: Callable[..., Lease], title: str = "paused") -> Task:
-    """Paused permission_revoked by a refused call, its agent gone: what an outage leaves behind."""
+def paused(
+    make_task: Callable[..., Task],
+    agent_lease: Callable[..., Lease],
+    title: str = "paused",
+    failure: FailureClass = FailureClass.PERMISSION_REVOKED,
+) -> Task:
+    """Paused (permission_revoked by default) by a refused call, its agent gone: what an outage leaves behind."""
     task = make_task(chain_plan("a", "b"), project=PROJECT, title=title)
     lease = agent_lease(task)
-    record(send(task, lease, "a"), Failed(FailureClass.PERMISSION_REVOKED, "403 from the store"), lease)
+    record(send(task, lease, "a"), Failed(failure, "refused by the store"), lease)
     lease_release(lease=lease)
     return fresh(task)
 
@@ -99,6 +104,7 @@ def mixed(make_task: Callable[..., Task], agent_lease: Callable[..., Lease], adm
         "cancelled": paused(make_task, agent_lease, "p4"),
         "mine": paused(make_task, agent_lease, "p5"),
         "others": paused(make_task, agent_lease, "p6"),
+        "needs_replan": paused(make_task, agent_lease, "p7", FailureClass.INVALID_PARAMS),
         "elsewhere": make_task(chain_plan("a"), project="other", title="not in the filter"),
     }
     agent_lease(tasks["agent_holds_paused"], holder="agent-9")
@@ -133,7 +139,9 @@ def test_resume_hands_each_task_back_through_claim_and_submit_with_its_own_event
     mixed: dict[str, Task], admin: Principal
 ) -> None:
     preview = bulk_preview(actor=admin, operation="resume", task_filter=ALL)
-    assert preview.counts == Counter({"resumed": 3, "not_waiting": 1, "agent_holds": 1, "ended": 1, "person_holds": 1})
+    assert preview.counts == Counter(
+        {"resumed": 3, "not_waiting": 1, "agent_holds": 1, "ended": 1, "person_holds": 1, "paused_needs_replan": 1}
+    )
     run = bulk_run_create(actor=admin, operation="resume", reason=REASON, seen=seen_of(preview))
     bulk_run_apply(run_id=run.pk)
     for key in ("paused", "paused2", "mine"):
@@ -146,7 +154,7 @@ def test_resume_hands_each_task_back_through_claim_and_submit_with_its_own_event
         )
         assert AuditEvent.objects.filter(task_id=task.pk, action="takeover_result_submitted").count() == 1
         assert lease_open(task.pk) is None
-    for key in ("pending", "agent_holds_paused", "cancelled", "others"):
+    for key in ("pending", "agent_holds_paused", "cancelled", "others", "needs_replan"):
         assert fresh(mixed[key]).version == mixed[key].version
 
 
@@ -303,6 +311,7 @@ def test_the_rules_are_a_pure_table() -> None:
             "task_id": 1,
             "version": 3,
             "status": "paused",
+            "status_reason": "permission_revoked",
             "cancel_requested": False,
             "operable": True,
             "epoch": None,
@@ -318,6 +327,10 @@ def test_the_rules_are_a_pure_table() -> None:
     assert verdict("resume", "ada", None).code == "no_permission"
     assert verdict("resume", "ada", facts(status="running")).code == "not_waiting"
     assert verdict("resume", "ada", facts(status="completed")).code == "ended"
+    assert verdict("resume", "ada", facts(status_reason="version_conflict")).code == "resumed"
+    for reason in ("needs_replan", "input_changed", "budget_exhausted", "unprovable"):
+        assert verdict("resume", "ada", facts(status_reason=reason)).code == f"paused_{reason}"
+    assert verdict("resume", "ada", facts(status="human", status_reason="")).code == "resumed"
     lapsed = {"epoch": 2, "lease_kind": "agent", "lease_holder": "a", "lease_live": False}
     assert verdict("resume", "ada", facts(**lapsed)).code == "resumed"
     assert verdict("resume", "ada", facts(**(lapsed | {"lease_live": True}))).code == "agent_holds"
