@@ -17,6 +17,7 @@ import pytest
 from django.test import override_settings
 from guardian.shortcuts import assign_perm
 
+import tasks.bulk
 from agents.demo import migration_plan
 from audit.models import AuditEvent
 from audit.principals import Principal
@@ -34,6 +35,7 @@ from tasks.bulk import (
     verdict,
 )
 from tasks.cancel import task_request_cancel
+from tasks.errors import VersionConflict
 from tasks.jobs import apply_bulk_run, drive_task
 from tasks.lifecycle import FailureClass
 from tasks.models import BulkItemStatus, BulkRun, BulkRunItem, Event, Task
@@ -41,7 +43,7 @@ from tasks.outcomes import Failed
 from tasks.permissions import PermissionDenied
 from tasks.plans import task_create
 from tasks.queries import TaskFilter
-from tasks.takeover import takeover_claim
+from tasks.takeover import takeover_claim, takeover_submit
 from tests.conftest import chain_plan, person
 from tests.simulator_fixture import ROOT, Simulator
 from tests.steps import record, send
@@ -404,3 +406,26 @@ def admin_queue(store: Simulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[s
         except subprocess.TimeoutExpired:
             worker.kill()
             worker.wait(5)
+
+
+def test_a_refusal_after_the_claim_rolls_back_everything_written_for_that_task(
+    make_task: Callable[..., Task], agent_lease: Callable[..., Lease], admin: Principal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second = paused(make_task, agent_lease), paused(make_task, agent_lease)
+    preview = bulk_preview(actor=admin, operation="resume", task_filter=ALL)
+    before = task_state(first)
+    real_submit = takeover_submit
+
+    def refuse_the_first(**kwargs: Any) -> Task:
+        if kwargs["lease"].task_id == first.pk:
+            raise VersionConflict("moved while being resumed")
+        return real_submit(**kwargs)
+
+    monkeypatch.setattr(tasks.bulk, "takeover_submit", refuse_the_first)
+    run = bulk_run_create(actor=admin, operation="resume", reason=REASON, seen=seen_of(preview))
+    bulk_run_apply(run_id=run.pk)
+    assert task_state(first) == before  # its claim (lease, event, audit row) went with the refusal
+    assert lease_open(first.pk) is None
+    item = BulkRunItem.objects.get(run=run, task_id=first.pk)
+    assert item.status == BulkItemStatus.SKIPPED and "version_conflict" in item.detail
+    assert fresh(second).status == "pending"
