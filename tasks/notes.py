@@ -70,6 +70,6 @@ def with_note_count[Q: QuerySet[Any]](tasks: Q) -> Q:
     return tasks.annotate(note_count=Coalesce(Subquery(notes, output_field=IntegerField()), 0))
 
 
-def task_notes(task: "Task") -> list[AuditEvent]:
-    """The task's notes, newest first: one query."""
-    return list(AuditEvent.objects.filter(task_id=task.pk, action=NOTE_ACTION).order_by("-seq"))
+def task_notes(task: "Task", limit: int = 100) -> list[AuditEvent]:
+    """The task's newest ``limit`` notes, newest first: one query (the timeline of the detail page shows them all)."""
+    return list(AuditEvent.objects.filter(task_id=task.pk, action=NOTE_ACTION).order_by("-seq")[:limit])
