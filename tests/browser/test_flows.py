@@ -23,6 +23,7 @@ from agents.demo import SOURCE_DIGEST
 from agents.migrate_project import KIND, plan
 from audit.principals import Principal
 from leases.models import ForcedRelease
+from leases.services import lease_open
 from tasks.connectors.objectstore import ObjectStoreConnector
 from tasks.forced_release import lease_force_release
 from tasks.lifecycle import TaskStatus
@@ -113,13 +114,18 @@ def test_an_operator_finishes_a_paused_task_by_hand_and_the_worker_completes_it(
     page.get_by_label("Resume the agent", exact=False).check()
     page.get_by_role("button", name="Review what will change").click()
     expect(page.get_by_text("Review — nothing is saved until you confirm")).to_be_visible()
-    expect(page.get_by_text("copy-batch-1")).not_to_have_count(0)
+    review = page.get_by_role("region", name="What will change")
+    expect(review).to_contain_text("Step copy-batch-1: pending → succeeded")
+    expect(review).to_contain_text("Task: human → pending")
+    expect(review).to_contain_text("the agent is woken once this is committed")
     assert Task.objects.get(pk=task.pk).status == TaskStatus.HUMAN, "the review wrote nothing"
 
     page.get_by_role("button", name="Confirm and apply").click()
     expect(page.get_by_text("Result recorded and the task handed back")).to_be_visible()
     page.goto(reverse("task-detail", args=[task.pk]))
     wait_on_the_task_page(page, "Completed")
+    expect(page.locator("#node-copy-batch-1")).to_contain_text(receipt["remote_id"])
+    expect(page.locator("#node-verify-digests")).to_contain_text("satisfies the evidence spec")
     expect(page.locator("#node-switch-reference")).to_contain_text("succeeded")
     assert Task.objects.get(pk=task.pk).status == TaskStatus.COMPLETED
 
@@ -195,6 +201,7 @@ def test_an_admin_force_releases_a_lease_and_only_another_admin_reviews_it(
     forced = ForcedRelease.objects.get(task=task)
     assert forced.status == "pending" and "agent-7" in forced.removed_holder
 
+    assert lease_open(task.pk) is None, "the agent's lease is closed"
     page.get_by_role("navigation").get_by_role("link", name="Reviews").click()
     card = page.get_by_role("article").filter(has_text=f"Forced release #{forced.pk}")
     expect(card).to_contain_text("You forced this release: another admin reviews it.")
