@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.test import override_settings
 from guardian.shortcuts import assign_perm
 
@@ -21,6 +22,7 @@ import tasks.bulk
 from agents.demo import migration_plan
 from audit.models import AuditEvent
 from audit.principals import Principal
+from audit.services import verify_audit
 from harness.killmatrix import database_url
 from leases.models import Lease
 from leases.services import lease_open, lease_release
@@ -36,6 +38,7 @@ from tasks.bulk import (
 )
 from tasks.cancel import task_request_cancel
 from tasks.errors import VersionConflict
+from tasks.events import find_log_problem
 from tasks.jobs import apply_bulk_run, drive_task
 from tasks.lifecycle import FailureClass
 from tasks.models import BulkItemStatus, BulkRun, BulkRunItem, Event, Task
@@ -47,6 +50,7 @@ from tasks.takeover import takeover_claim, takeover_submit
 from tests.conftest import chain_plan, person
 from tests.simulator_fixture import ROOT, Simulator
 from tests.steps import record, send
+from tests.test_races_postgres import run_threads
 
 pytestmark = pytest.mark.django_db
 
@@ -429,3 +433,43 @@ def test_a_refusal_after_the_claim_rolls_back_everything_written_for_that_task(
     item = BulkRunItem.objects.get(run=run, task_id=first.pk)
     assert item.status == BulkItemStatus.SKIPPED and "version_conflict" in item.detail
     assert fresh(second).status == "pending"
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="needs PostgreSQL for real concurrent jobs")
+def test_two_jobs_racing_on_one_run_resume_each_task_once(
+    make_task: Callable[..., Task], agent_lease: Callable[..., Lease], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A duplicated message: two workers apply the same run at once, item by item, each its own connection. Each
+    task is claimed and handed back exactly once, each item finished once, every log still chains."""
+    monkeypatch.setattr(drive_task, "delay", lambda *a, **kw: None)  # the agents' wake-ups are not this test's
+    monkeypatch.setattr(apply_bulk_run, "delay", lambda *a, **kw: None)
+    admin = person("ada", "admin")
+    made = [paused(make_task, agent_lease, f"t{i}") for i in range(12)]
+    preview = bulk_preview(actor=admin, operation="resume", task_filter=ALL)
+    run = bulk_run_create(actor=admin, operation="resume", reason=REASON, seen=seen_of(preview))
+
+    real_finish = tasks.bulk._finish
+    attempts: list[str] = []
+
+    def finish(item: BulkRunItem, status: str, detail: str) -> None:
+        attempts.append(status)
+        real_finish(item, status, detail)
+
+    monkeypatch.setattr(tasks.bulk, "_finish", finish)
+
+    def work(index: int, barrier: Any) -> None:
+        barrier.wait()
+        bulk_run_apply(run_id=run.pk)
+
+    run_threads(2, work)
+    print(f"two jobs on {len(made)} tasks: {len(attempts)} item outcomes, {Counter(attempts)}")
+    items = list(BulkRunItem.objects.filter(run=run))
+    assert Counter(i.status for i in items)[BulkItemStatus.DONE] == len(made)
+    for task in made:
+        assert fresh(task).status == "pending"
+        assert Event.objects.filter(task=task, type="takeover_result_submitted").count() == 1
+        assert AuditEvent.objects.filter(task_id=task.pk, action="takeover_result_submitted").count() == 1
+        assert find_log_problem(fresh(task)) is None
+    assert verify_audit().problem is None
