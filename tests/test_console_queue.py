@@ -16,6 +16,7 @@ from audit.principals import Principal
 from console.models import SavedView
 from leases.services import lease_acquire, lease_reserve
 from tasks.models import Task
+from tasks.notes import task_note_add
 from tasks.permissions import OPERATE, permission_grant
 from tests.conftest import person
 
@@ -426,3 +427,24 @@ def test_attention_pages_skip_nothing_while_tasks_join_and_leave_the_queue(
         if seen[-1] in waiting:
             set_status(Task.objects.get(pk=seen[-1]), "running", updated_at=clock.now())
     assert seen == waiting + joined
+
+
+def test_a_row_says_how_many_notes_its_task_has_and_links_to_them(admin, make_task, clock) -> None:
+    noted = make_task(title="noted")
+    make_task(title="quiet")
+    writer = person("nora", "admin")
+    for text in ("checked the store by hand", "waiting for the vendor"):
+        task_note_add(actor=writer, task_id=noted.pk, text=text)
+    html = admin.get(reverse("task-list")).content.decode()
+    noted_row = html[html.index(">noted<") :].split("</tr>")[0]
+    quiet_row = html[html.index(">quiet<") :].split("</tr>")[0]
+    assert "2 notes" in noted_row and reverse("task-notes", args=[noted.pk]) in noted_row
+    assert "note" not in quiet_row
+
+
+def test_operators_and_admins_are_offered_bulk_actions_on_the_filtered_set_auditors_not(client, make_task) -> None:
+    make_task()
+    for role, offered in (("operator", True), ("admin", True), ("auditor", False)):
+        client.force_login(person(f"{role}-b", role).user)
+        html = client.get(reverse("task-list"), {"kind": "demo"}).content.decode()
+        assert (f'href="{reverse("bulk")}?kind=demo"' in html) is offered, role

@@ -24,6 +24,7 @@ from console.saved_views import (
     saved_views_of,
 )
 from tasks.models import Task
+from tasks.notes import with_note_count
 from tasks.queries import InvalidCursor, Order, TaskFilter, attention_queue, attention_reasons, page, task_queue
 
 if TYPE_CHECKING:
@@ -93,7 +94,10 @@ def _queue(request: HttpRequest, queue: Queue) -> HttpResponse:
     after = request.GET.get("after") or None
     try:
         tasks, next_cursor = page(
-            queue.select(task_filter).viewable_by(request.user), after=after, size=PAGE_SIZE, order=queue.order
+            with_note_count(queue.select(task_filter).viewable_by(request.user)),
+            after=after,
+            size=PAGE_SIZE,
+            order=queue.order,
         )
     except InvalidCursor:
         return HttpResponseBadRequest(BAD_CURSOR)
