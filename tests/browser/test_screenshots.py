@@ -6,7 +6,8 @@ own background colour (a cheap check: the text's colour against the first opaque
 The tasks are put in their states through the services and the protocol steps (tests/steps.py), never by writing
 a status column; the dialogs opened by HTMX are opened by clicking."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,13 @@ from tasks.lifecycle import FailureClass
 from tasks.models import Operation, Task
 from tasks.outcomes import Committed, Failed
 from tasks.permissions import permission_grant
+from tasks.registry import register_kind, unregister_kind
+from tasks.runner import run_task_once
 from tasks.takeover import takeover_claim
 from tests.conftest import chain_plan, effect_node, person
 from tests.steps import record, send
 from tests.test_console_reconcile import KIND as RECONCILE_KIND
-from tests.test_console_reconcile import unknown_task
+from tests.test_console_reconcile import Remote, unknown_task
 
 pytestmark = pytest.mark.browser
 
@@ -134,6 +137,15 @@ def operator(*kinds: str) -> User:
     return user
 
 
+@contextmanager
+def registered(remote: Remote) -> Iterator[None]:
+    register_kind(RECONCILE_KIND, connector=lambda: remote)
+    try:
+        yield
+    finally:
+        unregister_kind(RECONCILE_KIND)
+
+
 def states(make_task: Callable[..., Task], agent_lease: Callable[..., Lease], ann: User) -> dict[str, Task]:
     """A task in each state worth a page, reached through the protocol and the services."""
     from audit.principals import Principal
@@ -169,6 +181,16 @@ def states(make_task: Callable[..., Task], agent_lease: Callable[..., Lease], an
     task_request_cancel(actor=who, task_id=stopping.pk, reason="the customer withdrew the migration")
     tasks["stopping"] = stopping
 
+    # Cancelled with an operation of unknown outcome the remote cannot answer about yet: stopped, to reconcile.
+    pending = unknown_task(make_task, agent_lease)
+    task_request_cancel(actor=who, task_id=pending.pk, reason="the customer withdrew the migration")
+    silent = Remote()
+    for op in Operation.objects.filter(task=pending, status="unknown"):
+        silent.holds[op.op_key] = Failed(FailureClass.CONNECTION_INTERRUPTED)
+    with registered(silent):
+        run_task_once(task_id=pending.pk, holder_id="worker-1", connector=silent)
+    tasks["stopped-pending"] = pending
+
     done = make_task(chain_plan("a"), title="Migrate project alder")
     lease = agent_lease(done)
     record(send(done, lease, "a"), Committed(remote_id="r-a"), lease)
@@ -189,6 +211,7 @@ def test_the_pages_an_operator_sees(
     assert tasks["paused"].status == "paused", (tasks["paused"].status, tasks["paused"].status_reason)
     assert tasks["completed"].status == "completed"
     assert tasks["stopping"].status == "stopping"
+    assert tasks["stopped-pending"].status == "stopped_pending", tasks["stopped-pending"].status
 
     page.goto(reverse("login"))
     shots.take("login")
