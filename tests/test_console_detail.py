@@ -3,17 +3,15 @@ the order of the operations, a timeline that pages without repeating or skipping
 clock that stops polling once the task has ended, and a query count that does not grow with the rows."""
 
 import re
-import types
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import pytest
 from django.conf import settings
 from django.db import connection
-from django.http import HttpRequest, HttpResponse
-from django.test import Client, override_settings
+from django.test import Client
 from django.test.utils import CaptureQueriesContext
-from django.urls import include, path, reverse
+from django.urls import reverse
 
 if TYPE_CHECKING:
     from django.test.client import _MonkeyPatchedWSGIResponse
@@ -35,18 +33,6 @@ from tests.steps import record, send, version
 pytestmark = pytest.mark.django_db
 
 CREATOR = Principal.agent("tester")  # make_task's tasks are created by agent:tester: it may cancel them
-
-
-def _stub(request: HttpRequest, task_id: int) -> HttpResponse:
-    return HttpResponse("stub")
-
-
-# The action pages other helpers build, stubbed, so the page's links to them can be seen (ROOT_URLCONF below).
-urlpatterns = [
-    path("", include("console.urls")),
-    path("stub/tasks/<int:task_id>/takeover/", _stub, name="takeover"),
-    path("stub/tasks/<int:task_id>/actions/", _stub, name="task-actions"),
-]
 
 
 @pytest.fixture
@@ -122,8 +108,7 @@ def test_an_operator_granted_the_task_sees_it_and_its_action_links(client, make_
     otto = person("otto", "operator")
     permission_grant(actor=person("ada", "admin"), user=otto.user, task=task)
     client.force_login(otto.user)
-    with override_settings(ROOT_URLCONF=__name__):
-        html = page(client, task)
+    html = page(client, task)
     assert "migrate acme" in html
     assert "Take over…" in html and "Cancel, reconcile…" in html
 
@@ -137,33 +122,15 @@ def test_an_ended_or_quarantined_task_offers_no_takeover(admin, make_task, agent
     else:
         task_quarantine(task_id=task.pk, expected_version=version(task), reason="broken chain")
     assert Task.objects.get(pk=task.pk).status == ended
-    with override_settings(ROOT_URLCONF=__name__):
-        html = page(admin, task)
+    html = page(admin, task)
     assert "Take over…" not in html and "Cancel, reconcile…" in html
 
 
 def test_an_auditor_sees_the_task_but_no_action_link(client, make_task) -> None:
     task = make_task(title="migrate acme")
     client.force_login(person("aud", "auditor").user)
-    with override_settings(ROOT_URLCONF=__name__):
-        html = page(client, task)
+    html = page(client, task)
     assert "migrate acme" in html
-    assert "Take over…" not in html and "Cancel, reconcile…" not in html
-
-
-# The console without the action pages: the detail page must not break, nor link to nothing.
-WITHOUT_ACTIONS = types.ModuleType("without_actions")
-WITHOUT_ACTIONS.urlpatterns = [  # type: ignore[attr-defined]
-    path("", include("console.views.auth")),
-    path("", include("console.views.queue")),
-    path("", include("console.views.detail")),
-    path("", include("console.views.admin")),
-]
-
-
-def test_the_action_links_are_left_out_while_their_pages_do_not_exist(admin, make_task) -> None:
-    with override_settings(ROOT_URLCONF=WITHOUT_ACTIONS):
-        html = page(admin, make_task())
     assert "Take over…" not in html and "Cancel, reconcile…" not in html
 
 
