@@ -153,6 +153,7 @@ def test_an_operator_settles_an_unknown_operation_by_hand_and_the_task_page_show
     page.goto(reverse("attention"))
     row = page.get_by_role("row").filter(has_text=task.title)
     expect(row).to_contain_text("unknown")
+    expect(page.get_by_role("link", name="Act on these tasks in bulk…")).to_be_visible()  # an auditor has none
     row.get_by_role("link", name=str(task.pk), exact=True).click()
     expect(page.locator("#state")).to_contain_text(op.op_key)
 
@@ -302,6 +303,7 @@ def test_an_auditor_sees_everything_and_no_action_works(
 
     page.goto(reverse("task-list"))
     expect(page.get_by_role("row").filter(has_text=task.title).first).to_be_visible()
+    expect(page.get_by_role("link", name="Act on these tasks in bulk…")).to_have_count(0)
     page.goto(reverse("task-detail", args=[task.pk]))
     expect(page.get_by_role("heading", level=1)).to_have_text(task.title)
     expect(page.locator("#state")).to_contain_text(op.op_key)
