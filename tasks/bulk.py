@@ -488,3 +488,16 @@ def bulk_run_progress(*, actor: Principal, run_id: int) -> RunProgress | None:
         [(item, titles.get(item.task_id)) for item in items],
         {status: counts.get(status, 0) for status in BulkItemStatus.values},
     )
+
+
+STALLED_AFTER_SECONDS = 120
+
+
+def bulk_runs_stalled(now: datetime) -> list[int]:
+    """Confirmed runs still unfinished some time after they were confirmed: their job's message may be lost. Sending
+    one again is safe (an item is finished once, every change is version-checked)."""
+    from datetime import timedelta
+
+    cutoff = now - timedelta(seconds=STALLED_AFTER_SECONDS)
+    unfinished = [BulkRunStatus.PENDING, BulkRunStatus.RUNNING]
+    return list(BulkRun.objects.filter(status__in=unfinished, created_at__lt=cutoff).values_list("pk", flat=True))

@@ -5,6 +5,7 @@ refused; a refused action writes nothing; pages cost a fixed number of queries w
 import csv
 import io
 import re
+import types
 from typing import Any
 
 import pytest
@@ -17,9 +18,11 @@ from django.urls import reverse
 from audit.models import AuditEvent, VerificationRun
 from audit.principals import Principal
 from audit.services import audit_append
+from console.views import admin as admin_views
 from console.views import admin as views
 from leases.models import ForcedRelease
 from tasks.forced_release import forced_release_review, lease_force_release
+from tasks.jobs import verify_logs
 from tasks.models import ScopeGrant, Task
 from tasks.permissions import ADMIN, has_role, permission_grant
 from tests.conftest import as_a_tamperer, person, snapshot
@@ -139,6 +142,7 @@ def test_every_action_refuses_everyone_but_an_admin_and_writes_nothing(people, f
         assert state() == before, endpoint
 
 
+@pytest.mark.usefixtures("verification_at_once")
 def test_an_admin_may_do_every_action(people, forced, clock) -> None:
     permission_grant(actor=Principal.of_user(people["admin"]), user=people["operator"], project="acme")
     permission_grant(actor=Principal.of_user(people["admin"]), user=people["auditor"], task=forced.task)
@@ -522,6 +526,27 @@ def test_the_csv_export_streams_the_filtered_log_and_defuses_formulas(people, fo
 # --- verification of both logs ----------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def verification_at_once(monkeypatch):
+    """The "verify now" job run in the request, as soon as it is sent: these tests are about what it finds and
+    shows. That it goes to a worker after the commit is test_verify_now_is_sent_to_a_worker_after_the_commit."""
+    monkeypatch.setattr(admin_views, "transaction", types.SimpleNamespace(on_commit=lambda run, robust=False: run()))
+    monkeypatch.setattr(verify_logs, "delay", verify_logs)
+
+
+def test_verify_now_is_sent_to_a_worker_after_the_commit(people, django_capture_on_commit_callbacks, monkeypatch):
+    sent: list[str] = []
+    monkeypatch.setattr(verify_logs, "delay", sent.append)
+    with django_capture_on_commit_callbacks() as callbacks:
+        response = logged_in(people["admin"]).post(reverse("verify-logs"), follow=True)
+        assert sent == []  # nothing is walked in the request, nothing sent before the commit
+    assert "Verification started" in response.content.decode()
+    for callback in callbacks:
+        callback()
+    assert sent == ["ada"] and not VerificationRun.objects.exists()
+
+
+@pytest.mark.usefixtures("verification_at_once")
 def test_verify_now_records_what_it_found_and_the_page_shows_it(people, make_task, clock) -> None:
     make_task()
     make_task()
@@ -529,7 +554,7 @@ def test_verify_now_records_what_it_found_and_the_page_shows_it(people, make_tas
     assert "Never verified." in auditor.get(reverse("audit-log")).content.decode()
     assert "Verify now" not in auditor.get(reverse("audit-log")).content.decode()
     response = logged_in(people["admin"]).post(reverse("verify-logs"), follow=True)
-    assert "Both logs verified" in response.content.decode()
+    assert "Both logs verified" in response.content.decode()  # the page shows the run's result
     run = VerificationRun.objects.get()
     assert (run.run_by, run.tasks_checked, run.tasks_with_problems, run.audit_problem) == ("user:ada", 2, 0, "")
     assert AuditEvent.objects.latest("seq").action == "logs_verified"
@@ -537,6 +562,7 @@ def test_verify_now_records_what_it_found_and_the_page_shows_it(people, make_tas
     assert "Both logs verified." in html and "2 tasks checked" in html and "by user:ada" in html
 
 
+@pytest.mark.usefixtures("verification_at_once")
 def test_verify_now_reports_a_tampered_audit_chain(people, clock) -> None:
     append("note_added", reason="the original words")
     as_a_tamperer()
@@ -550,6 +576,7 @@ def test_verify_now_reports_a_tampered_audit_chain(people, clock) -> None:
     assert not VerificationRun.objects.get().sound
 
 
+@pytest.mark.usefixtures("verification_at_once")
 def test_verify_now_reports_and_quarantines_a_task_whose_log_was_cut(people, make_task, clock) -> None:
     task = make_task()
     Task.objects.filter(pk=task.pk).update(log_head="f" * 64)  # the head no longer names the log's last event
