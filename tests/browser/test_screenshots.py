@@ -240,11 +240,6 @@ def test_the_pages_an_operator_sees(
     shots.check()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect (queue): a queue filtered on a state (here a saved view, /views/<id>/ of ?exclude=completed) "
-    "scrolls sideways at 390 px: .filter-line's Kind and Holder fields reach 447 px",
-)
 def test_a_saved_view(page: Page, make_task: Callable[..., Task], login: Callable[..., None], shots: Shots) -> None:
     make_task(title="Migrate project birch")
     login(page, operator("test"))
@@ -257,11 +252,6 @@ def test_a_saved_view(page: Page, make_task: Callable[..., Task], login: Callabl
     shots.check()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect (reconcile): the settle dialog's heading 'Settle operation <op key> by hand' and its list do not "
-    "wrap the long op key: the actions page with the dialog open scrolls sideways at 390 px (about 445 px)",
-)
 def test_the_settle_dialog(
     page: Page,
     make_task: Callable[..., Task],
