@@ -144,23 +144,6 @@ def load(tasks: int, events: int, log: Callable[[str], None]) -> None:
     log(f"page_timings: loaded in {time.perf_counter() - started:.1f} s")
 
 
-# Indexes the queues would use, not (yet) in the schema: --proposed-indexes creates them in the scratch database to
-# measure what they would change (requested of the tasks migrations' owner).
-PROPOSED_INDEXES = (
-    "CREATE INDEX proposed_task_updated ON tasks_task (updated_at, id)",
-    "CREATE INDEX proposed_node_spent ON tasks_node (task_id, plan_version)"
-    " WHERE status = 'pending' AND attempts >= max_attempts",
-    "CREATE INDEX proposed_node_action_status ON tasks_node (action, status)",
-)
-
-
-def create_proposed_indexes() -> None:
-    with connection.cursor() as cursor:
-        for ddl in PROPOSED_INDEXES:
-            cursor.execute(ddl)
-        cursor.execute("ANALYZE")
-
-
 @dataclass(frozen=True)
 class Timing:
     page: str
@@ -235,11 +218,6 @@ class Command(BaseCommand):
         parser.add_argument("--tasks", type=int, default=100_000, help="tasks to load (default 100,000)")
         parser.add_argument("--events", type=int, default=1_000_000, help="events to load (default 1,000,000)")
         parser.add_argument("--runs", type=int, default=20, help="timed renders per page (default 20)")
-        parser.add_argument(
-            "--proposed-indexes",
-            action="store_true",
-            help="first create the indexes the queues would use (PROPOSED_INDEXES)",
-        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         tasks, events, runs = options["tasks"], options["events"], options["runs"]
@@ -247,8 +225,6 @@ class Command(BaseCommand):
             raise CommandError("--tasks and --runs need at least 1, --events at least 0")
         with scratch_database():
             load(tasks, events, log=lambda line: self.stderr.write(line))
-            if options["proposed_indexes"]:
-                create_proposed_indexes()
             admin = User.objects.create_user("bench-admin")
             admin.groups.add(Group.objects.get_or_create(name="admin")[0])
             client = Client(HTTP_HOST="localhost")
@@ -256,7 +232,6 @@ class Command(BaseCommand):
             sample_task = Task.objects.filter(status="paused").order_by("pk").first()
             self.stdout.write(
                 f"{connection.vendor}: {tasks} tasks, {events} events, {runs} runs per page (server time, ms)"
-                + (", with the proposed indexes" if options["proposed_indexes"] else "")
             )
             self.stdout.write(
                 f"{'page':32} {'status':>6} {'queries':>7} {'p50':>8} {'p95':>8} {'sql':>8} {'cpu':>8}  url"
