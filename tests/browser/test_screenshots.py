@@ -1,7 +1,7 @@
 """Every console page, as people see it: at 1280x800 and on a narrow phone screen (390x844), each in light and dark
 (prefers-color-scheme), saved under screenshots/ as ``page-<what>-<wide|narrow>-<light|dark>.png``. Each page is
-checked on the way: it has an <h1>, it does not scroll sideways on the narrow screen, and no text is drawn in its
-own background colour (a cheap check: the text's colour against the first opaque background behind it).
+checked on the way: it has an <h1>, it does not scroll sideways on the narrow screen, and no text is below WCAG AA
+contrast (4.5:1, 3:1 when large) against the first opaque background behind it.
 
 The tasks are put in their states through the services and the protocol steps (tests/steps.py), never by writing
 a status column; the dialogs opened by HTMX are opened by clicking."""
@@ -36,8 +36,10 @@ pytestmark = pytest.mark.browser
 WIDE: ViewportSize = {"width": 1280, "height": 800}
 NARROW: ViewportSize = {"width": 390, "height": 844}
 
-# Elements with text of their own whose colour is (nearly) that of the first opaque background behind them.
-SAME_COLOUR = """() => {
+# Elements with text of their own below WCAG AA contrast against the first opaque background behind them: 4.5:1
+# for normal text, 3:1 for large text (24 px, or 18.66 px bold). The text colour is blended over that background
+# when it is translucent. Disabled controls are exempt (as WCAG exempts them).
+LOW_CONTRAST = """() => {
   const parse = (c) => {
     const m = /^rgba?\\(([^)]+)\\)$/.exec(c);
     if (!m) return null;
@@ -54,17 +56,28 @@ SAME_COLOUR = """() => {
     }
     return canvas;
   };
+  const channel = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
+  const luminance = (c) => 0.2126 * channel(c.r) + 0.7152 * channel(c.g) + 0.0722 * channel(c.b);
   const found = [];
   for (const el of document.querySelectorAll('body *')) {
     if (![...el.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim())) continue;
+    if (el.closest('[disabled], [aria-disabled="true"]')) continue;
     const style = getComputedStyle(el);
     const box = el.getBoundingClientRect();
     if (style.visibility === 'hidden' || box.width <= 1 || box.height <= 1) continue;
-    const fg = parse(style.color), bg = behind(el);
-    if (!fg || fg.a < 0.5) continue;
-    if (Math.abs(fg.r - bg.r) + Math.abs(fg.g - bg.g) + Math.abs(fg.b - bg.b) < 24) {
+    if (style.clip === 'rect(0px, 0px, 0px, 0px)' || style.clipPath === 'inset(50%)') continue;  // visually hidden
+    const fg0 = parse(style.color), bg = behind(el);
+    if (!fg0) continue;
+    const fg = {r: fg0.r * fg0.a + bg.r * (1 - fg0.a), g: fg0.g * fg0.a + bg.g * (1 - fg0.a),
+                b: fg0.b * fg0.a + bg.b * (1 - fg0.a)};
+    const [hi, lo] = [luminance(fg), luminance(bg)].sort((a, b) => b - a);
+    const ratio = (hi + 0.05) / (lo + 0.05);
+    const size = parseFloat(style.fontSize), bold = Number(style.fontWeight) >= 700;
+    const need = size >= 24 || (bold && size >= 18.66) ? 3 : 4.5;
+    if (ratio < need) {
       const text = el.textContent.trim().slice(0, 30);
-      found.push(`${el.tagName.toLowerCase()}.${el.className} "${text}" ${style.color} on ${JSON.stringify(bg)}`);
+      found.push(`${el.tagName.toLowerCase()}.${el.className} "${text}" ${style.color} on `
+        + `rgb(${bg.r}, ${bg.g}, ${bg.b}): ${ratio.toFixed(2)}:1 < ${need}:1`);
     }
   }
   return found;
@@ -97,8 +110,8 @@ class Shots:
             page.set_viewport_size(size)
             for scheme in ("light", "dark"):
                 page.emulate_media(color_scheme=scheme)
-                for hidden in page.evaluate(SAME_COLOUR):
-                    self.problems.append(f"{name} ({size_name}, {scheme}): text in its background's colour: {hidden}")
+                for faint in page.evaluate(LOW_CONTRAST):
+                    self.problems.append(f"{name} ({size_name}, {scheme}): text below AA contrast: {faint}")
             if size_name == "narrow":
                 width = page.evaluate("document.documentElement.scrollWidth")
                 if width > NARROW["width"] + 1:
@@ -311,7 +324,8 @@ def test_the_refusal_page(page: Page, make_task: Callable[..., Task], login: Cal
     shots.visit(reverse("task-detail", args=[task.pk]), "refused-403", status=403)
     assert "secret-acme" not in page.content()
     shots.check()
-    # The colour check sees what it looks for: a paragraph painted in its background's colour is found.
+    # The contrast check sees what it looks for: a paragraph in grey on white (3.9:1, below 4.5:1) is found.
     page.evaluate("""() => { const p = document.querySelector('main p') || document.querySelector('p');
-      p.style.background = 'rgb(10, 20, 30)'; p.style.color = 'rgb(12, 20, 30)'; }""")
-    assert page.evaluate(SAME_COLOUR), "the colour check finds nothing even in a page made to fail it"
+      p.style.background = 'rgb(255, 255, 255)'; p.style.color = 'rgb(130, 130, 130)'; p.style.fontSize = '15px';
+      p.style.fontWeight = '400'; }""")
+    assert page.evaluate(LOW_CONTRAST), "the contrast check finds nothing even in a page made to fail it"
