@@ -211,6 +211,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _interruptible() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _session_members(session: int) -> list[int]:
     members = []
     for entry in Path("/proc").iterdir():
@@ -247,7 +251,15 @@ def test_dev_demo_serves_and_ctrl_c_stops_every_process_it_started(tmp_path: Pat
     }
     log = (tmp_path / "demo.log").open("w")
     demo = subprocess.Popen(  # noqa: S603
-        [str(ROOT / "dev"), "demo"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        [str(ROOT / "dev"), "demo"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        # As a terminal starts it: SIGINT not ignored, even when this test runs in a background job (whose shell
+        # ignores SIGINT, and a non-interactive bash cannot trap a signal ignored at its start).
+        preexec_fn=_interruptible,
     )
     try:
         deadline, url = time.monotonic() + 40, f"http://127.0.0.1:{port}/"
