@@ -33,7 +33,7 @@ from tasks.permissions import PermissionDenied, require_operate
 from tasks.plans import digest_of
 from tasks.queries import get_task
 from tasks.receipts import receipt_summary, succeeded_fields
-from tasks.takeover import stale_form
+from tasks.takeover import stale_form, takeover_submit
 
 
 def approval_record_id(task: Task, seq: int) -> str:
@@ -144,6 +144,25 @@ def node_approve(*, actor: Principal, task_id: int, node_key: str, expected_vers
     except VersionConflict:
         raise stale_form(get_task(task_id), expected_version) from None
     return get_task(task_id)
+
+
+def node_approve_and_resume(
+    *, actor: Principal, task_id: int, node_key: str, expected_version: int, note: str = ""
+) -> Task:
+    """Approve ``node_key`` and hand the task back to the agent, in one transaction: node_approve, then
+    takeover_submit ``resume_agent`` on the version the approval made (the agent is woken once it commits). Both
+    land or neither does; a stale version is refused with the events since and writes nothing."""
+    with transaction.atomic():
+        approved = node_approve(
+            actor=actor, task_id=task_id, node_key=node_key, expected_version=expected_version, note=note
+        )
+        return takeover_submit(
+            actor=actor,
+            lease=_own_takeover_lease(actor, task_id),
+            based_on_version=approved.version,
+            decision="resume_agent",
+            note=note or f"approved {node_key}",
+        )
 
 
 def _own_takeover_lease(actor: Principal, task_id: int) -> Lease:

@@ -9,7 +9,7 @@ import pytest
 from audit.models import AuditEvent
 from audit.principals import Principal
 from leases.services import lease_release
-from tasks.approvals import approvable_nodes, approval_record_id, node_approve
+from tasks.approvals import approvable_nodes, approval_record_id, node_approve, node_approve_and_resume
 from tasks.errors import InvalidTransition, NodeNotReady, OperationsOpen, TaskError, VersionConflict
 from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, TaskStatus
 from tasks.models import Event, Node, Operation, Receipt, Task
@@ -217,3 +217,51 @@ def test_approvable_nodes_are_pending_approvals_whose_upstream_succeeded(make_ta
     record(send(task, lease, "a"), Committed(remote_id="r-a"), lease)
     nodes = list(Node.objects.filter(task=task).order_by("position"))
     assert sorted(n.key for n in approvable_nodes(nodes)) == ["free", "ok"]
+
+
+def test_approve_and_resume_approves_and_hands_back_in_one_commit(
+    make_task, agent_lease, clock, root, django_capture_on_commit_callbacks
+) -> None:
+    task = make_task(approval_first())
+    ann = operator_for(root, task, "ann")
+    claimed(ann, task)
+    v = version(task)
+    with django_capture_on_commit_callbacks() as wakeups:
+        after = node_approve_and_resume(actor=ann, task_id=task.pk, node_key="ok", expected_version=v, note="ok")
+    assert after.status == TaskStatus.PENDING and after.version == v + 2
+    assert list(Event.objects.filter(task=task, seq__gt=v).values_list("type", flat=True).order_by("seq")) == [
+        "node_approved",
+        "takeover_result_submitted",
+    ]
+    assert node(task, "ok").status == NodeStatus.SUCCEEDED
+    assert len(wakeups) == 1, "the agent is woken once the hand-back commits"
+    directive = next_directive(task_id=task.pk, lease=agent_lease(task))  # the operator's lease is given back
+    assert directive.kind in ("execute", "reconcile")
+    assert find_problems(Task.objects.get(pk=task.pk)) == []
+
+
+def test_approve_and_resume_on_a_stale_page_writes_nothing(make_task, clock, root) -> None:
+    task = make_task(approval_first())
+    ann = operator_for(root, task, "ann")
+    seen = version(task)
+    claimed(ann, task)
+    refused(
+        VersionConflict,
+        lambda: node_approve_and_resume(actor=ann, task_id=task.pk, node_key="ok", expected_version=seen),
+    )
+
+
+def test_approve_and_resume_leaves_nothing_when_the_hand_back_is_refused(make_task, clock, root, monkeypatch) -> None:
+    task = make_task(approval_first())
+    ann = operator_for(root, task, "ann")
+    claimed(ann, task)
+
+    def refuse_the_hand_back(**_kwargs: Any) -> Task:
+        raise PermissionDenied("the hand-back is refused")
+
+    monkeypatch.setattr("tasks.approvals.takeover_submit", refuse_the_hand_back)
+    refused(
+        PermissionDenied,
+        lambda: node_approve_and_resume(actor=ann, task_id=task.pk, node_key="ok", expected_version=version(task)),
+    )
+    assert node(task, "ok").status == NodeStatus.PENDING, "the approval rolled back with the refused hand-back"

@@ -449,6 +449,25 @@ def test_an_approval_from_the_page_is_audited_and_in_the_log(browser, task, ann,
     assert row is not None and (row.action, row.actor_id, row.reason) == ("node_approved", "ann", "fine")
 
 
+def test_approve_and_hand_back_from_the_page_leaves_the_task_to_the_agent(
+    browser, task, ann, clock, django_capture_on_commit_callbacks
+) -> None:
+    held(ann, task)
+    assert "Approve ok and hand back to the agent" in text(browser.get(url("takeover", task)))
+    v = version(task)
+    with django_capture_on_commit_callbacks() as wakeups:
+        response = browser.post(
+            url("takeover-approve", task), {"node_key": "ok", "expected_version": v, "note": "fine", "resume": "on"}
+        )
+    assert response.status_code == 303
+    assert [e.type for e in Event.objects.filter(task=task, seq__gt=v).order_by("seq")] == [
+        "node_approved",
+        "takeover_result_submitted",
+    ]
+    assert fresh(task).status == TaskStatus.PENDING and lease_open(task.pk) is None
+    assert len(wakeups) == 1
+
+
 def test_a_stale_approval_writes_nothing(browser, task, ann, clock) -> None:
     seen = version(task)
     held(ann, task)

@@ -57,6 +57,8 @@ class ReleaseForm(LeaseForm):
 class ApproveForm(VersionedForm):
     node_key = forms.CharField(max_length=100, widget=forms.HiddenInput)
     note = forms.CharField(max_length=2000, required=False, label="Note", widget=forms.Textarea(attrs={"rows": 2}))
+    # Approve and hand the task back to the agent in one step (the usual case), or only approve and keep it.
+    resume = forms.BooleanField(required=False)
 
 
 class ReplanProposeForm(VersionedForm):

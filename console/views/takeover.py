@@ -31,7 +31,7 @@ from console.forms.takeover import (
     stored_field_value,
 )
 from leases.errors import LeaseError
-from tasks.approvals import node_approve
+from tasks.approvals import node_approve, node_approve_and_resume
 from tasks.errors import TaskError, VersionConflict
 from tasks.lifecycle import NOT_ENDED
 from tasks.models import Task
@@ -271,8 +271,9 @@ def approve(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
     if not form.is_valid():
         return _after_action(request, task, "The approval form was incomplete: nothing was approved.")
     data = form.cleaned_data
+    approve_with = node_approve_and_resume if data["resume"] else node_approve
     try:
-        node_approve(
+        approve_with(
             actor=who,
             task_id=task.pk,
             node_key=data["node_key"],
@@ -281,6 +282,8 @@ def approve(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
         )
     except (TaskError, LeaseError) as error:
         return _render_page(request, task, who, status=_status_of(error), error=message_for(error))
+    if data["resume"]:
+        return _after_action(request, task, f"Approved {data['node_key']} and handed the task back: the agent goes on.")
     return _after_action(request, task, f"Approved {data['node_key']}. Hand the task back to let the agent go on.")
 
 

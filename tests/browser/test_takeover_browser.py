@@ -52,7 +52,7 @@ def test_an_operator_takes_over_approves_submits_with_evidence_and_resumes_the_a
     expect(page.get_by_text("You hold this task.")).to_be_visible()
     screenshot(page, "takeover-holding")
 
-    page.get_by_role("button", name="Approve ok").click()
+    page.get_by_role("button", name="Approve only (keep the task)").click()
     expect(page.get_by_text("Approved ok.")).to_be_visible()
 
     copy = page.get_by_role("group", name="Step copy")
