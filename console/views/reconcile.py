@@ -6,6 +6,7 @@ Every view: the access check (console/access.py), a form, one service, a page. E
 confirmation, the version the person read; the service checks the permission again and writes the audit row.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,26 +177,49 @@ def _done(request: HttpRequest, task: Task, sentence: str) -> HttpResponse:
     return HttpResponseRedirect(_actions_url(task), status=303)
 
 
+@dataclass(frozen=True)
+class _Outcome:
+    """What a dangerous action's POST came to: done (the redirect to send), or the dialog again with why."""
+
+    response: HttpResponse | None = None
+    error: str = ""
+    status: int = 200
+
+
+def _confirmed(
+    request: HttpRequest, task: Task, form: DangerForm, act: Callable[[dict[str, Any]], object], done: str
+) -> _Outcome:
+    """The one step every dangerous action shares: on a POST whose confirmation is valid, make the one service call
+    and redirect with ``done``; a refusal becomes its sentence, and the task is read again for the dialog."""
+    if request.method != "POST":
+        return _Outcome()
+    outcome = _Outcome(status=400)
+    if form.is_valid():
+        try:
+            act(form.cleaned_data)
+        except TaskError as refused:
+            outcome = _Outcome(error=message_for(refused), status=_refusal_status(refused))
+        else:
+            return _Outcome(response=_done(request, task, done))
+    task.refresh_from_db()
+    return outcome
+
+
 @require_http_methods(["GET", "HEAD", "POST"])
 def task_cancel(request: HttpRequest, task_id: int) -> HttpResponse:
     task = operable_task(request, task_id)
     form = CancelForm(request.POST or None, expected=str(task.pk), initial={"version": task.version})
-    error, status = "", 200
-    if request.method == "POST":
-        status = 400
-        if form.is_valid():
-            try:
-                task_request_cancel(
-                    actor=principal(request),
-                    task_id=task.pk,
-                    reason=form.cleaned_data["reason"],
-                    expected_version=form.cleaned_data["version"],
-                )
-            except TaskError as refused:
-                error, status = message_for(refused), _refusal_status(refused)
-            else:
-                return _done(request, task, f"Cancel recorded for task {task.pk}: nothing new starts.")
-        task.refresh_from_db()
+    outcome = _confirmed(
+        request,
+        task,
+        form,
+        lambda data: task_request_cancel(
+            actor=principal(request), task_id=task.pk, reason=data["reason"], expected_version=data["version"]
+        ),
+        f"Cancel recorded for task {task.pk}: nothing new starts.",
+    )
+    if outcome.response:
+        return outcome.response
     danger = Danger(
         title=f"Cancel task {task.pk}",
         action=reverse("task-cancel", args=[task.pk]),
@@ -203,9 +227,9 @@ def task_cancel(request: HttpRequest, task_id: int) -> HttpResponse:
         submit="Cancel the task",
         consequences=consequences.cancel_consequences(task),
         form=form,
-        error=error,
+        error=outcome.error,
     )
-    return _danger(request, danger, task, status)
+    return _danger(request, danger, task, outcome.status)
 
 
 @require_http_methods(["GET", "HEAD", "POST"])
@@ -213,23 +237,21 @@ def force_release(request: HttpRequest, task_id: int) -> HttpResponse:
     task = viewable_task(request, task_id)
     require_admin_role(request)
     form = ForceReleaseForm(request.POST or None, expected=str(task.pk), initial={"version": task.version})
-    error, status = "", 200
-    if request.method == "POST":
-        status = 400
-        if form.is_valid():
-            try:
-                lease_force_release(
-                    actor=principal(request),
-                    task_id=task.pk,
-                    justification=form.cleaned_data["justification"],
-                    impact=form.cleaned_data["impact"],
-                    expected_version=form.cleaned_data["version"],
-                )
-            except TaskError as refused:
-                error, status = message_for(refused), _refusal_status(refused)
-            else:
-                return _done(request, task, f"Lease of task {task.pk} released; it waits for another admin's review.")
-        task.refresh_from_db()
+    outcome = _confirmed(
+        request,
+        task,
+        form,
+        lambda data: lease_force_release(
+            actor=principal(request),
+            task_id=task.pk,
+            justification=data["justification"],
+            impact=data["impact"],
+            expected_version=data["version"],
+        ),
+        f"Lease of task {task.pk} released; it waits for another admin's review.",
+    )
+    if outcome.response:
+        return outcome.response
     danger = Danger(
         title=f"Force-release the lease of task {task.pk}",
         action=reverse("force-release", args=[task.pk]),
@@ -237,9 +259,9 @@ def force_release(request: HttpRequest, task_id: int) -> HttpResponse:
         submit="Force-release the lease",
         consequences=consequences.force_release_consequences(task),
         form=form,
-        error=error,
+        error=outcome.error,
     )
-    return _danger(request, danger, task, status)
+    return _danger(request, danger, task, outcome.status)
 
 
 def _operation(task: Task, op_key: str) -> Operation:
@@ -261,25 +283,23 @@ def operation_settle(request: HttpRequest, task_id: int, op_key: str) -> HttpRes
         can_compensate=bool(op.node.compensation),
         initial={"version": task.version, "resolution": resolution},
     )
-    error, status = "", 200
-    if request.method == "POST":
-        status = 400
-        if form.is_valid():
-            try:
-                operation_settle_by_hand(
-                    actor=principal(request),
-                    task_id=task.pk,
-                    op_key=op.op_key,
-                    expected_version=form.cleaned_data["version"],
-                    resolution=form.cleaned_data["resolution"],
-                    receipt=form.receipt(),
-                    note=form.cleaned_data["reason"],
-                )
-            except TaskError as refused:
-                error, status = message_for(refused), _refusal_status(refused)
-            else:
-                return _done(request, task, f"Operation {op.op_key} settled by hand ({resolution}).")
-        task.refresh_from_db()
+    outcome = _confirmed(
+        request,
+        task,
+        form,
+        lambda data: operation_settle_by_hand(
+            actor=principal(request),
+            task_id=task.pk,
+            op_key=op.op_key,
+            expected_version=data["version"],
+            resolution=data["resolution"],
+            receipt=form.receipt(),
+            note=data["reason"],
+        ),
+        f"Operation {op.op_key} settled by hand ({resolution}).",
+    )
+    if outcome.response:
+        return outcome.response
     here = reverse("operation-settle", args=[task.pk, op.op_key])
     variants = tuple(
         (label.split(":")[0], f"{here}?resolution={value}", value == resolution)
@@ -293,10 +313,10 @@ def operation_settle(request: HttpRequest, task_id: int, op_key: str) -> HttpRes
         submit="Settle the operation",
         consequences=consequences.settle_consequences(op, resolution),  # type: ignore[arg-type]
         form=form,
-        error=error,
+        error=outcome.error,
         variants=variants,
     )
-    return _danger(request, danger, task, status)
+    return _danger(request, danger, task, outcome.status)
 
 
 @require_POST
@@ -331,23 +351,21 @@ def temp_reset(request: HttpRequest, task_id: int, temp_id: int) -> HttpResponse
     if temp is None:
         raise Http404("No such temp resource on this task.")
     form: DangerForm = TempResetForm(request.POST or None, expected=str(task.pk), initial={"version": task.version})
-    error, status = "", 200
-    if request.method == "POST":
-        status = 400
-        if form.is_valid():
-            try:
-                temp_resource_reset(
-                    actor=principal(request),
-                    task_id=task.pk,
-                    temp_id=temp.pk,
-                    expected_version=form.cleaned_data["version"],
-                    reason=form.cleaned_data["reason"],
-                )
-            except TaskError as refused:
-                error, status = message_for(refused), _refusal_status(refused)
-            else:
-                return _done(request, task, f"Temp resource {temp.locator} will be deleted again.")
-        task.refresh_from_db()
+    outcome = _confirmed(
+        request,
+        task,
+        form,
+        lambda data: temp_resource_reset(
+            actor=principal(request),
+            task_id=task.pk,
+            temp_id=temp.pk,
+            expected_version=data["version"],
+            reason=data["reason"],
+        ),
+        f"Temp resource {temp.locator} will be deleted again.",
+    )
+    if outcome.response:
+        return outcome.response
     danger = Danger(
         title=f"Reset stuck temp resource {temp.locator}",
         action=reverse("temp-reset", args=[task.pk, temp.pk]),
@@ -355,9 +373,9 @@ def temp_reset(request: HttpRequest, task_id: int, temp_id: int) -> HttpResponse
         submit="Make it eligible for deletion again",
         consequences=consequences.temp_reset_consequences(temp, cleanup_tries(temp)),
         form=form,
-        error=error,
+        error=outcome.error,
     )
-    return _danger(request, danger, task, status)
+    return _danger(request, danger, task, outcome.status)
 
 
 urlpatterns = [
