@@ -3,11 +3,7 @@ change through its own service (its event and audit row), a task that moved sinc
 listed and nothing is written to it, a task the person may not operate is never touched even when its id is
 posted, and a redelivered job changes nothing twice."""
 
-import os
-import subprocess
-import sys
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -23,7 +19,6 @@ from agents.demo import migration_plan
 from audit.models import AuditEvent
 from audit.principals import Principal
 from audit.services import verify_audit
-from harness.killmatrix import database_url
 from leases.models import Lease
 from leases.services import lease_open, lease_release
 from tasks.bulk import (
@@ -48,9 +43,10 @@ from tasks.plans import task_create
 from tasks.queries import TaskFilter
 from tasks.takeover import takeover_claim, takeover_submit
 from tests.conftest import chain_plan, person
-from tests.simulator_fixture import ROOT, Simulator
+from tests.simulator_fixture import Simulator
 from tests.steps import record, send
 from tests.test_races_postgres import run_threads
+from tests.workers import celery_worker
 
 pytestmark = pytest.mark.django_db
 
@@ -394,22 +390,10 @@ def test_a_real_worker_applies_a_run_enqueued_on_commit(
 @pytest.fixture
 def admin_queue(store: Simulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A real Celery worker process on a queue of this test's own; every job the services enqueue goes there."""
-    name = f"test-{uuid.uuid4().hex[:10]}"
-    for job in (apply_bulk_run, drive_task):
-        monkeypatch.setattr(job, "delay", lambda *a, _job=job, **kw: _job.apply_async(a, kw, queue=name))
-    env = os.environ | {"DATABASE_URL": database_url(), "RECKON_OBJECTSTORE_URL": store.url}
-    command = [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool=solo", "-Q", name]
-    command += ["--without-heartbeat", "--without-mingle", "--without-gossip", "--loglevel=WARNING"]
-    worker = subprocess.Popen(command, cwd=ROOT, env=env)  # noqa: S603
-    try:
+    with celery_worker(store.url) as name:
+        for job in (apply_bulk_run, drive_task):
+            monkeypatch.setattr(job, "delay", lambda *a, _job=job, **kw: _job.apply_async(a, kw, queue=name))
         yield name
-    finally:
-        worker.terminate()
-        try:
-            worker.wait(15)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait(5)
 
 
 def test_a_refusal_after_the_claim_rolls_back_everything_written_for_that_task(

@@ -4,22 +4,18 @@ Messages go through the configured broker (the filesystem broker by default, Red
 CELERY_BROKER_URL says so) on a queue of this test's own, so runs never see each other's messages.
 """
 
-import os
-import subprocess
-import sys
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from agents.demo import migration_plan
-from harness.killmatrix import database_url
 from tasks.jobs import drive_task, recovery_scan
 from tasks.lifecycle import NodeStatus, OperationStatus
 from tasks.models import Node, Operation, Task
 from tasks.plans import task_create
-from tests.simulator_fixture import ROOT, Simulator
+from tests.simulator_fixture import Simulator
+from tests.workers import celery_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,20 +24,8 @@ EFFECT_NODES = 6  # the demo plan's nodes before its confirmation point
 
 @pytest.fixture
 def queue(store: Simulator) -> Iterator[str]:
-    name = f"test-{uuid.uuid4().hex[:10]}"
-    env = os.environ | {"DATABASE_URL": database_url(), "RECKON_OBJECTSTORE_URL": store.url}
-    command = [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool=solo", "-Q", name]
-    command += ["--without-heartbeat", "--without-mingle", "--without-gossip", "--loglevel=WARNING"]
-    worker = subprocess.Popen(command, cwd=ROOT, env=env)  # noqa: S603
-    try:
+    with celery_worker(store.url) as name:
         yield name
-    finally:
-        worker.terminate()
-        try:
-            worker.wait(15)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait(5)
 
 
 def wait_for(task: Task, succeeded: int, seconds: float = 60) -> None:

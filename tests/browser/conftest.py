@@ -12,11 +12,7 @@ Every test module here is marked ``browser`` (``pytestmark``): .ci/run runs them
 (``apt-get install -y chromium``; .ci/run does it).
 """
 
-import os
 import secrets
-import subprocess
-import sys
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,9 +21,9 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import Browser, Page, Playwright, sync_playwright
 
-from harness.killmatrix import database_url
 from tasks.jobs import drive_task
-from tests.simulator_fixture import ROOT, Simulator
+from tests.simulator_fixture import Simulator
+from tests.workers import celery_worker
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -111,23 +107,10 @@ def worker(store: Simulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A Celery worker in its own process, on a queue of this test's own (other runs share the broker folder), with
     the test database and the simulator (``store``: the demo plan's source registered). The live server's wake-ups
     (``drive_task.delay``, sent on commit by resume, approval and re-plan) are routed to that queue."""
-    queue = f"browser-{uuid.uuid4().hex[:10]}"
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_ALLOW_ASYNC_UNSAFE"}
-    env |= {"DATABASE_URL": database_url(), "RECKON_OBJECTSTORE_URL": store.url}
-    command = [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool=solo", "-Q", queue]
-    command += ["--without-heartbeat", "--without-mingle", "--without-gossip", "--loglevel=WARNING"]
-    process = subprocess.Popen(command, cwd=ROOT, env=env)  # noqa: S603
+    with celery_worker(store.url, prefix="browser", drop_env=("DJANGO_ALLOW_ASYNC_UNSAFE",)) as queue:
 
-    def delay(*args: Any, **kwargs: Any) -> Any:
-        return drive_task.apply_async(args, kwargs, queue=queue)
+        def delay(*args: Any, **kwargs: Any) -> Any:
+            return drive_task.apply_async(args, kwargs, queue=queue)
 
-    monkeypatch.setattr(drive_task, "delay", delay)
-    try:
+        monkeypatch.setattr(drive_task, "delay", delay)
         yield queue
-    finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)

@@ -1,0 +1,32 @@
+"""A real Celery worker process for a test: on a queue of the test's own (runs share the broker), with the test
+database and the simulator the connectors talk to. Used by the worker, bulk and browser tests."""
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from harness.killmatrix import database_url
+from tests.simulator_fixture import ROOT
+
+
+@contextmanager
+def celery_worker(store_url: str, *, prefix: str = "test", drop_env: tuple[str, ...] = ()) -> Iterator[str]:
+    """Start a solo-pool worker consuming a fresh queue; yield the queue's name; stop the worker (TERM, then KILL)."""
+    queue = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    env = {k: v for k, v in os.environ.items() if k not in drop_env}
+    env |= {"DATABASE_URL": database_url(), "RECKON_OBJECTSTORE_URL": store_url}
+    command = [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool=solo", "-Q", queue]
+    command += ["--without-heartbeat", "--without-mingle", "--without-gossip", "--loglevel=WARNING"]
+    process = subprocess.Popen(command, cwd=ROOT, env=env)  # noqa: S603
+    try:
+        yield queue
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
