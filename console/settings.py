@@ -29,6 +29,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "console",
+    "api",
     "guardian",
     "tasks",
     "leases",

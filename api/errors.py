@@ -1,0 +1,123 @@
+"""Every error of the agent API as RFC 9457 problem details (``application/problem+json``), mapped once here.
+
+A named error (``tasks.errors``, ``leases.errors``, ``tasks.permissions.PermissionDenied``, the API's own) is
+answered with the status its ``code`` maps to and the stable type ``https://reckon.dev/problems/<code>``; a code
+not in the table is a 409 (a rule refused the request: re-read and decide), never a 500. Validation errors carry
+field-level ``errors``."""
+
+from collections.abc import Mapping, Sequence
+from http import HTTPStatus
+from typing import Any
+
+from django.http import HttpRequest, JsonResponse
+
+PROBLEM_TYPE_BASE = "https://reckon.dev/problems/"
+CONTENT_TYPE = "application/problem+json"
+
+# code → HTTP status. A code absent from this table answers 409.
+STATUS_OF: Mapping[str, int] = {
+    # Who is asking
+    "unauthenticated": 401,
+    "permission_denied": 403,
+    # What is asked for (a task out of the token's scope is not found: its existence is not disclosed)
+    "task_not_found": 404,
+    "not_found": 404,
+    "token_not_found": 404,
+    "method_not_allowed": 405,
+    # Compare-and-set and leases
+    "version_conflict": 412,
+    "lease_held": 409,
+    "lease_lost": 409,
+    "lease_expired": 409,
+    "renewal_out_of_order": 409,
+    "lease_refused": 409,
+    "lease_reserved": 423,
+    "takeover_held": 423,
+    "takeover_requested": 423,
+    "takeover_required": 423,
+    # What was sent
+    "validation_error": 422,
+    "invalid_cursor": 422,
+    "plan_invalid": 422,
+    "payload_rejected": 422,
+    "secret_in_payload": 422,
+    "evidence_insufficient": 422,
+    "unknown_task_kind": 422,
+    "payload_too_large": 413,
+    "malformed_body": 400,
+    # Pacing
+    "backoff_active": 429,
+    "budget_exhausted": 409,
+}
+DEFAULT_STATUS = 409
+
+TITLE_OF: Mapping[str, str] = {
+    "unauthenticated": "A valid agent token is required",
+    "permission_denied": "Not allowed",
+    "task_not_found": "No such task",
+    "not_found": "Not found",
+    "method_not_allowed": "Method not allowed",
+    "version_conflict": "The task changed since you read it",
+    "lease_held": "Another holder has the lease",
+    "lease_reserved": "A person is taking this task over",
+    "takeover_held": "A person holds this task",
+    "validation_error": "The request is not valid",
+    "invalid_cursor": "Not a cursor of this list",
+    "payload_too_large": "The request body is too large",
+    "malformed_body": "The request body is not valid JSON",
+    "secret_in_payload": "The payload contains a secret",
+}
+
+
+def status_of(code: str) -> int:
+    return STATUS_OF.get(code, DEFAULT_STATUS)
+
+
+def problem_type(code: str) -> str:
+    return PROBLEM_TYPE_BASE + code
+
+
+def problem(
+    request: HttpRequest | None,
+    *,
+    code: str,
+    detail: str,
+    status: int | None = None,
+    errors: Sequence[Mapping[str, Any]] | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JsonResponse:
+    """The problem-details response for ``code``."""
+    status = status if status is not None else status_of(code)
+    body: dict[str, Any] = {
+        "type": problem_type(code),
+        "title": TITLE_OF.get(code) or HTTPStatus(status).phrase,
+        "status": status,
+        "detail": detail,
+        "code": code,
+    }
+    if request is not None:
+        body["instance"] = request.path
+    if errors is not None:
+        body["errors"] = list(errors)
+    response = JsonResponse(body, status=status, content_type=CONTENT_TYPE)
+    for name, value in (headers or {}).items():
+        response[name] = value
+    return response
+
+
+def problem_of(request: HttpRequest, error: Exception) -> JsonResponse:
+    """A named error (anything with a ``code``) as its problem."""
+    code = str(getattr(error, "code", "error"))
+    return problem(request, code=code, detail=str(error))
+
+
+def validation_errors(errors: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """pydantic's errors (as ninja hands them over) as field-level details: where, what, the message."""
+    return [
+        {
+            "field": ".".join(str(part) for part in e.get("loc", ())),
+            "code": str(e.get("type", "invalid")),
+            "message": str(e.get("msg", "")),
+        }
+        for e in errors
+    ]

@@ -1,0 +1,37 @@
+"""Agent API tokens: the plaintext is shown once when issued and never stored; only its SHA-256 is kept."""
+
+from django.db import models
+
+
+class ApiToken(models.Model):
+    """One agent's credential for /api/v1/. A task is in its scope when its kind is in ``kinds`` or its project is
+    in ``projects``; both empty: no task at all."""
+
+    agent_id = models.CharField(max_length=200)
+    name = models.CharField(max_length=200, blank=True)
+    # The lookup of every API request: the hash of the presented token, unique (so an index).
+    token_hash = models.CharField(max_length=64, unique=True)
+    kinds = models.JSONField(default=list, blank=True)
+    projects = models.JSONField(default=list, blank=True)
+    created_by = models.CharField(max_length=200)
+    created_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.CharField(max_length=200, blank=True)
+    revoke_reason = models.CharField(max_length=500, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("-created_at", "-pk")
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(revoked_at__isnull=True) | ~models.Q(revoked_by=""),
+                name="api_token_revoked_names_who",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"token {self.pk} of agent {self.agent_id}"
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None

@@ -1,0 +1,152 @@
+"""Agent API tokens: issue, revoke (admins only, audited in the same transaction) and authenticate.
+
+A token is 32 random bytes, URL-safe base64, prefixed ``rk_`` so that a leaked one is recognisable. Only its
+SHA-256 is stored, in a unique indexed column: a request's token is found by its hash, so the comparison is the
+index lookup's, not a character-by-character compare in Python."""
+
+import hashlib
+import secrets
+from collections.abc import Sequence
+from datetime import timedelta
+
+from django.db import transaction
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from api.models import ApiToken
+from audit.principals import Principal
+from audit.services import audit_append
+from leases import clock
+from tasks.models import Task
+from tasks.permissions import require_admin
+
+TOKEN_PREFIX = "rk_"  # noqa: S105 (a prefix that marks a token, not a secret)
+NAME_MAX = 100  # a kind or a project: tasks.models.Task's columns
+SCOPE_MAX = 50  # entries in kinds or projects
+# last_used_at is a hint, not a log: written at most once a minute per token, not on every request.
+LAST_USED_GRANULARITY = timedelta(minutes=1)
+
+
+class TokenError(Exception):
+    """A refused token change. Not a TaskError: the console says it in its own words (str), not by code."""
+
+    code = "token_error"
+
+
+class TokenNotFound(TokenError):
+    code = "token_not_found"
+
+
+class TokenRefused(TokenError):
+    """An issue or revocation that does not make sense: a bad scope, an agent id missing, a token already revoked."""
+
+    code = "token_refused"
+
+
+def token_hash(plaintext: str) -> str:
+    return hashlib.sha256(plaintext.encode()).hexdigest()
+
+
+def api_token_issue(
+    *, actor: Principal, agent_id: str, kinds: Sequence[str], projects: Sequence[str], name: str = ""
+) -> tuple[ApiToken, str]:
+    """A new token for ``agent_id`` scoped to ``kinds`` and ``projects``, and its plaintext — the only time it
+    exists outside the agent. Admins only; audited."""
+    require_admin(actor, "issue agent API tokens")
+    agent_id, kinds, projects = agent_id.strip(), _scope(kinds), _scope(projects)
+    if not agent_id or len(agent_id) > 200:
+        raise TokenRefused("an agent id is 1 to 200 characters")
+    if not kinds and not projects:
+        raise TokenRefused("a token needs at least one task kind or project in its scope")
+    plaintext = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    with transaction.atomic():
+        now = clock.now()
+        row = ApiToken.objects.create(
+            agent_id=agent_id,
+            name=name.strip()[:200],
+            token_hash=token_hash(plaintext),
+            kinds=kinds,
+            projects=projects,
+            created_by=str(actor),
+            created_at=now,
+        )
+        audit_append(
+            actor=actor,
+            action="api_token_issued",
+            at=now,
+            details={"token": row.pk, "agent": agent_id, "kinds": kinds, "projects": projects},
+        )
+    return row, plaintext
+
+
+def api_token_revoke(*, actor: Principal, token_id: int, reason: str) -> ApiToken:
+    """Revoke the token: every later request with it is refused (401). Admins only; audited; a compare-and-set on
+    "not yet revoked", so two admins revoking at once write one revocation."""
+    require_admin(actor, "revoke agent API tokens")
+    reason = reason.strip()
+    if not reason:
+        raise TokenRefused("say why the token is revoked")
+    with transaction.atomic():
+        now = clock.now()
+        changed = ApiToken.objects.filter(pk=token_id, revoked_at__isnull=True).update(
+            revoked_at=now, revoked_by=str(actor), revoke_reason=reason[:500]
+        )
+        if changed != 1:
+            if ApiToken.objects.filter(pk=token_id).exists():
+                raise TokenRefused(f"token {token_id} is already revoked")
+            raise TokenNotFound(f"token {token_id} does not exist")
+        row = ApiToken.objects.get(pk=token_id)
+        audit_append(
+            actor=actor,
+            action="api_token_revoked",
+            at=now,
+            reason=reason[:500],
+            details={"token": row.pk, "agent": row.agent_id},
+        )
+    return row
+
+
+def api_token_authenticate(plaintext: str) -> ApiToken | None:
+    """The live token whose plaintext this is, or None (unknown or revoked). One query; and at most once a minute
+    per token, one more to note when it was last used."""
+    if not plaintext.startswith(TOKEN_PREFIX) or len(plaintext) > 100:
+        return None
+    row = ApiToken.objects.filter(token_hash=token_hash(plaintext), revoked_at__isnull=True).first()
+    if row is None:
+        return None
+    now = timezone.now()  # the app server's clock: a hint, and the database clock would cost a query per request
+    if row.last_used_at is None or row.last_used_at <= now - LAST_USED_GRANULARITY:
+        ApiToken.objects.filter(pk=row.pk).update(last_used_at=now)
+        row.last_used_at = now
+    return row
+
+
+def api_token_list() -> list[ApiToken]:
+    """Every token, newest first (the admin page): one query."""
+    return list(ApiToken.objects.all())
+
+
+def scope_condition(token: ApiToken) -> Q:
+    """The tasks the token's agent may see: its kinds or its projects (neither: none)."""
+    condition = Q(pk__in=[])
+    if token.kinds:
+        condition |= Q(kind__in=token.kinds)
+    if token.projects:
+        condition |= Q(project__in=token.projects)
+    return condition
+
+
+def in_scope(token: ApiToken, task: Task) -> bool:
+    return task.kind in token.kinds or (bool(task.project) and task.project in token.projects)
+
+
+def _scope(names: Sequence[str]) -> list[str]:
+    cleaned = sorted({n.strip() for n in names if n.strip()})
+    if len(cleaned) > SCOPE_MAX or any(len(n) > NAME_MAX for n in cleaned):
+        raise TokenRefused(f"a scope lists at most {SCOPE_MAX} names of at most {NAME_MAX} characters")
+    return cleaned
+
+
+def token_tasks(token: ApiToken) -> "QuerySet[Task]":
+    """The tasks in the token's scope (page them with tasks.queries.page)."""
+    return Task.objects.filter(scope_condition(token))
