@@ -132,7 +132,9 @@ def takeover_claim(*, actor: Principal, task_id: int) -> Claim:
 
 
 def _wait_for_holder(actor: Principal, task_id: int) -> Claim:
-    holder = lease_open(task_id)
+    # Locked: a holder releasing right now is waited for and then not seen as open, so a takeover is never
+    # requested from an agent that already let go (and another person may already hold the task).
+    holder = Lease.objects.open().select_for_update().filter(task_id=task_id).first()
     if holder is None:  # released between the two reads: claim again
         raise VersionConflict(f"task {task_id}'s lease changed while claiming; claim again")
     if holder.holder_kind == HolderKind.OPERATOR:
