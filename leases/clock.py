@@ -77,3 +77,11 @@ def use_clock(clock: Clock) -> Iterator[Clock]:
         yield clock
     finally:
         _clock = previous
+
+
+def as_utc(value: datetime | str) -> datetime:
+    """A time a statement computed (not a column the ORM converts), as an aware UTC datetime: SQLite hands back
+    text or a naive datetime, PostgreSQL an aware one."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)

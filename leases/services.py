@@ -4,7 +4,7 @@ Times come from ``leases.clock`` (the database server's clock). Human takeover a
 build on the same rows (tasks/takeover.py, tasks/forced_release.py).
 """
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from django.conf import settings
@@ -259,14 +259,8 @@ def lease_heartbeat(*, lease: LeaseRef, task_id: int) -> tuple[datetime, datetim
         row = cursor.fetchone()
     if row is None:
         return None
-    moment, expires_at = (_as_utc(value) for value in row)
+    moment, expires_at = (clock.as_utc(value) for value in row)
     return moment, expires_at
-
-
-def _as_utc(value: datetime | str) -> datetime:
-    if isinstance(value, str):  # SQLite hands back text (or a naive datetime, through the column's converter)
-        value = datetime.fromisoformat(value)
-    return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def lease_refusal(*, lease: LeaseRef, task_id: int) -> LeaseError:

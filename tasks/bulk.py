@@ -15,7 +15,7 @@ Each task is its own transaction: a refusal rolls back everything written for th
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.contrib.auth.models import User
 from django.db import transaction
@@ -496,8 +496,6 @@ STALLED_AFTER_SECONDS = 120
 def bulk_runs_stalled(now: datetime) -> list[int]:
     """Confirmed runs still unfinished some time after they were confirmed: their job's message may be lost. Sending
     one again is safe (an item is finished once, every change is version-checked)."""
-    from datetime import timedelta
-
     cutoff = now - timedelta(seconds=STALLED_AFTER_SECONDS)
     unfinished = [BulkRunStatus.PENDING, BulkRunStatus.RUNNING]
     return list(BulkRun.objects.filter(status__in=unfinished, created_at__lt=cutoff).values_list("pk", flat=True))

@@ -8,12 +8,12 @@ next step of the same holder reads nothing again.
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import cache
 from typing import Any, ClassVar, NamedTuple
 
 from django.db import DEFAULT_DB_ALIAS, connection
-from django.db.models import DateTimeField, Model, Value
+from django.db.models import Model
 
 from leases import clock
 from leases.db import step_cursor
@@ -91,9 +91,9 @@ def _read(task_id: int, lease: LeaseRef | None) -> Snapshot | None:
             raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
         task = _Rows.of(Task).instance(row)
         extra = row[len(_Rows.of(Task).fields) :]
-        now = _as_datetime(extra[0])
+        now = clock.as_utc(extra[0])
         reserved_for: str = extra[1]
-        lease_expires_at = _as_datetime(extra[2]) if lease is not None and extra[2] is not None else None
+        lease_expires_at = clock.as_utc(extra[2]) if lease is not None and extra[2] is not None else None
         cursor.execute(statements.operations, [task_id, *_UNSETTLED])
         operations = _Rows.of(Operation)
         nodes_of_ops = _Rows.of(Node)
@@ -163,22 +163,6 @@ class _Rows[M: Model]:
                 value = converter(value, col, connection)
             values.append(value)
         return self.model.from_db(DEFAULT_DB_ALIAS, self.attnames, values)
-
-
-_DATETIME = DateTimeField()
-
-
-def _as_datetime(value: Any) -> datetime:
-    """A time computed in SQL (not a column): converted as a DateTimeField's value would be."""
-    expression = Value(None, output_field=_DATETIME)
-    for converter in connection.ops.get_db_converters(expression):
-        value = converter(value, expression, connection)
-    if isinstance(value, str):  # SQLite's own clock hands back text
-        value = datetime.fromisoformat(value)
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    result: datetime = value
-    return result
 
 
 class _Statements(NamedTuple):
