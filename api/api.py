@@ -12,6 +12,7 @@ from api.auth import AgentToken, token_of
 from api.errors import problem, problem_of, validation_errors
 from api.schemas import Problem, TaskOut, TaskPage, task_out, task_summary
 from api.tokens import in_scope, token_tasks
+from api.webhooks import router as webhooks_router
 from leases.errors import LeaseError
 from tasks.errors import TaskError, TaskNotFound
 from tasks.queries import Order, page
@@ -101,3 +102,4 @@ def task_list(
 
 
 api.add_router("/", tasks)
+api.add_router("/", webhooks_router)

@@ -30,6 +30,8 @@ INSTALLED_APPS = [
     "django_htmx",
     "console",
     "api",
+    "hooks",
+    "ninja",
     "guardian",
     "tasks",
     "leases",

@@ -36,7 +36,15 @@ from tasks.errors import (
     TaskNotRunnable,
     VersionConflict,
 )
-from tasks.events import NODE_DEFAULTS, NODE_FIELDS, OPERATION_FIELDS, chain_event, jsonable, node_ref
+from tasks.events import (
+    NODE_DEFAULTS,
+    NODE_FIELDS,
+    OPERATION_FIELDS,
+    chain_event,
+    event_appended,
+    jsonable,
+    node_ref,
+)
 from tasks.failpoints import failpoint
 from tasks.lifecycle import (
     NEEDS_FREE_TASK,
@@ -229,6 +237,7 @@ def compare_and_set(
             failpoint("after_receipt", task_id=task_id)
         if before_event is not None:
             before_event(task, now)
+        event_appended(task, event)
     written = []  # the operation rows as the change left them (copies of updated ones: the caller's stay as read)
     for op, fields in op_fields:
         if op not in inserted:

@@ -7,6 +7,7 @@ A payload has the shape ``{"task": {...}, "nodes": {"p<plan>/<key>": {...}}, "op
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -129,7 +130,49 @@ def append_event(*, task: Task, seq: int, type: str, payload: dict[str, Any], at
     event.save(force_insert=True)
     Task.objects.filter(pk=task.pk).update(log_head=event.digest)
     task.log_head = event.digest
+    event_appended(task, event)
     return event
+
+
+# --- listeners --------------------------------------------------------------------------------------------------
+# An app that must write something in the same transaction as an event (the webhook outbox) registers a listener
+# at start-up. It is called inside the transaction, after the event's row is written and before the commit; what
+# it raises rolls the change back. Appending an event no listener asked for costs one dict lookup.
+
+type EventListener = Callable[[Task, Event], None]
+_LISTENERS: dict[str, list[EventListener]] = {}
+# Listeners for every event whose payload ends the task (task_finished), whatever its type.
+_FINISH_LISTENERS: list[EventListener] = []
+ENDING_STATUSES = frozenset({"completed", "failed", "stopped"})
+
+
+def listen(types: frozenset[str], listener: EventListener, *, on_finish: bool = False) -> None:
+    """Call ``listener(task, event)`` for every event of ``types`` (and, with ``on_finish``, every event that ends
+    the task), inside the transaction that appends it."""
+    for name in types:
+        if listener not in _LISTENERS.setdefault(name, []):
+            _LISTENERS[name].append(listener)
+    if on_finish and listener not in _FINISH_LISTENERS:
+        _FINISH_LISTENERS.append(listener)
+
+
+def unlisten(listener: EventListener) -> None:
+    for listeners in _LISTENERS.values():
+        if listener in listeners:
+            listeners.remove(listener)
+    if listener in _FINISH_LISTENERS:
+        _FINISH_LISTENERS.remove(listener)
+
+
+def event_appended(task: Task, event: Event) -> None:
+    """Tell the listeners of ``event`` (called by every path that appends one, inside its transaction)."""
+    called = _LISTENERS.get(event.type, ())
+    for listener in called:
+        listener(task, event)
+    if _FINISH_LISTENERS and event.payload.get("task", {}).get("status") in ENDING_STATUSES:
+        for listener in _FINISH_LISTENERS:
+            if listener not in called:
+                listener(task, event)
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""Reckon's Python client (placeholder: being written)."""
