@@ -1,0 +1,80 @@
+"""What an external system said about one operation: the shapes of the contract's Outcome (docs/api.md).
+
+A connector returns one of these and never raises for a remote's answer; the client posts it as the operation's
+outcome. ``Failed("connection_interrupted")`` means "unknown": Reckon settles it later by a lookup by op key, never
+by sending again blindly."""
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+type FailureClass = Literal[
+    "invalid_params", "permission_revoked", "dependency_unavailable", "connection_interrupted", "conflict"
+]
+
+
+@dataclass(frozen=True)
+class Committed:
+    """The remote committed the write; the fields are the receipt (checked against the node's evidence spec)."""
+
+    remote_id: str
+    remote_version: str = ""
+    count: int | None = None
+    digest: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The remote accepted the write and is still running it: Reckon polls it later by op key."""
+
+    remote_id: str
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A classified failure (DESIGN §6). ``connection_interrupted``: the write may or may not have happened."""
+
+    failure_class: FailureClass
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class NotFound:
+    """A query by op key found no trace: the write never took effect (it may be sent again, same op key)."""
+
+
+@dataclass(frozen=True)
+class Unprovable:
+    """The remote can neither dedupe nor be queried: a person decides."""
+
+    detail: str = ""
+
+
+type Outcome = Committed | Accepted | Failed | NotFound | Unprovable
+OUTCOME_TYPES = (Committed, Accepted, Failed, NotFound, Unprovable)
+
+
+def outcome_json(outcome: Outcome) -> dict[str, Any]:
+    """The outcome as the body of ``POST …/operations/{op_key}/outcome``."""
+    match outcome:
+        case Committed():
+            body: dict[str, Any] = {"result": "committed", "remote_id": outcome.remote_id}
+            if outcome.remote_version:
+                body["remote_version"] = outcome.remote_version
+            if outcome.count is not None:
+                body["count"] = outcome.count
+            if outcome.digest:
+                body["digest"] = outcome.digest
+            if outcome.data:
+                body["data"] = outcome.data
+            return body
+        case Accepted():
+            return {"result": "accepted", "remote_id": outcome.remote_id}
+        case Failed():
+            failed: dict[str, Any] = {"result": "failed", "failure_class": outcome.failure_class}
+            return failed | ({"detail": outcome.detail} if outcome.detail else {})
+        case NotFound():
+            return {"result": "not_found"}
+        case Unprovable():
+            return {"result": "unprovable"} | ({"detail": outcome.detail} if outcome.detail else {})
+    raise TypeError(f"a connector must return an Outcome, not {type(outcome).__name__}")

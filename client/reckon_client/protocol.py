@@ -1,0 +1,376 @@
+"""The step protocol over HTTP (docs/api.md), written once for the sync and the async client.
+
+Each exchange is a generator that yields *effects* — an HTTP call to Reckon, a call to the author's connector, a
+sleep — and receives their results; ``Reckon`` drives it with blocking I/O, ``AsyncReckon`` with ``await``. So the
+rules (intent before call, the stop flag checked before each side effect, reconcile first, 412 → re-read, a lookup
+that cannot reach the remote ends the run) live here only, and the drivers only move bytes.
+
+What the loop follows is the server's directive: reconcile comes before execute in it, so a run that starts after a
+crash (SIGKILL anywhere) asks the remote what became of the operation in flight before it sends anything new.
+"""
+
+import hashlib
+import json
+import uuid
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+from urllib.parse import quote
+
+from reckon_client.errors import ApiError
+from reckon_client.outcomes import OUTCOME_TYPES, Failed, Outcome, outcome_json
+
+# --------------------------------------------------------------------------------------------------- effects
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request to Reckon (``path`` under /api/v1). The driver retries it on 429/503 and transport errors: safe,
+    since every write carries If-Match and an Idempotency-Key."""
+
+    method: str
+    path: str
+    body: Any = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    headers: Mapping[str, str]
+    body: Any
+
+
+@dataclass(frozen=True)
+class Remote:
+    """A call to the connector. An exception it raises is thrown back into the generator."""
+
+    name: Literal["submit", "compensate", "lookup", "current_version"]
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Sleep:
+    seconds: float
+
+
+type Effect = Call | Remote | Sleep
+type Steps[T] = Generator[Effect, Any, T]
+
+# --------------------------------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task as Reckon reads it (``raw`` holds the whole body: nodes, open operations, …)."""
+
+    id: int
+    kind: str
+    project: str
+    title: str
+    status: str
+    status_reason: str
+    version: int
+    cancel_requested: bool
+    raw: dict[str, Any]
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> "Task":
+        return cls(
+            id=int(body["id"]),
+            kind=str(body.get("kind", "")),
+            project=str(body.get("project", "")),
+            title=str(body.get("title", "")),
+            status=str(body.get("status", "")),
+            status_reason=str(body.get("status_reason", "")),
+            version=int(body.get("version", 0)),
+            cancel_requested=bool(body.get("cancel_requested", False)),
+            raw=dict(body),
+        )
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How a run ended. ``done``: the task completed. ``stopped``: ``reason`` says why (a directive's reason —
+    cancel_requested, takeover_requested, awaiting_approval, budget_exhausted, a pause — or a refusal's code:
+    lease_held, lease_lost, …). ``waiting``: run again at ``until`` (a backoff longer than the run's ``max_wait``,
+    a remote that could not be asked, an operation the remote still runs)."""
+
+    status: Literal["done", "stopped", "waiting"]
+    reason: str = ""
+    until: datetime | None = None
+    steps: int = 0  # operations sent or settled by this run
+    detail: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.status == "done"
+
+
+@dataclass
+class LeaseState:
+    """The lease a run holds, shared with its background renewer: the renewer moves ``renewal_seq`` and raises
+    ``stop_reason`` (cancel_requested, takeover_requested, or the lease lost); the loop reads it before each side
+    effect."""
+
+    task_id: int
+    lease_id: str
+    epoch: int
+    ttl_seconds: float
+    renewal_seq: int
+    stop_reason: str = ""
+    lost: bool = False
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> "LeaseState":
+        state = cls(
+            task_id=int(body["task_id"]),
+            lease_id=str(body["lease_id"]),
+            epoch=int(body.get("epoch", 0)),
+            ttl_seconds=float(body.get("ttl_seconds") or 30),
+            renewal_seq=int(body.get("renewal_seq", 0)),
+        )
+        state.heard(body)
+        return state
+
+    def heard(self, body: Mapping[str, Any]) -> None:
+        """A lease answer (acquire or renew): the next renewal_seq, and whether to stop starting side effects."""
+        self.renewal_seq = int(body.get("renewal_seq", self.renewal_seq))
+        if body.get("cancel_requested"):
+            self.stop_reason = self.stop_reason or "cancel_requested"
+        elif body.get("takeover_requested"):
+            self.stop_reason = self.stop_reason or "takeover_requested"
+
+    @property
+    def renew_every(self) -> float:
+        return max(self.ttl_seconds / 3, 0.1)
+
+
+# --------------------------------------------------------------------------------------------------- helpers
+
+LOST = frozenset({"lease_lost", "lease_expired"})
+BUSY = frozenset({"lease_held", "lease_reserved", "takeover_held", "takeover_requested"})
+MAX_CONFLICTS = 20  # 412s in a row before a run gives up (someone else keeps moving the task)
+OBSERVE_EVERY = 2.0  # seconds between two lookups of an operation the remote still runs
+
+
+def ok(reply: Reply) -> Any:
+    """The body of a 2xx; ApiError otherwise."""
+    if 200 <= reply.status < 300:
+        return reply.body
+    raise ApiError.of(reply.status, reply.body)
+
+
+def etag_version(reply: Reply) -> int | None:
+    tag = reply.headers.get("etag", "").removeprefix("W/").strip('"')
+    return int(tag) if tag.isdigit() else None
+
+
+def _lease_headers(state: LeaseState, *, version: int | None = None, body: Any = None) -> dict[str, str]:
+    headers = {"Reckon-Lease": state.lease_id}
+    if version is not None:
+        headers["If-Match"] = f'"{version}"'
+        # One key per lease, task version and body: a write retried after a lost answer replays its first answer
+        # (instead of a 412 for its own change), and a different write can never reuse a key.
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:32]
+        headers["Idempotency-Key"] = f"rk-client:{state.lease_id}:{version}:{digest}"
+    return headers
+
+
+def parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    moment = datetime.fromisoformat(value)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+# --------------------------------------------------------------------------------------------------- exchanges
+
+
+def create_task(
+    kind: str,
+    title: str,
+    plan: Mapping[str, Any],
+    *,
+    project: str = "",
+    attempt_budget: int | None = None,
+    idempotency_key: str | None = None,
+) -> Steps[Task]:
+    body: dict[str, Any] = {"kind": kind, "title": title, "plan": plan}
+    if project:
+        body["project"] = project
+    if attempt_budget is not None:
+        body["attempt_budget"] = attempt_budget
+    # Always keyed, so a retried create (an answer lost on the way back) never makes a second task.
+    key = idempotency_key or f"rk-client:create:{uuid.uuid4()}"
+    reply = yield Call("POST", "/tasks", body, {"Idempotency-Key": key})
+    return Task.of(ok(reply))
+
+
+def get_task(task_id: int) -> Steps[Task]:
+    return Task.of(ok((yield Call("GET", f"/tasks/{task_id}"))))
+
+
+def cancel(task_id: int, reason: str, *, version: int | None = None) -> Steps[Task]:
+    """Ask Reckon to cancel (the creator may, without a lease). In-flight work settles; nothing new starts."""
+    headers = {"If-Match": f'"{version}"'} if version is not None else {}
+    reply = yield Call("POST", f"/tasks/{task_id}/cancel", {"reason": reason}, headers)
+    return Task.of(ok(reply))
+
+
+def acquire(task_id: int, *, ttl_seconds: float | None, lease_wait: float) -> Steps[LeaseState | RunResult]:
+    """The lease, or why not: another holder (retried for up to ``lease_wait`` seconds: a crashed holder's lease
+    lapses after its ttl and grace), a person taking the task over, a status agents may not hold."""
+    key = f"rk-client:lease:{uuid.uuid4()}"  # a lost answer retried replays the grant, not "held by you"
+    waited = 0.0
+    while True:
+        body = {"ttl_seconds": ttl_seconds} if ttl_seconds else {}
+        reply = yield Call("POST", f"/tasks/{task_id}/lease", body, {"Idempotency-Key": key})
+        if 200 <= reply.status < 300:
+            return LeaseState.of(reply.body)
+        refusal = ApiError.of(reply.status, reply.body)
+        if refusal.code not in BUSY and refusal.code != "lease_refused":
+            raise refusal
+        if refusal.code not in BUSY or waited >= lease_wait:
+            return RunResult("stopped", refusal.code, detail=refusal.detail)
+        pause = min(1.0, lease_wait - waited)
+        waited += pause
+        yield Sleep(pause)
+
+
+def renew(state: LeaseState) -> Steps[None]:
+    """One renewal (the background renewer's step). A lease lost or lapsed raises the stop flag for good."""
+    seq = state.renewal_seq
+    headers = _lease_headers(state) | {"Idempotency-Key": f"rk-client:renew:{state.lease_id}:{seq}"}
+    reply = yield Call("POST", f"/tasks/{state.task_id}/lease/renew", {"renewal_seq": seq}, headers)
+    if 200 <= reply.status < 300:
+        state.heard(reply.body)
+        return
+    refusal = ApiError.of(reply.status, reply.body)
+    if refusal.code in LOST or refusal.code == "renewal_out_of_order":
+        state.lost = True
+        state.stop_reason = refusal.code
+        return
+    raise refusal
+
+
+def release(state: LeaseState) -> Steps[None]:
+    reply = yield Call("DELETE", f"/tasks/{state.task_id}/lease", None, _lease_headers(state))
+    if reply.status >= 300 and ApiError.of(reply.status, reply.body).code not in LOST:
+        raise ApiError.of(reply.status, reply.body)
+
+
+def steps(state: LeaseState, *, max_wait: float, compensate: bool) -> Steps[RunResult]:
+    """Follow the directive until done, stop, or a wait longer than ``max_wait`` seconds."""
+    base = f"/tasks/{state.task_id}"
+    done = conflicts = 0
+    while True:
+        if state.lost:
+            return RunResult("stopped", state.stop_reason, steps=done)
+        try:
+            d = ok((yield Call("GET", f"{base}/directive", None, _lease_headers(state))))
+            kind, version = str(d["kind"]), int(d["task_version"])
+            op_key, reason = str(d.get("op_key") or ""), str(d.get("reason") or "")
+            if kind == "done":
+                return RunResult("done", steps=done)
+            if kind == "stop":
+                return RunResult("stopped", reason, steps=done)
+            if kind == "wait":
+                until = parse_time(d.get("until")) or _now()
+                pause = (until - _now()).total_seconds()
+                if pause > max_wait:
+                    return RunResult("waiting", reason, until=until, steps=done)
+                yield Sleep(max(pause, 0.0))
+            elif kind == "reconcile" and op_key:
+                ended = yield from _reconcile(state, base, op_key, version, max_wait)
+                done += 1
+                if ended is not None:
+                    return RunResult(ended.status, ended.reason, ended.until, done, ended.detail)
+            elif kind == "reconcile":
+                yield from _recheck_inputs(state, base, d.get("input_refs") or {}, version)
+            elif kind == "execute":
+                if state.stop_reason:  # cancel or takeover asked: start no side effect
+                    return RunResult("stopped", state.stop_reason, steps=done)
+                yield from _execute(state, base, str(d["node_key"]), version, compensate)
+                done += 1
+            else:
+                return RunResult("stopped", f"unknown_directive:{kind}", steps=done)
+            conflicts = 0
+        except ApiError as refusal:
+            if refusal.status == 412 and conflicts < MAX_CONFLICTS:  # the task moved: re-read, never blind-retry
+                conflicts += 1
+                continue
+            return RunResult("stopped", refusal.code, steps=done, detail=refusal.detail)
+        except _Unreachable as unreachable:
+            until = _now() + timedelta(seconds=OBSERVE_EVERY)
+            return RunResult("waiting", "remote_unreachable", until=until, steps=done, detail=str(unreachable))
+
+
+class _Unreachable(Exception):
+    """The connector could not reach the remote for a query: nothing was written; ask again later."""
+
+
+def _execute(state: LeaseState, base: str, node_key: str, version: int, compensate: bool) -> Steps[None]:
+    # Commit 1: the intent, recorded and marked sent before the call (the op key exists before anything can happen).
+    body = {"node_key": node_key}
+    headers = _lease_headers(state, version=version, body=["operations", body])
+    reply = yield Call("POST", f"{base}/operations", body, headers)
+    op = ok(reply)
+    version = etag_version(reply) or version + 1
+    if state.stop_reason:
+        # Asked to stop while the intent was recorded: nothing is sent. The operation is open, so the next holder's
+        # directive is to look it up by op key first (not found → sent then, with the same op key).
+        return
+    send: Literal["submit", "compensate"] = (
+        "compensate" if compensate and op.get("purpose") == "compensation" else "submit"
+    )
+    outcome = _checked((yield Remote(send, (str(op["op_key"]), op.get("request") or {}))))
+    yield from _post_outcome(state, base, str(op["op_key"]), outcome, version)  # commit 2: the receipt
+
+
+def _reconcile(state: LeaseState, base: str, op_key: str, version: int, max_wait: float) -> Steps[RunResult | None]:
+    try:
+        outcome = _checked((yield Remote("lookup", (op_key,))))
+    except OSError as exc:  # a connector that raised instead of answering Failed(connection_interrupted)
+        raise _Unreachable(f"lookup of {op_key}: {exc}") from exc
+    if isinstance(outcome, Failed) and outcome.failure_class == "connection_interrupted":
+        raise _Unreachable(outcome.detail or f"lookup of {op_key} failed")
+    answer = yield from _post_outcome(state, base, op_key, outcome, version)
+    task = answer.get("task") or {}
+    if int(task.get("version", version + 1)) == version:  # nothing new to record (still unprovable)
+        return RunResult("waiting", "inconclusive", until=_now() + timedelta(seconds=OBSERVE_EVERY))
+    if (answer.get("operation") or {}).get("status") == "accepted":  # the remote still runs it: ask again later
+        if max_wait < OBSERVE_EVERY:
+            return RunResult("waiting", "observing", until=_now() + timedelta(seconds=OBSERVE_EVERY))
+        yield Sleep(OBSERVE_EVERY)
+    return None
+
+
+def _recheck_inputs(state: LeaseState, base: str, refs: Mapping[str, Any], version: int) -> Steps[None]:
+    """Handed back by a person: read each input ref's version now and report them (a change pauses the task)."""
+    versions: dict[str, str] = {}
+    for name, ref in refs.items():
+        ref = ref.get("ref", ref) if isinstance(ref, Mapping) else {}
+        try:
+            versions[name] = str((yield Remote("current_version", (str(ref.get("locator", "")),))))
+        except OSError as exc:
+            raise _Unreachable(f"version of {name}: {exc}") from exc
+    body = {"current_versions": versions}
+    ok((yield Call("POST", f"{base}/inputs", body, _lease_headers(state, version=version, body=["inputs", body]))))
+
+
+def _post_outcome(state: LeaseState, base: str, op_key: str, outcome: Outcome, version: int) -> Steps[Any]:
+    body = outcome_json(outcome)
+    path = f"{base}/operations/{quote(op_key, safe='')}/outcome"
+    return ok((yield Call("POST", path, body, _lease_headers(state, version=version, body=[path, body]))))
+
+
+def _checked(value: Any) -> Outcome:
+    if not isinstance(value, OUTCOME_TYPES):
+        raise TypeError(f"a connector must return an Outcome, not {type(value).__name__}")
+    return value
