@@ -1,24 +1,20 @@
 """The agent API, /api/v1/: the NinjaAPI, its error handlers (everything answers problem+json, api/errors.py) and
 its operations. Handlers are thin: the token (api/auth.py), one read or one service, the response."""
 
-from typing import Annotated, Any
-
 from django.http import Http404, HttpRequest, HttpResponse
-from ninja import NinjaAPI, Router
+from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
-from pydantic import Field
 
-from api.auth import AgentToken, token_of
+from api.auth import AgentToken
 from api.errors import problem, problem_of, validation_errors
-from api.schemas import Problem, TaskOut, TaskPage, task_out, task_summary
-from api.tokens import in_scope, token_tasks
+from api.http import HeaderError
+from api.ratelimit import RateLimited
+from api.steps import router as steps_router
+from api.tasks import router as tasks_router
 from api.webhooks import router as webhooks_router
-from leases.errors import LeaseError
-from tasks.errors import TaskError, TaskNotFound
-from tasks.queries import Order, page
-from tasks.snapshot import task_snapshot
-
-PAGE_DEFAULT, PAGE_MAX = 50, 200
+from leases.errors import LeaseError, LeaseHeld, LeaseRefused
+from tasks.errors import TaskError, VersionConflict
+from tasks.models import Task
 
 api = NinjaAPI(
     title="Reckon agent API",
@@ -30,8 +26,6 @@ api = NinjaAPI(
     # ninja's docs page loads Swagger UI from a CDN unless "ninja" is an installed app: off until it is.
     docs_url=None,
 )
-
-PROBLEMS: dict[int, type[Problem]] = {401: Problem, 404: Problem, 422: Problem}
 
 
 @api.exception_handler(AuthenticationError)
@@ -56,12 +50,41 @@ def _invalid(request: HttpRequest, error: ValidationError) -> HttpResponse:
 
 @api.exception_handler(TaskError)
 def _task_error(request: HttpRequest, error: TaskError) -> HttpResponse:
+    if isinstance(error, VersionConflict):
+        return _version_conflict(request, error)
     return problem_of(request, error)
+
+
+def _version_conflict(request: HttpRequest, error: VersionConflict) -> HttpResponse:
+    """412, with the version the task is at now (the body's current_version and the ETag): re-read from there."""
+    current = error.details.get("actual")
+    task_id = (request.resolver_match.kwargs.get("task_id") if request.resolver_match else None) or None
+    if current is None and task_id is not None and str(task_id).isdigit():
+        current = Task.objects.filter(pk=int(task_id)).values_list("version", flat=True).first()
+    response = problem(request, code="version_conflict", detail=str(error), extra={"current_version": current})
+    if current is not None:
+        response["ETag"] = f'"{current}"'
+    return response
 
 
 @api.exception_handler(LeaseError)
 def _lease_error(request: HttpRequest, error: LeaseError) -> HttpResponse:
+    person_holds = (isinstance(error, LeaseRefused) and error.status == "human") or (
+        isinstance(error, LeaseHeld) and error.holder.startswith("operator:")
+    )
+    if person_holds:  # 423, not 409: no agent gets the task until the person hands it back
+        return problem(request, code="takeover_held", detail=f"{error} (a person holds the task).")
     return problem_of(request, error)
+
+
+@api.exception_handler(HeaderError)
+def _header_error(request: HttpRequest, error: HeaderError) -> HttpResponse:
+    return problem_of(request, error)
+
+
+@api.exception_handler(RateLimited)
+def _rate_limited(request: HttpRequest, error: RateLimited) -> HttpResponse:
+    return problem(request, code="rate_limited", detail=str(error), headers={"Retry-After": str(error.retry_after)})
 
 
 @api.exception_handler(Http404)
@@ -71,35 +94,11 @@ def _not_found(request: HttpRequest, error: Http404) -> HttpResponse:
 
 @api.exception_handler(HttpError)
 def _http_error(request: HttpRequest, error: HttpError) -> HttpResponse:
+    if error.status_code == 400:  # ninja's only 400: a body it cannot parse
+        return problem(request, code="malformed_body", detail=f"{error}: send one JSON object.")
     return problem(request, code="http_error", detail=str(error), status=error.status_code)
 
 
-tasks = Router(tags=["tasks"])
-
-
-@tasks.get("/tasks/{task_id}", response={200: TaskOut, **PROBLEMS}, summary="Read a task")
-def task_read(request: HttpRequest, task_id: int, response: HttpResponse) -> Any:
-    """The task's status, version (also the ETag), plan version, current plan's nodes and unsettled operations.
-    A task outside the token's scope is answered as one that does not exist."""
-    token = token_of(request)
-    snap = task_snapshot(task_id=task_id)
-    if not in_scope(token, snap.task):
-        raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
-    response["ETag"] = f'"{snap.version}"'
-    return task_out(snap)
-
-
-@tasks.get("/tasks", response={200: TaskPage, **PROBLEMS}, summary="List the tasks in the token's scope")
-def task_list(
-    request: HttpRequest,
-    after: Annotated[str | None, Field(description="next_cursor of the previous page")] = None,
-    size: Annotated[int, Field(ge=1, le=PAGE_MAX)] = PAGE_DEFAULT,
-) -> Any:
-    """The tasks in the token's scope, newest first, a page at a time (keyset: a task created while paging sorts
-    before every cursor handed out, so nothing repeats or is skipped)."""
-    rows, next_cursor = page(token_tasks(token_of(request)), after=after, size=size, order=Order.NEWEST_FIRST)
-    return TaskPage(items=[task_summary(t) for t in rows], next_cursor=next_cursor)
-
-
-api.add_router("/", tasks)
+api.add_router("/", tasks_router)
+api.add_router("/", steps_router)
 api.add_router("/", webhooks_router)

@@ -5,6 +5,7 @@ from django.http import HttpRequest
 from ninja.security import HttpBearer
 
 from api.models import ApiToken
+from api.ratelimit import rate_limit
 from api.tokens import api_token_authenticate
 from audit.principals import Principal
 
@@ -13,7 +14,10 @@ class AgentToken(HttpBearer):
     """Sets ``request.auth`` to the live ApiToken; an unknown or revoked token is refused (401)."""
 
     def authenticate(self, request: HttpRequest, token: str) -> ApiToken | None:
-        return api_token_authenticate(token)
+        row = api_token_authenticate(token)
+        if row is not None:
+            rate_limit(row.token_hash[:32])  # RateLimited (429) past the token's rate
+        return row
 
 
 def token_of(request: HttpRequest) -> ApiToken:

@@ -21,6 +21,7 @@ STATUS_OF: Mapping[str, int] = {
     "permission_denied": 403,
     # What is asked for (a task out of the token's scope is not found: its existence is not disclosed)
     "task_not_found": 404,
+    "operation_not_found": 404,
     "not_found": 404,
     "token_not_found": 404,
     "method_not_allowed": 405,
@@ -30,6 +31,7 @@ STATUS_OF: Mapping[str, int] = {
     "lease_lost": 409,
     "lease_expired": 409,
     "renewal_out_of_order": 409,
+    "lease_not_held": 409,
     "lease_refused": 409,
     "lease_reserved": 423,
     "takeover_held": 423,
@@ -45,8 +47,12 @@ STATUS_OF: Mapping[str, int] = {
     "unknown_task_kind": 422,
     "payload_too_large": 413,
     "malformed_body": 400,
+    "invalid_header": 400,
+    "precondition_required": 428,
+    "idempotency_key_reused": 422,
     # Pacing
     "backoff_active": 429,
+    "rate_limited": 429,
     "budget_exhausted": 409,
 }
 DEFAULT_STATUS = 409
@@ -66,6 +72,11 @@ TITLE_OF: Mapping[str, str] = {
     "payload_too_large": "The request body is too large",
     "malformed_body": "The request body is not valid JSON",
     "secret_in_payload": "The payload contains a secret",
+    "precondition_required": "Send If-Match (and the lease) with this write",
+    "idempotency_key_reused": "The Idempotency-Key was used for another request",
+    "rate_limited": "Too many requests",
+    "lease_not_held": "That lease is not yours on this task",
+    "invalid_header": "A header is not valid",
 }
 
 
@@ -85,6 +96,7 @@ def problem(
     status: int | None = None,
     errors: Sequence[Mapping[str, Any]] | None = None,
     headers: Mapping[str, str] | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> JsonResponse:
     """The problem-details response for ``code``."""
     status = status if status is not None else status_of(code)
@@ -99,6 +111,8 @@ def problem(
         body["instance"] = request.path
     if errors is not None:
         body["errors"] = list(errors)
+    for name, value in (extra or {}).items():
+        body.setdefault(name, value)
     response = JsonResponse(body, status=status, content_type=CONTENT_TYPE)
     for name, value in (headers or {}).items():
         response[name] = value

@@ -35,3 +35,28 @@ class ApiToken(models.Model):
     @property
     def revoked(self) -> bool:
         return self.revoked_at is not None
+
+
+class IdempotencyRecord(models.Model):
+    """The first successful answer to a POST that carried an ``Idempotency-Key``, per agent: the same key and
+    request again gets this answer again; the same key with another request is refused. Written in the transaction
+    of the change it answers (api/idempotency.py), so a change and its record commit or roll back together."""
+
+    agent_id = models.CharField(max_length=200)
+    key = models.CharField(max_length=200)
+    # SHA-256 of the method, the path and the body: what "the same request" means.
+    fingerprint = models.CharField(max_length=64)
+    status = models.PositiveSmallIntegerField()
+    body = models.TextField()
+    headers = models.JSONField(default=dict)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["agent_id", "key"], name="idempotency_key_unique_per_agent"),
+            models.CheckConstraint(condition=models.Q(status__gte=200, status__lt=300), name="idempotency_success"),
+        ]
+        indexes = [models.Index(fields=["created_at"], name="idempotency_created_idx")]
+
+    def __str__(self) -> str:
+        return f"idempotency key {self.key!r} of agent {self.agent_id}"

@@ -1,11 +1,19 @@
 """The API's response bodies (pydantic, through ninja): the OpenAPI document is generated from these."""
 
 from datetime import datetime
+from typing import Annotated, Any, Literal, Self
 
 from ninja import Schema
+from pydantic import Field, model_validator
 
+from leases.models import Lease
+from tasks.decisions import Directive
+from tasks.lifecycle import FailureClass
 from tasks.models import Node, Operation, Task
+from tasks.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
 from tasks.snapshot import Snapshot
+
+Name = Annotated[str, Field(min_length=1, max_length=100)]
 
 
 class NodeOut(Schema):
@@ -59,6 +67,8 @@ class Problem(Schema):
     code: str
     instance: str | None = None
     errors: list[dict[str, str]] | None = None
+    # 412 version_conflict: the version the task is at now.
+    current_version: int | None = None
 
 
 def task_summary(task: Task) -> TaskSummary:
@@ -98,3 +108,182 @@ def _node(node: Node) -> NodeOut:
 
 def _operation(op: Operation, keys: dict[int, str]) -> OperationOut:
     return OperationOut(op_key=op.op_key, node=keys.get(op.node_id, ""), action=op.action, status=op.status)
+
+
+# --- requests -----------------------------------------------------------------------------------------------------
+
+
+class TaskCreateIn(Schema):
+    kind: Name
+    title: Annotated[str, Field(min_length=1, max_length=200)]
+    project: Annotated[str, Field(max_length=100)] = ""
+    # The plan document: {"nodes": [{key, action, input, evidence, depends_on, …}]} (docs/design.md, "Plans").
+    plan: dict[str, Any]
+    attempt_budget: Annotated[int, Field(ge=1, le=10_000)] | None = None
+
+
+class LeaseIn(Schema):
+    # How long the lease (and each renewal, and each write) lasts; default RECKON_LEASE_TTL_SECONDS.
+    ttl_seconds: Annotated[int, Field(ge=5, le=3600)] | None = None
+
+
+class LeaseRenewIn(Schema):
+    # The renewal_seq of the last lease answer: renewals are applied in order, once each.
+    renewal_seq: Annotated[int, Field(ge=0)]
+    ttl_seconds: Annotated[int, Field(ge=5, le=3600)] | None = None
+
+
+class OperationStartIn(Schema):
+    node_key: Annotated[str, Field(min_length=1, max_length=100)]
+
+
+class OutcomeIn(Schema):
+    """What the external system said of an op key: ``result`` says which, and which fields apply."""
+
+    result: Literal["committed", "accepted", "failed", "not_found", "unprovable"]
+    remote_id: Annotated[str, Field(max_length=200)] = ""
+    remote_version: Annotated[str, Field(max_length=100)] = ""
+    count: Annotated[int, Field(ge=0, le=2**62)] | None = None
+    digest: Annotated[str, Field(max_length=200)] = ""
+    data: dict[str, Any] = Field(default_factory=dict)
+    failure_class: FailureClass | None = None
+    detail: Annotated[str, Field(max_length=500)] = ""
+
+    @model_validator(mode="after")
+    def _fields_of_result(self) -> Self:
+        if self.result in ("committed", "accepted") and not self.remote_id:
+            raise ValueError(f"a {self.result} outcome names the remote's id of the write (remote_id)")
+        if self.result == "failed" and self.failure_class is None:
+            raise ValueError("a failed outcome says its failure_class")
+        if self.result != "failed" and self.failure_class is not None:
+            raise ValueError("failure_class belongs to a failed outcome only")
+        if self.result != "committed" and (self.remote_version or self.count is not None or self.digest or self.data):
+            raise ValueError("remote_version, count, digest and data are a committed outcome's receipt")
+        return self
+
+    def outcome(self) -> Outcome:
+        if self.result == "committed":
+            return Committed(
+                remote_id=self.remote_id,
+                remote_version=self.remote_version,
+                count=self.count,
+                digest=self.digest,
+                data=self.data,
+            )
+        if self.result == "accepted":
+            return Accepted(remote_id=self.remote_id)
+        if self.result == "failed":
+            assert self.failure_class is not None  # the validator checked  # noqa: S101
+            return Failed(failure_class=self.failure_class, detail=self.detail)
+        if self.result == "not_found":
+            return NotFound()
+        return Unprovable(detail=self.detail)
+
+
+class InputsIn(Schema):
+    # Each input ref's current version as read from its source, by name (Directive.input_refs).
+    current_versions: dict[Annotated[str, Field(max_length=100)], Annotated[str, Field(max_length=200)]]
+
+
+class PlanIn(Schema):
+    plan: dict[str, Any]
+
+
+class CancelIn(Schema):
+    reason: Annotated[str, Field(min_length=1, max_length=500)]
+
+
+# --- answers ------------------------------------------------------------------------------------------------------
+
+
+class LeaseOut(Schema):
+    lease_id: int
+    task_id: int
+    epoch: int
+    holder: str
+    expires_at: datetime
+    ttl_seconds: float
+    # What the next renewal sends.
+    renewal_seq: int
+    task_version: int
+    # Stop starting side effects: settle what is in flight, then release.
+    cancel_requested: bool
+    takeover_requested: bool
+
+
+class OperationDetail(Schema):
+    op_key: str
+    node: str
+    action: str
+    purpose: str
+    # What to send to the external system, with op_key as its idempotency key.
+    request: dict[str, Any]
+    status: str
+    dispatch_count: int
+
+
+class DirectiveOut(Schema):
+    kind: Literal["execute", "reconcile", "wait", "stop", "done"]
+    task_version: int
+    node_key: str
+    op_key: str
+    until: datetime | None
+    reason: str
+    # The operation the directive is about (execute of a registered intent, reconcile).
+    operation: OperationDetail | None
+    # reconcile / recheck_inputs: the refs whose current version to read and report ({name: {source, locator, …}}).
+    input_refs: dict[str, dict[str, Any]] | None
+
+
+class OutcomeOut(Schema):
+    operation: OperationDetail
+    task: TaskSummary
+
+
+class PlanRevisionOut(Schema):
+    revision: int
+    status: str
+    task_version: int
+
+
+def lease_out(lease: Lease, *, task_version: int, cancel_requested: bool, takeover_requested: bool) -> LeaseOut:
+    return LeaseOut(
+        lease_id=lease.pk,
+        task_id=lease.task_id,
+        epoch=lease.epoch,
+        holder=f"{lease.holder_kind}:{lease.holder_id}",
+        expires_at=lease.expires_at,
+        ttl_seconds=lease.ttl.total_seconds() if lease.ttl else 0.0,
+        renewal_seq=lease.renewal_seq,
+        task_version=task_version,
+        cancel_requested=cancel_requested,
+        takeover_requested=takeover_requested,
+    )
+
+
+def operation_detail(op: Operation, node_key: str) -> OperationDetail:
+    return OperationDetail(
+        op_key=op.op_key,
+        node=node_key,
+        action=op.action,
+        purpose=op.purpose,
+        request=op.request,
+        status=op.status,
+        dispatch_count=op.dispatch_count,
+    )
+
+
+def directive_out(d: Directive, snap: Snapshot) -> DirectiveOut:
+    op = snap.operation(d.op_key) if d.op_key else None
+    keys = {n.pk: n.key for n in snap.nodes}
+    rechecks = d.kind == "reconcile" and not d.op_key
+    return DirectiveOut(
+        kind=d.kind,
+        task_version=d.task_version,
+        node_key=d.node_key,
+        op_key=d.op_key,
+        until=d.until,
+        reason=d.reason,
+        operation=operation_detail(op, keys.get(op.node_id, d.node_key)) if op is not None else None,
+        input_refs=dict(snap.task.input_refs) if rechecks else None,
+    )

@@ -48,6 +48,8 @@ AUTHENTICATION_BACKENDS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files (the console's CSS and htmx, the API docs page's Swagger UI) from the web process itself.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -129,6 +131,19 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "static"
+# Outside DEBUG, static files are served (by WhiteNoise) from STATIC_ROOT as `manage.py collectstatic` leaves them
+# (`./dev serve` runs it): each name carries a hash of its content, so browsers may cache it for good, and gzip
+# copies are made once. Under DEBUG (the demo; tests, as the environment sets DEBUG at import) from the apps' folders
+# as they are, with nothing to collect. DEBUG here is the environment's, before a test runner overrides it.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
+        if DEBUG
+        else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+    },
+}
+WHITENOISE_AUTOREFRESH = DEBUG
 
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
@@ -154,6 +169,19 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 RECKON_OBJECTSTORE_URL = os.environ.get("RECKON_OBJECTSTORE_URL", "http://127.0.0.1:8100")
 # "remote": the store dedupes by op key; "tag": it does not, so the connector queries by the op-key tag first.
 RECKON_OBJECTSTORE_IDEMPOTENCY = os.environ.get("RECKON_OBJECTSTORE_IDEMPOTENCY", "remote")
+
+# The agent API: requests a token may make a minute (0: no limit), counted in the cache below.
+RECKON_API_RATE = int(os.environ.get("RECKON_API_RATE", "1200"))
+# RECKON_CACHE_URL=redis://… shares the cache (the API's rate counts) between web processes; default: per process.
+if os.environ.get("RECKON_CACHE_URL"):
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": os.environ["RECKON_CACHE_URL"],
+        }
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 # Leases (DESIGN §7): short agent leases, renewed; within the grace only the same holder may renew.
 RECKON_LEASE_TTL = timedelta(seconds=int(os.environ.get("RECKON_LEASE_TTL_SECONDS", "30")))
@@ -195,3 +223,16 @@ RECKON_RETENTION_MAX_EXTENSIONS = 3
 RECKON_RETENTION_MAX_BYTES = 16 * 1024 * 1024
 RECKON_RETENTION_SWEEP_SECONDS = float(os.environ.get("RECKON_RETENTION_SWEEP_SECONDS", "300"))
 CELERY_BEAT_SCHEDULE["retention-sweep"] = {"task": "retention.sweep", "schedule": RECKON_RETENTION_SWEEP_SECONDS}
+
+# Webhooks (hooks/, docs/api.md): a delivery is tried at most RECKON_WEBHOOK_MAX_ATTEMPTS times, waiting base * 2^n
+# (±25% jitter, capped) between tries: 3 min doubling to the 8 h cap spans about a day over 10 attempts.
+RECKON_WEBHOOK_MAX_ATTEMPTS = int(os.environ.get("RECKON_WEBHOOK_MAX_ATTEMPTS", "10"))
+RECKON_WEBHOOK_BACKOFF_BASE = timedelta(seconds=float(os.environ.get("RECKON_WEBHOOK_BACKOFF_BASE_SECONDS", "180")))
+RECKON_WEBHOOK_BACKOFF_CAP = timedelta(seconds=float(os.environ.get("RECKON_WEBHOOK_BACKOFF_CAP_SECONDS", "28800")))
+RECKON_WEBHOOK_TIMEOUT_SECONDS = float(os.environ.get("RECKON_WEBHOOK_TIMEOUT_SECONDS", "5"))
+RECKON_WEBHOOK_MAX_SUBSCRIPTIONS = int(os.environ.get("RECKON_WEBHOOK_MAX_SUBSCRIPTIONS", "20"))
+# The sweep sends what is due and pending: a lost or long-delayed message costs only this much latency.
+RECKON_WEBHOOK_SWEEP_SECONDS = float(os.environ.get("RECKON_WEBHOOK_SWEEP_SECONDS", "30"))
+CELERY_BEAT_SCHEDULE["webhook-sweep"] = {"task": "hooks.sweep", "schedule": RECKON_WEBHOOK_SWEEP_SECONDS}
+# The Celery queue deliveries are sent on ("": Celery's default queue).
+RECKON_WEBHOOK_QUEUE = os.environ.get("RECKON_WEBHOOK_QUEUE", "")

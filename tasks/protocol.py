@@ -31,10 +31,17 @@ __all__ = [
     "operation_start",
     "record_outcome",
     "resolve_input",
+    "snapshot_at",
     "step_confirm_inputs",
     "step_settle",
     "step_start",
 ]
+
+
+def snapshot_at(*, task_id: int, lease: LeaseRef | None, expected_version: int) -> Snapshot:
+    """The task's snapshot if it is still at ``expected_version`` (the version the caller decided on), else
+    VersionConflict: the start of every write made on a version read earlier (the agent API's If-Match)."""
+    return _fresh(None, task_id, lease, expected_version)
 
 
 def _fresh(snapshot: Snapshot | None, task_id: int, lease: LeaseRef | None, expected_version: int) -> Snapshot:

@@ -111,7 +111,11 @@ def agent_lease() -> Callable[..., Lease]:
 
 def snapshot() -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every Reckon table, to assert that a refusal changed nothing."""
-    tables = [t for t in connection.introspection.table_names() if t.split("_")[0] in ("tasks", "leases", "audit")]
+    tables = [
+        t
+        for t in connection.introspection.table_names()
+        if t.split("_")[0] in ("tasks", "leases", "audit", "api", "hooks")
+    ]
     result = {}
     with connection.cursor() as cursor:
         for table in sorted(tables):

@@ -131,8 +131,8 @@ def test_the_api_needs_no_csrf_token_and_a_cookie_does_not_help(make_task, issue
     # The session alone, even on a browser that passes CSRF checks elsewhere: refused as unauthenticated.
     assert_problem(browser.get("/api/v1/tasks"), 401, "unauthenticated")
     # A POST without a CSRF token is answered by the API (a problem), never by Django's CSRF page: there is no
-    # cookie credential to protect. No write endpoint exists yet in this slice: 405.
-    assert_problem(browser.post("/api/v1/tasks", {}), 405, "method_not_allowed")
+    # cookie credential to protect: without a token, 401.
+    assert_problem(browser.post("/api/v1/tasks", {}), 401, "unauthenticated")
 
 
 def test_the_last_use_is_noted_at_most_once_a_minute(client: Client, make_task, issue) -> None:

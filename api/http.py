@@ -1,0 +1,71 @@
+"""What the agent API reads from a request's headers: the version a write is conditional on (``If-Match``), the
+lease it is made under (``Reckon-Lease``), and how answers carry the version back (``ETag``)."""
+
+from django.http import HttpRequest, HttpResponse
+
+from api.models import ApiToken
+from leases.models import HolderKind, Lease
+
+
+class HeaderError(Exception):
+    """A header the operation needs is missing or is not what it should be."""
+
+    code = "precondition_required"
+
+
+class PreconditionRequired(HeaderError):
+    code = "precondition_required"
+
+
+class InvalidHeader(HeaderError):
+    code = "invalid_header"
+
+
+class LeaseNotHeld(HeaderError):
+    """``Reckon-Lease`` names no lease of this agent on this task (never granted to it, or another task's)."""
+
+    code = "lease_not_held"
+
+
+LEASE_HEADER = "Reckon-Lease"
+
+
+def expected_version(request: HttpRequest, *, required: bool = True) -> int | None:
+    """The task version of ``If-Match`` (``"7"``, ``7`` or ``W/"7"``); PreconditionRequired if absent and needed."""
+    raw = request.headers.get("If-Match")
+    if raw is None:
+        if required:
+            raise PreconditionRequired("This write is a compare-and-set: send the task version as If-Match.")
+        return None
+    value = raw.strip().removeprefix("W/").strip('"')
+    if not value.isdigit() or len(value) > 18:
+        raise InvalidHeader(f"If-Match must be one task version (an ETag of this API), not {raw[:40]!r}.")
+    return int(value)
+
+
+def held_lease(request: HttpRequest, token: ApiToken, task_id: int) -> Lease:
+    """The lease ``Reckon-Lease`` names, if it was granted to this token's agent on this task (open or not: a
+    lapsed one is refused by the write itself, as lease_lost or lease_expired)."""
+    lease = optional_lease(request, token, task_id)
+    if lease is None:
+        raise PreconditionRequired(f"Send the lease this write is made under as {LEASE_HEADER}: <lease_id>.")
+    return lease
+
+
+def optional_lease(request: HttpRequest, token: ApiToken, task_id: int) -> Lease | None:
+    raw = request.headers.get(LEASE_HEADER)
+    if raw is None:
+        return None
+    if not raw.strip().isdigit() or len(raw.strip()) > 18:
+        raise InvalidHeader(f"{LEASE_HEADER} is a lease id (a number), not {raw[:40]!r}.")
+    lease = Lease.objects.filter(
+        pk=int(raw), task_id=task_id, holder_kind=HolderKind.AGENT, holder_id=token.agent_id
+    ).first()
+    if lease is None:
+        raise LeaseNotHeld(f"Lease {int(raw)} is not a lease of agent {token.agent_id} on task {task_id}.")
+    return lease
+
+
+def with_version(response: HttpResponse, version: int) -> HttpResponse:
+    response["ETag"] = f'"{version}"'
+    return response

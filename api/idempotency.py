@@ -1,0 +1,98 @@
+"""``Idempotency-Key`` on every POST of the agent API: a retried request (the answer was lost, the agent
+restarted) gets the first answer again instead of a second task, a second proposal, a second subscription.
+
+The change and its record are one transaction: a refused request raises inside it, so it stores nothing and may be
+retried with the same key; a crash before the commit loses both. Two requests with the same key at once: the second
+one's insert of the record conflicts with the first's (the unique constraint), its own change is rolled back with
+it, and it answers the first one's response."""
+
+import hashlib
+from collections.abc import Callable
+from datetime import timedelta
+
+from django.db import IntegrityError, transaction
+from django.http import HttpRequest, HttpResponse
+
+from api.errors import problem
+from api.models import IdempotencyRecord
+from leases import clock
+
+HEADER = "Idempotency-Key"
+KEY_MAX = 200
+# A key is remembered this long; after that the same key is a new request (and its old record is replaced).
+KEPT_FOR = timedelta(hours=24)
+# Headers of the first answer that a replay repeats.
+REPLAYED_HEADERS = ("ETag", "Location")
+
+
+def idempotent(request: HttpRequest, agent_id: str, run: Callable[[], HttpResponse]) -> HttpResponse:
+    """``run()`` once per (agent, key): its successful answer is recorded and replayed for the same request."""
+    key = request.headers.get(HEADER)
+    if key is None:
+        return run()
+    if not 1 <= len(key) <= KEY_MAX or not key.isprintable():
+        return problem(
+            request,
+            code="validation_error",
+            detail=f"An {HEADER} is 1 to {KEY_MAX} printable characters.",
+            errors=[{"field": f"header.{HEADER}", "code": "invalid", "message": "1 to 200 printable characters"}],
+        )
+    fingerprint = _fingerprint(request)
+    replay = _replay(request, agent_id, key, fingerprint)
+    if replay is not None:
+        return replay
+    try:
+        with transaction.atomic():
+            response = run()
+            if 200 <= response.status_code < 300:
+                IdempotencyRecord.objects.create(
+                    agent_id=agent_id,
+                    key=key,
+                    fingerprint=fingerprint,
+                    status=response.status_code,
+                    body=response.content.decode(),
+                    headers={name: response[name] for name in REPLAYED_HEADERS if response.has_header(name)},
+                    created_at=clock.now(),
+                )
+    except IntegrityError:
+        # The same key committed meanwhile by a concurrent request: this one's change is rolled back.
+        replay = _replay(request, agent_id, key, fingerprint)
+        if replay is None:
+            raise
+        return replay
+    return response
+
+
+def _fingerprint(request: HttpRequest) -> str:
+    digest = hashlib.sha256()
+    for part in (request.method or "", request.path):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    digest.update(request.body)
+    return digest.hexdigest()
+
+
+def _replay(request: HttpRequest, agent_id: str, key: str, fingerprint: str) -> HttpResponse | None:
+    record = IdempotencyRecord.objects.filter(agent_id=agent_id, key=key).first()
+    if record is None:
+        return None
+    if record.created_at <= clock.now() - KEPT_FOR:
+        IdempotencyRecord.objects.filter(pk=record.pk).delete()
+        return None
+    if record.fingerprint != fingerprint:
+        return problem(
+            request,
+            code="idempotency_key_reused",
+            detail=f"This {HEADER} was used for another request (method, path or body differ): use a new key.",
+        )
+    response = HttpResponse(record.body, status=record.status, content_type="application/json")
+    for name, value in record.headers.items():
+        response[name] = value
+    response["Idempotent-Replayed"] = "true"
+    return response
+
+
+def idempotency_records_expire() -> int:
+    """Delete the records older than KEPT_FOR (the retention sweep); returns how many."""
+    deleted, _ = IdempotencyRecord.objects.filter(created_at__lte=clock.now() - KEPT_FOR).delete()
+    return deleted

@@ -1,0 +1,224 @@
+"""/api/v1/tasks/{id}/lease, …/directive, …/operations, …/inputs: the step protocol of tasks/protocol.py over HTTP.
+
+Each handler reads the token, the headers (api/http.py), calls one service and answers; the rules — who may hold
+the lease, what the next step is, what a receipt proves — are the services'. Every write is the services'
+compare-and-set on ``If-Match`` and the lease's epoch, so a stale agent changes nothing."""
+
+from datetime import timedelta
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from ninja import Router, Schema
+
+from api.auth import token_of
+from api.http import LEASE_HEADER, expected_version, held_lease, with_version
+from api.idempotency import idempotent
+from api.models import ApiToken
+from api.schemas import (
+    DirectiveOut,
+    InputsIn,
+    LeaseIn,
+    LeaseOut,
+    LeaseRenewIn,
+    OperationDetail,
+    OperationStartIn,
+    OutcomeIn,
+    OutcomeOut,
+    Problem,
+    TaskSummary,
+    directive_out,
+    lease_out,
+    operation_detail,
+    task_summary,
+)
+from api.tokens import in_scope
+from leases.models import HolderKind, Lease
+from leases.services import lease_acquire, lease_release, lease_renew
+from tasks.errors import TaskNotFound
+from tasks.models import Operation, Task
+from tasks.protocol import next_directive, snapshot_at, step_confirm_inputs, step_settle, step_start
+from tasks.snapshot import Snapshot, task_snapshot
+
+router = Router(tags=["steps"])
+
+PROBLEMS: dict[int, type[Problem]] = {code: Problem for code in (400, 401, 404, 409, 412, 413, 422, 423, 428, 429)}
+
+
+def _header(name: str, description: str, *, required: bool) -> dict[str, Any]:
+    return {
+        "in": "header",
+        "name": name,
+        "required": required,
+        "description": description,
+        "schema": {"type": "string"},
+    }
+
+
+LEASE = _header(LEASE_HEADER, "The lease_id of the lease this request is made under.", required=True)
+IF_MATCH = _header("If-Match", 'The task version this write is conditional on (an ETag, e.g. "7").', required=True)
+IDEMPOTENCY = _header("Idempotency-Key", "Replays the first answer to the same request.", required=False)
+
+
+def _json(body: Schema, status: int = 200, *, version: int | None = None) -> HttpResponse:
+    response = JsonResponse(body.model_dump(mode="json"), status=status)
+    return with_version(response, version) if version is not None else response
+
+
+def _scoped_snapshot(token: ApiToken, task_id: int, lease: Lease, expected: int | None = None) -> Snapshot:
+    """The task's snapshot (at ``expected`` when given), if the task is in the token's scope; else not found."""
+    if expected is None:
+        snap = task_snapshot(task_id=task_id, lease=lease)
+    else:
+        snap = snapshot_at(task_id=task_id, lease=lease, expected_version=expected)
+    if not in_scope(token, snap.task):
+        raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
+    return snap
+
+
+def _lease_answer(lease: Lease, status: int) -> HttpResponse:
+    snap = task_snapshot(task_id=lease.task_id)
+    body = lease_out(
+        lease,
+        task_version=snap.version,
+        cancel_requested=snap.task.cancel_requested_at is not None,
+        takeover_requested=bool(snap.reserved_for) or snap.task.status == "human",
+    )
+    return _json(body, status, version=snap.version)
+
+
+@router.post(
+    "/tasks/{task_id}/lease",
+    response={201: LeaseOut, **PROBLEMS},
+    summary="Acquire the task's lease",
+    openapi_extra={"parameters": [IDEMPOTENCY]},
+)
+def lease_take(request: HttpRequest, task_id: int, payload: LeaseIn) -> HttpResponse:
+    """Grant this agent the task's lease (the next epoch) if no one holds it: 409 if another holder does, 423 if a
+    person is taking the task over or holds it."""
+    token = token_of(request)
+
+    def run() -> HttpResponse:
+        task = Task.objects.filter(pk=task_id).first()
+        if task is None or not in_scope(token, task):
+            raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
+        lease = lease_acquire(
+            task_id=task_id, holder_kind=HolderKind.AGENT, holder_id=token.agent_id, ttl=_ttl(payload.ttl_seconds)
+        )
+        return _lease_answer(lease, 201)
+
+    return idempotent(request, token.agent_id, run)
+
+
+@router.post(
+    "/tasks/{task_id}/lease/renew",
+    response={200: LeaseOut, **PROBLEMS},
+    summary="Renew the lease",
+    openapi_extra={"parameters": [LEASE]},
+)
+def lease_extend(request: HttpRequest, task_id: int, payload: LeaseRenewIn) -> HttpResponse:
+    """Extend the lease by its ttl. The answer says whether a cancel or a takeover was asked for: then start no new
+    side effect. Renewals carry the renewal_seq of the last answer (409 renewal_out_of_order otherwise)."""
+    lease = held_lease(request, token_of(request), task_id)
+    renewed = lease_renew(lease=lease, expected_renewal_seq=payload.renewal_seq, ttl=_ttl(payload.ttl_seconds))
+    return _lease_answer(renewed, 200)
+
+
+@router.delete(
+    "/tasks/{task_id}/lease",
+    response={204: None, **PROBLEMS},
+    summary="Release the lease",
+    openapi_extra={"parameters": [LEASE]},
+)
+def lease_give_back(request: HttpRequest, task_id: int) -> HttpResponse:
+    lease_release(lease=held_lease(request, token_of(request), task_id))
+    return HttpResponse(status=204)
+
+
+@router.get(
+    "/tasks/{task_id}/directive",
+    response={200: DirectiveOut, **PROBLEMS},
+    summary="What to do next",
+    openapi_extra={"parameters": [LEASE]},
+)
+def directive_read(request: HttpRequest, task_id: int) -> HttpResponse:
+    """The next step for the lease holder: execute a node, reconcile an op key, wait, stop (with the reason) or
+    done. Open operations always come first: an agent that restarts reconciles before it sends anything new."""
+    token = token_of(request)
+    lease = held_lease(request, token, task_id)
+    snap = _scoped_snapshot(token, task_id, lease)
+    return _json(directive_out(next_directive(task_id=task_id, lease=lease, snapshot=snap), snap), version=snap.version)
+
+
+@router.post(
+    "/tasks/{task_id}/operations",
+    response={201: OperationDetail, **PROBLEMS},
+    summary="Register a node's operation (the intent) and mark it sent",
+    openapi_extra={"parameters": [LEASE, IF_MATCH, IDEMPOTENCY]},
+)
+def operation_register(request: HttpRequest, task_id: int, payload: OperationStartIn) -> HttpResponse:
+    """Commit 1 of a node: the operation and its op key are recorded, "may have been sent", before the agent calls
+    the external system. For a node whose intent is already registered, the same op key is marked sent again."""
+    token = token_of(request)
+    lease = held_lease(request, token, task_id)
+    version = expected_version(request)
+
+    def run() -> HttpResponse:
+        snap = _scoped_snapshot(token, task_id, lease, version)
+        op, new = step_start(snap, payload.node_key, lease=lease)
+        return _json(operation_detail(op, payload.node_key), 201, version=new.version)
+
+    return idempotent(request, token.agent_id, run)
+
+
+@router.post(
+    "/tasks/{task_id}/operations/{op_key}/outcome",
+    response={200: OutcomeOut, **PROBLEMS},
+    summary="Report what the external system said of an op key",
+    openapi_extra={"parameters": [LEASE, IF_MATCH, IDEMPOTENCY]},
+)
+def outcome_report(request: HttpRequest, task_id: int, op_key: str, payload: OutcomeIn) -> HttpResponse:
+    """Commit 2 of a node: the receipt (or the classified failure) is recorded and, if it satisfies the node's
+    evidence, the node advances — in one transaction. 422 evidence_insufficient when it does not."""
+    token = token_of(request)
+    lease = held_lease(request, token, task_id)
+    version = expected_version(request)
+
+    def run() -> HttpResponse:
+        snap = _scoped_snapshot(token, task_id, lease, version)
+        if snap.operation(op_key) is None and not Operation.objects.filter(task_id=task_id, op_key=op_key).exists():
+            raise OperationNotFound(f"task {task_id} has no operation {op_key!r}", op_key=op_key)
+        op, new = step_settle(snap, op_key, payload.outcome(), lease=lease)
+        node = next((n.key for n in new.nodes if n.pk == op.node_id), "")
+        body = OutcomeOut(operation=operation_detail(op, node), task=task_summary(new.task))
+        return _json(body, version=new.version)
+
+    return idempotent(request, token.agent_id, run)
+
+
+@router.post(
+    "/tasks/{task_id}/inputs",
+    response={200: TaskSummary, **PROBLEMS},
+    summary="Report the inputs' current versions (after a hand-back)",
+    openapi_extra={"parameters": [LEASE, IF_MATCH, IDEMPOTENCY]},
+)
+def inputs_report(request: HttpRequest, task_id: int, payload: InputsIn) -> HttpResponse:
+    """After a person handed the task back, the agent reads each input ref's version from its source: all
+    unchanged, it goes on; any changed, the task pauses input_changed for an explicit choice."""
+    token = token_of(request)
+    lease = held_lease(request, token, task_id)
+    version = expected_version(request)
+
+    def run() -> HttpResponse:
+        snap = _scoped_snapshot(token, task_id, lease, version)
+        new = step_confirm_inputs(snap, dict(payload.current_versions), lease=lease)
+        return _json(task_summary(new.task), version=new.version)
+
+    return idempotent(request, token.agent_id, run)
+
+
+class OperationNotFound(TaskNotFound):
+    code = "operation_not_found"
+
+
+def _ttl(seconds: int | None) -> timedelta | None:
+    return timedelta(seconds=seconds) if seconds is not None else None

@@ -1,0 +1,190 @@
+"""/api/v1/tasks: create, list, read, cancel, and propose or accept a re-plan. Thin: the token's scope, one
+service, the answer. A task out of the token's scope is answered as one that does not exist."""
+
+from typing import Annotated, Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from ninja import Router, Schema
+from pydantic import Field
+
+from api.auth import agent_principal, token_of
+from api.http import expected_version, held_lease, optional_lease, with_version
+from api.idempotency import idempotent
+from api.models import ApiToken
+from api.schemas import (
+    CancelIn,
+    PlanIn,
+    PlanRevisionOut,
+    Problem,
+    TaskCreateIn,
+    TaskOut,
+    TaskPage,
+    TaskSummary,
+    task_out,
+    task_summary,
+)
+from api.steps import IDEMPOTENCY, IF_MATCH, LEASE, _header
+from api.tokens import in_scope, token_tasks
+from tasks.cancel import task_request_cancel
+from tasks.errors import TaskNotFound
+from tasks.models import PlanRevision, Task
+from tasks.permissions import PermissionDenied
+from tasks.plans import plan_accept, plan_propose, task_create
+from tasks.queries import Order, page
+from tasks.snapshot import task_snapshot
+
+PAGE_DEFAULT, PAGE_MAX = 50, 200
+
+router = Router(tags=["tasks"])
+
+PROBLEMS: dict[int, type[Problem]] = {code: Problem for code in (400, 401, 403, 404, 409, 412, 413, 422, 423, 428, 429)}
+OPTIONAL_LEASE = _header("Reckon-Lease", "The lease held on the task, if any.", required=False)
+OPTIONAL_IF_MATCH = _header("If-Match", "Refuse (412) if the task moved past this version.", required=False)
+
+
+def _json(body: Schema, status: int = 200, *, version: int | None = None) -> HttpResponse:
+    response = JsonResponse(body.model_dump(mode="json"), status=status)
+    return with_version(response, version) if version is not None else response
+
+
+def _scoped_task(token: ApiToken, task_id: int) -> Task:
+    task = Task.objects.filter(pk=task_id).first()
+    if task is None or not in_scope(token, task):
+        raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
+    return task
+
+
+@router.post(
+    "/tasks",
+    response={201: TaskOut, **PROBLEMS},
+    summary="Create a task with its plan",
+    openapi_extra={"parameters": [IDEMPOTENCY]},
+)
+def task_new(request: HttpRequest, payload: TaskCreateIn) -> HttpResponse:
+    """Register a task and its first plan (validated: 422 plan_invalid, naming each problem). The kind or the
+    project must be in the token's scope (403 otherwise). Send an Idempotency-Key: a retried create answers the
+    first task again instead of making a second."""
+    token = token_of(request)
+    if payload.kind not in token.kinds and not (payload.project and payload.project in token.projects):
+        raise PermissionDenied(
+            f"agent {token.agent_id} may create tasks of kinds {token.kinds or '[]'} or projects "
+            f"{token.projects or '[]'}, not kind {payload.kind!r} in project {payload.project!r}"
+        )
+
+    def run() -> HttpResponse:
+        task = task_create(
+            kind=payload.kind,
+            title=payload.title,
+            plan=payload.plan,
+            created_by=str(agent_principal(request)),
+            project=payload.project,
+            attempt_budget=payload.attempt_budget,
+        )
+        snap = task_snapshot(task_id=task.pk)
+        response = _json(task_out(snap), 201, version=snap.version)
+        response["Location"] = f"/api/v1/tasks/{task.pk}"
+        return response
+
+    return idempotent(request, token.agent_id, run)
+
+
+@router.get("/tasks/{task_id}", response={200: TaskOut, **PROBLEMS}, summary="Read a task")
+def task_read(request: HttpRequest, task_id: int, response: HttpResponse) -> Any:
+    """The task's status, version (also the ETag), plan version, current plan's nodes and unsettled operations.
+    A task outside the token's scope is answered as one that does not exist."""
+    token = token_of(request)
+    snap = task_snapshot(task_id=task_id)
+    if not in_scope(token, snap.task):
+        raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
+    response["ETag"] = f'"{snap.version}"'
+    return task_out(snap)
+
+
+@router.get("/tasks", response={200: TaskPage, **PROBLEMS}, summary="List the tasks in the token's scope")
+def task_list(
+    request: HttpRequest,
+    after: Annotated[str | None, Field(description="next_cursor of the previous page")] = None,
+    size: Annotated[int, Field(ge=1, le=PAGE_MAX)] = PAGE_DEFAULT,
+) -> Any:
+    """The tasks in the token's scope, newest first, a page at a time (keyset: a task created while paging sorts
+    before every cursor handed out, so nothing repeats or is skipped)."""
+    rows, next_cursor = page(token_tasks(token_of(request)), after=after, size=size, order=Order.NEWEST_FIRST)
+    return TaskPage(items=[task_summary(t) for t in rows], next_cursor=next_cursor)
+
+
+@router.post(
+    "/tasks/{task_id}/cancel",
+    response={200: TaskSummary, **PROBLEMS},
+    summary="Request the task's cancel",
+    openapi_extra={"parameters": [OPTIONAL_LEASE, OPTIONAL_IF_MATCH, IDEMPOTENCY]},
+)
+def task_cancel(request: HttpRequest, task_id: int, payload: CancelIn) -> HttpResponse:
+    """Nothing new starts from now on; what is in flight settles and is recorded as it truly ended. An agent may
+    cancel a task it created or holds the lease of (403 otherwise). Asking twice changes nothing."""
+    token = token_of(request)
+    _scoped_task(token, task_id)
+    lease = optional_lease(request, token, task_id)
+    version = expected_version(request, required=False)
+
+    def run() -> HttpResponse:
+        task = task_request_cancel(
+            actor=agent_principal(request),
+            task_id=task_id,
+            reason=payload.reason,
+            lease=lease,
+            expected_version=version,
+        )
+        return _json(task_summary(task), version=task.version)
+
+    return idempotent(request, token.agent_id, run)
+
+
+@router.post(
+    "/tasks/{task_id}/plans",
+    response={201: PlanRevisionOut, **PROBLEMS},
+    summary="Propose a re-plan",
+    openapi_extra={"parameters": [LEASE, IF_MATCH, IDEMPOTENCY]},
+)
+def plan_new(request: HttpRequest, task_id: int, payload: PlanIn) -> HttpResponse:
+    """Store a proposed plan (validated). It changes nothing about what runs until it is accepted."""
+    token = token_of(request)
+    _scoped_task(token, task_id)
+    lease = held_lease(request, token, task_id)
+    version = expected_version(request)
+
+    def run() -> HttpResponse:
+        revision = plan_propose(
+            task_id=task_id,
+            plan=payload.plan,
+            proposed_by=str(agent_principal(request)),
+            expected_version=version or 0,
+            lease=lease,
+        )
+        body = PlanRevisionOut(revision=revision.number, status=revision.status, task_version=(version or 0) + 1)
+        return _json(body, 201, version=(version or 0) + 1)
+
+    return idempotent(request, token.agent_id, run)
+
+
+@router.post(
+    "/tasks/{task_id}/plans/{revision}/accept",
+    response={200: TaskSummary, **PROBLEMS},
+    summary="Accept a proposed plan",
+    openapi_extra={"parameters": [LEASE, IF_MATCH, IDEMPOTENCY]},
+)
+def plan_take(request: HttpRequest, task_id: int, revision: int) -> HttpResponse:
+    """Make a proposed revision the task's plan: only while nobody advances the old one and no operation is open
+    (the services' rule; 409 otherwise). Nodes already done are carried over."""
+    token = token_of(request)
+    _scoped_task(token, task_id)
+    lease = held_lease(request, token, task_id)
+    version = expected_version(request)
+
+    def run() -> HttpResponse:
+        row = PlanRevision.objects.filter(task_id=task_id, number=revision).values_list("pk", flat=True).first()
+        if row is None:
+            raise TaskNotFound(f"task {task_id} has no plan revision {revision}", task_id=task_id)
+        task = plan_accept(revision_id=row, expected_version=version or 0, lease=lease)
+        return _json(task_summary(task), version=task.version)
+
+    return idempotent(request, token.agent_id, run)
