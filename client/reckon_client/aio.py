@@ -69,7 +69,7 @@ class AsyncReckon:
         task_id: int,
         connector: AsyncConnector,
         *,
-        ttl_seconds: float | None = None,
+        ttl_seconds: int | None = None,
         max_wait: float = 60.0,
         lease_wait: float = 0.0,
     ) -> RunResult:

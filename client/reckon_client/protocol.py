@@ -11,6 +11,7 @@ crash (SIGKILL anywhere) asks the remote what became of the operation in flight 
 
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
@@ -223,13 +224,13 @@ def cancel(task_id: int, reason: str, *, version: int | None = None) -> Steps[Ta
     return Task.of(ok(reply))
 
 
-def acquire(task_id: int, *, ttl_seconds: float | None, lease_wait: float) -> Steps[LeaseState | RunResult]:
+def acquire(task_id: int, *, ttl_seconds: int | None, lease_wait: float) -> Steps[LeaseState | RunResult]:
     """The lease, or why not: another holder (retried for up to ``lease_wait`` seconds: a crashed holder's lease
     lapses after its ttl and grace), a person taking the task over, a status agents may not hold."""
     key = f"rk-client:lease:{uuid.uuid4()}"  # a lost answer retried replays the grant, not "held by you"
     waited = 0.0
     while True:
-        body = {"ttl_seconds": ttl_seconds} if ttl_seconds else {}
+        body = {"ttl_seconds": round(ttl_seconds)} if ttl_seconds else {}
         reply = yield Call("POST", f"/tasks/{task_id}/lease", body, {"Idempotency-Key": key})
         if 200 <= reply.status < 300:
             return LeaseState.of(reply.body)
@@ -246,15 +247,19 @@ def acquire(task_id: int, *, ttl_seconds: float | None, lease_wait: float) -> St
 def renew(state: LeaseState) -> Steps[None]:
     """One renewal (the background renewer's step). A lease lost or lapsed raises the stop flag for good."""
     seq = state.renewal_seq
-    headers = _lease_headers(state) | {"Idempotency-Key": f"rk-client:renew:{state.lease_id}:{seq}"}
-    reply = yield Call("POST", f"/tasks/{state.task_id}/lease/renew", {"renewal_seq": seq}, headers)
+    reply = yield Call("POST", f"/tasks/{state.task_id}/lease/renew", {"renewal_seq": seq}, _lease_headers(state))
     if 200 <= reply.status < 300:
         state.heard(reply.body)
         return
     refusal = ApiError.of(reply.status, reply.body)
-    if refusal.code in LOST or refusal.code == "renewal_out_of_order":
+    if refusal.code in LOST:
         state.lost = True
         state.stop_reason = refusal.code
+        return
+    if refusal.code == "renewal_out_of_order":
+        # A renewal whose answer was lost did land (the server moved the seq): go on from the server's seq.
+        found = re.search(r"lease is at (\d+)", refusal.detail)
+        state.renewal_seq = int(found.group(1)) if found else state.renewal_seq + 1
         return
     raise refusal
 

@@ -77,7 +77,7 @@ class Reckon:
         task_id: int,
         connector: Connector,
         *,
-        ttl_seconds: float | None = None,
+        ttl_seconds: int | None = None,
         max_wait: float = 60.0,
         lease_wait: float = 0.0,
     ) -> RunResult:

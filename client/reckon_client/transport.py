@@ -13,7 +13,7 @@ from reckon_client.protocol import Call, Reply
 
 RETRY_STATUSES = frozenset({429, 503})
 MAX_ATTEMPTS = 8
-MAX_DELAY = 30.0  # seconds: a longer Retry-After is cut to this (the run holds a lease meanwhile)
+MAX_DELAY = 60.0  # seconds: a longer Retry-After is cut to this (the run holds a lease meanwhile)
 USER_AGENT = "reckon-client/0.1"
 
 

@@ -1,0 +1,183 @@
+"""The reference agent over HTTP: migrate a project into the object store (harness/simulator.py speaks its API).
+
+    python examples/migrate_agent.py --url http://127.0.0.1:8000 --token rk_… \\
+        --store http://127.0.0.1:8100 --project acme --objects 1200
+
+It plans (prepare the target, copy in batches sized by the store's transaction boundary, verify every digest,
+switch the project's reference) and runs the plan with reckon_client; leases, directives, op keys and
+reconciliation are the client's. Killed anywhere and started again with the same arguments, it finds its task
+again (the create is keyed by project and source version) and finishes it without writing anything twice: the
+client reconciles by op key before it sends anything new.
+"""
+
+import argparse
+import sys
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+from reckon_client import Accepted, Committed, Failed, FailureClass, NotFound, Outcome, Reckon, Task, Unprovable
+
+KIND = "migrate_project_api"
+
+# A write's HTTP refusal → its failure class (as tasks/connectors/objectstore.py). Anything else is unknown.
+REFUSALS: dict[int, FailureClass] = {
+    400: "invalid_params",
+    422: "invalid_params",
+    401: "permission_revoked",
+    403: "permission_revoked",
+    409: "conflict",
+    429: "dependency_unavailable",
+    503: "dependency_unavailable",
+}
+
+
+class ObjectStore:
+    """The connector: the store dedupes writes by op key and answers what became of one (``GET /ops/<op_key>``)."""
+
+    def __init__(self, url: str, timeout: float = 10.0) -> None:
+        self.http = httpx.Client(base_url=url.rstrip("/"), timeout=timeout)
+
+    def submit(self, op_key: str, request: Mapping[str, Any]) -> Outcome:
+        action = str(request.get("action", "")).removeprefix("store.")
+        body = {"action": action, "params": request.get("input", {})}
+        try:
+            response = self.http.post(f"/ops/{quote(op_key, safe='')}", json=body)
+        except httpx.ConnectError as exc:  # never left: nothing can have happened
+            return Failed("dependency_unavailable", f"not sent: {exc}")
+        except httpx.TransportError as exc:  # sent, no answer: unknown until looked up
+            return Failed("connection_interrupted", str(exc))
+        if response.status_code == 200:
+            return _outcome(response.json())
+        failure = REFUSALS.get(response.status_code)
+        if failure is None:
+            failure = "invalid_params" if response.status_code < 500 else "connection_interrupted"
+        return Failed(failure, f"HTTP {response.status_code}: {response.text[:200]}")
+
+    def lookup(self, op_key: str) -> Outcome:
+        try:
+            response = self.http.get(f"/ops/{quote(op_key, safe='')}")
+        except httpx.TransportError as exc:
+            return Failed("connection_interrupted", f"lookup failed: {exc}")
+        if response.status_code == 200:
+            return _outcome(response.json())
+        if response.status_code == 404:
+            return NotFound()
+        if response.status_code == 501:
+            return Unprovable("the object store cannot be queried by op key")
+        return Failed("connection_interrupted", f"lookup failed: HTTP {response.status_code}")
+
+    def current_version(self, locator: str) -> str:
+        return str(self.source(locator)["version"])
+
+    def source(self, locator: str) -> dict[str, Any]:
+        response = self.http.get(f"/versions/{quote(locator, safe='')}")
+        response.raise_for_status()
+        return dict(response.json())
+
+    def max_batch(self) -> int:
+        return int(self.http.get("/limits").raise_for_status().json()["max_batch"])
+
+
+def _outcome(answer: Mapping[str, Any]) -> Outcome:
+    receipt = answer.get("receipt") or {}
+    if answer.get("state") == "accepted":
+        return Accepted(remote_id=str(receipt.get("remote_id", "")))
+    if answer.get("state") != "committed":
+        return Failed("connection_interrupted", f"unexpected answer {answer.get('state')!r}")
+    count, temp = receipt.get("count"), receipt.get("temp")
+    return Committed(
+        remote_id=str(receipt.get("remote_id", "")),
+        remote_version=str(receipt.get("remote_version") or ""),
+        count=count if isinstance(count, int) and not isinstance(count, bool) else None,
+        digest=str(receipt.get("digest") or ""),
+        data={"temp": [str(t) for t in temp]} if isinstance(temp, list) and temp else {},
+    )
+
+
+def plan(project: str, objects: int, source: Mapping[str, Any], max_batch: int) -> dict[str, Any]:
+    """Prepare, copy in batches of at most ``max_batch`` (the store's transaction boundary), verify, switch."""
+    ref, target = {"ref": dict(source)}, {"from": "prepare-target", "field": "remote_id"}
+    sizes = [max_batch] * (objects // max_batch) + ([objects % max_batch] if objects % max_batch else [])
+    copies = [f"copy-batch-{n}" for n in range(1, len(sizes) + 1)]
+    nodes: list[dict[str, Any]] = [
+        {
+            "key": "prepare-target",
+            "action": "store.prepare_target",
+            "input": {"project": project, "source": ref},
+            "evidence": {"remote_id": True},
+        }
+    ]
+    nodes += [
+        {
+            "key": key,
+            "action": "store.copy_batch",
+            "depends_on": ["prepare-target"],
+            "input": {"target": target, "source": ref, "batch": n, "limit": size},
+            "evidence": {"remote_id": True, "count": size},
+            "on_failure": {"dependency_unavailable": "retry"},
+        }
+        for n, (key, size) in enumerate(zip(copies, sizes, strict=True), start=1)
+    ]
+    nodes.append(
+        {
+            "key": "verify-digests",
+            "action": "store.verify_digests",
+            "depends_on": copies,
+            "input": {"target": target, "source": ref},
+            "evidence": {"remote_id": True, "count": objects, "digest": {"input": "source", "field": "digest"}},
+        }
+    )
+    nodes.append(
+        {
+            "key": "switch-reference",
+            "action": "store.switch_reference",
+            "depends_on": ["verify-digests"],
+            "input": {"target": target, "source": ref},
+            "evidence": {"remote_id": True, "remote_version": {"input": "source", "field": "version"}},
+            "irreversible": True,
+            "compensation": "store.restore_reference",
+        }
+    )
+    return {"nodes": nodes}
+
+
+def create(reckon: Reckon, store: ObjectStore, project: str, objects: int) -> Task:
+    """The task for this migration. The version migrated is the source's now, pinned in the plan; the create is
+    keyed by it, so an agent started again with the same arguments gets the same task back and resumes it."""
+    locator = f"projects/{project}"
+    found = store.source(locator)
+    source = {"source": "store", "locator": locator, "version": found["version"], "digest": found["digest"]}
+    document = plan(project, objects, source, store.max_batch())
+    key = f"migrate:{project}:{source['version']}:{objects}"
+    return reckon.create_task(KIND, f"Migrate project {project}", document, project=project, idempotency_key=key)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Migrate a project into the object store, driven by Reckon.")
+    parser.add_argument("--url", required=True, help="Reckon, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--token", required=True, help="an agent token (console: Agent tokens)")
+    parser.add_argument("--store", required=True, help="the object store, e.g. http://127.0.0.1:8100")
+    parser.add_argument("--project", required=True)
+    parser.add_argument("--objects", type=int, required=True)
+    parser.add_argument("--task", type=int, default=None, help="resume this task instead of creating one")
+    parser.add_argument("--lease-ttl", type=int, default=None, help="seconds (default: the server's)")
+    parser.add_argument("--lease-wait", type=float, default=60, help="seconds to wait for a crashed run's lease")
+    args = parser.parse_args(argv)
+
+    store = ObjectStore(args.store)
+    with Reckon(args.url, args.token) as reckon:
+        task_id = args.task or create(reckon, store, args.project, args.objects).id
+        print(f"task {task_id}", flush=True)
+        while (result := reckon.run(task_id, store, ttl_seconds=args.lease_ttl, lease_wait=args.lease_wait)).until:
+            print(f"waiting ({result.reason}) until {result.until:%H:%M:%S}", flush=True)
+            time.sleep(max(0.0, (result.until - datetime.now(UTC)).total_seconds()))
+    print(f"task {task_id}: {result.status} {result.reason}".rstrip(), flush=True)
+    return 0 if result.done else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
