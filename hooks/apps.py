@@ -6,3 +6,11 @@ class HooksConfig(AppConfig):
 
     name = "hooks"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # The outbox is written inside the transaction of every event it maps (tasks/events.py): the step's hot
+        # path appends only events it does not listen to, which cost a dict lookup.
+        from hooks.services import SOURCE_EVENTS, outbox_listener
+        from tasks.events import listen
+
+        listen(SOURCE_EVENTS, outbox_listener, on_finish=True)
