@@ -50,8 +50,6 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Static files (the console's CSS and htmx, the API docs page's Swagger UI) from the web process itself.
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    # Static files (the console's CSS and htmx, the API docs page's Swagger UI) from the web process itself.
-    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -133,19 +131,6 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "static"
-# Outside DEBUG, static files are served (by WhiteNoise) from STATIC_ROOT as `manage.py collectstatic` leaves them
-# (`./dev serve` runs it): each name carries a hash of its content, so browsers may cache it for good, and gzip
-# copies are made once. Under DEBUG (the demo; tests, as the environment sets DEBUG at import) from the apps' folders
-# as they are, with nothing to collect. DEBUG here is the environment's, before a test runner overrides it.
-STORAGES = {
-    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    "staticfiles": {
-        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
-        if DEBUG
-        else "whitenoise.storage.CompressedManifestStaticFilesStorage"
-    },
-}
-WHITENOISE_AUTOREFRESH = DEBUG
 # Outside DEBUG, static files are served (by WhiteNoise) from STATIC_ROOT as `manage.py collectstatic` leaves them
 # (`./dev serve` runs it): each name carries a hash of its content, so browsers may cache it for good, and gzip
 # copies are made once. Under DEBUG (the demo; tests, as the environment sets DEBUG at import) from the apps' folders
