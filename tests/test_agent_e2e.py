@@ -1,0 +1,218 @@
+"""End to end over HTTP: the reference agent (examples/migrate_agent.py, on reckon_client) as its own process, Reckon
+as its own process (gunicorn, on the test database), the object store as its own process (harness/simulator.py).
+
+Nothing here calls a service to move a task: the agents only speak HTTP. The simulator counts every side effect per
+op key, so "no duplicate" is the store's own count, not Reckon's opinion of it.
+"""
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+from reckon_client import AsyncReckon, Failed, NotFound, Outcome
+
+from api.tokens import api_token_issue
+from examples.migrate_agent import KIND, _outcome, plan
+from harness.killmatrix import database_url
+from tasks.lifecycle import NodeStatus, OperationStatus, TaskStatus
+from tasks.models import Node, Operation, Task
+from tests.conftest import person
+from tests.simulator_fixture import ROOT, Simulator
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+AGENT = ROOT / "examples" / "migrate_agent.py"
+LEASE_TTL = 5  # seconds: the API's least; a killed agent's lease lapses after it plus the grace below
+OBJECTS = 1200  # three batches of the store's 500: prepare, 3 copies, verify, switch
+NODES = 6
+
+
+@dataclass(frozen=True)
+class Live:
+    url: str
+    token: str
+    log: Path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _stop(process: subprocess.Popen[Any]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[Live]:
+    """Reckon's web process (gunicorn, 2 workers of 4 threads) on the test database, and a token for the agent."""
+    _, token = api_token_issue(actor=person("root", "admin"), agent_id="migrator", kinds=[KIND], projects=[])
+    port, log = _free_port(), tmp_path / "web.log"
+    env = os.environ | {
+        "DATABASE_URL": database_url(),
+        "RECKON_LEASE_GRACE_SECONDS": "1",
+        "RECKON_LOG_LEVEL": "WARNING",
+    }
+    command = [sys.executable, "-m", "gunicorn", "console.wsgi:application", "-b", f"127.0.0.1:{port}"]
+    command += ["-k", "gthread", "-w", "2", "--threads", "4", "--log-level", "warning"]
+    with log.open("w") as out:
+        server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)  # noqa: S603
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(f"{url}/api/v1/tasks", headers={"Authorization": f"Bearer {token}"}, timeout=2)
+                break
+            except httpx.TransportError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"Reckon did not start: {log.read_text()[-2000:]}") from None
+                time.sleep(0.2)
+        yield Live(url, token, log)
+    finally:
+        _stop(server)
+
+
+def agent(live: Live, store: Simulator, *extra: str, objects: int = OBJECTS) -> subprocess.Popen[str]:
+    """The reference agent's process, exactly as the README runs it."""
+    command = [sys.executable, str(AGENT), "--url", live.url, "--token", live.token, "--store", store.url]
+    command += ["--project", "acme", "--objects", str(objects), "--lease-ttl", str(LEASE_TTL), *extra]
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # noqa: S603
+
+
+def finished(process: subprocess.Popen[str], seconds: float = 90) -> str:
+    try:
+        output, _ = process.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output, _ = process.communicate()
+        raise AssertionError(f"the agent did not finish in {seconds}s:\n{output}") from None
+    assert process.returncode == 0, output
+    return output
+
+
+def the_task() -> Task:
+    tasks = list(Task.objects.filter(kind=KIND))
+    assert len(tasks) == 1, f"one task, not {len(tasks)}"
+    return tasks[0]
+
+
+def assert_migrated_once(task: Task, store: Simulator) -> None:
+    """The task completed, every node on a receipt, and the store wrote each op key exactly once."""
+    task.refresh_from_db()
+    assert task.status == TaskStatus.COMPLETED, (task.status, task.status_reason)
+    assert set(Node.objects.filter(task=task).values_list("status", flat=True)) == {NodeStatus.SUCCEEDED}
+    ops = list(Operation.objects.filter(task=task, purpose="effect"))
+    assert len(ops) == NODES and {op.status for op in ops} == {OperationStatus.COMMITTED}
+    stats = store.stats()
+    effects = {key: n for key, n in stats["by_op_key"].items() if key in {op.op_key for op in ops}}
+    assert effects == {op.op_key: 1 for op in ops}, stats["by_op_key"]
+    assert stats["by_action"]["copy_batch"] == 3 and stats["by_action"]["switch_reference"] == 1
+    reference = store.snapshot()["references"]["projects/acme"]
+    assert reference["version"] == "7" and reference["target"].startswith("tgt-acme-")
+
+
+def test_the_reference_agent_runs_its_task_to_completion_over_http(live: Live, store: Simulator) -> None:
+    output = finished(agent(live, store))
+    task = the_task()
+    assert f"task {task.pk}: done" in output
+    assert_migrated_once(task, store)
+    assert task.created_by == "agent:migrator"
+    # Started again with the same arguments: the create is replayed (same task), which is done; nothing is written.
+    effects = store.stats()["side_effects"]
+    again = finished(agent(live, store))
+    assert f"task {task.pk}: done" in again
+    assert the_task().pk == task.pk and store.stats()["side_effects"] == effects
+
+
+def test_an_agent_killed_mid_copy_is_finished_by_another_with_no_duplicate_side_effect(
+    live: Live, store: Simulator
+) -> None:
+    # The second copy hangs in the store for 4 s before it commits: the agent is SIGKILLed while it waits, after
+    # Reckon recorded the intent as sent and before any answer: the outcome is unknown to Reckon.
+    store.fault("latency", ms=4000, action="copy_batch", every=2)
+    first = agent(live, store)
+    deadline = time.monotonic() + 60
+    while not Operation.objects.filter(node__key="copy-batch-2", status=OperationStatus.DISPATCHED).exists():
+        assert first.poll() is None, first.communicate()[0]
+        assert time.monotonic() < deadline, "the agent never sent the second copy"
+        time.sleep(0.05)
+    time.sleep(0.5)  # the request is in the store's hands now
+    os.kill(first.pid, signal.SIGKILL)
+    first.communicate(timeout=10)
+    task = the_task()
+    assert task.status == TaskStatus.RUNNING
+    in_flight = Operation.objects.get(task=task, node__key="copy-batch-2")
+    assert in_flight.status == OperationStatus.DISPATCHED  # nobody settled it: the killed agent never answered
+
+    # A second agent process, the same command: it waits for the dead agent's lease to lapse, reconciles the copy
+    # in flight by its op key (the store committed it meanwhile, or never got it), then finishes the plan.
+    output = finished(agent(live, store, "--lease-wait", "60"))
+    assert f"task {task.pk}: done" in output
+    assert_migrated_once(task, store)
+    in_flight.refresh_from_db()
+    assert in_flight.status == OperationStatus.COMMITTED
+    assert store.stats()["by_op_key"][in_flight.op_key] == 1
+
+
+class AsyncStore:
+    """The object-store connector, async (httpx.AsyncClient): what an asyncio agent writes."""
+
+    def __init__(self, url: str) -> None:
+        self.http = httpx.AsyncClient(base_url=url, timeout=10)
+
+    async def submit(self, op_key: str, request: Mapping[str, Any]) -> Outcome:
+        body = {"action": str(request["action"]).removeprefix("store."), "params": request.get("input", {})}
+        try:
+            response = await self.http.post(f"/ops/{quote(op_key, safe='')}", json=body)
+        except httpx.TransportError as exc:
+            return Failed("connection_interrupted", str(exc))
+        if response.status_code != 200:
+            return Failed("invalid_params", response.text[:200])
+        return _outcome(response.json())
+
+    async def lookup(self, op_key: str) -> Outcome:
+        response = await self.http.get(f"/ops/{quote(op_key, safe='')}")
+        return _outcome(response.json()) if response.status_code == 200 else NotFound()
+
+    async def current_version(self, locator: str) -> str:
+        response = await self.http.get(f"/versions/{quote(locator, safe='')}")
+        return str(response.raise_for_status().json()["version"])
+
+
+def test_an_asyncio_agent_runs_a_task_to_completion(live: Live, store: Simulator) -> None:
+    source = {"source": "store", "locator": "projects/acme", "version": "7", "digest": "sha256:" + "ab" * 32}
+
+    async def main() -> tuple[int, str]:
+        connector = AsyncStore(store.url)
+        async with AsyncReckon(live.url, live.token) as reckon:
+            task = await reckon.create_task(KIND, "Migrate acme", plan("acme", 600, source, 500), project="acme")
+            result = await reckon.run(task.id, connector, ttl_seconds=LEASE_TTL)
+        await connector.http.aclose()
+        return task.id, result.status
+
+    task_id, status = asyncio.run(main())
+    assert status == "done"
+    task = Task.objects.get(pk=task_id)
+    assert task.status == TaskStatus.COMPLETED
+    ops = Operation.objects.filter(task=task)
+    assert ops.count() == 5  # prepare, 2 copies, verify, switch
+    assert {store.stats()["by_op_key"][op.op_key] for op in ops} == {1}
