@@ -30,14 +30,17 @@ from audit.models import AuditEvent
 from audit.principals import Principal
 from hooks import services
 from hooks.errors import WebhookEventsInvalid, WebhookLimitReached, WebhookNotFound, WebhookUrlInvalid
+from hooks.jobs import sweep
 from hooks.models import WEBHOOK_EVENTS, DeliveryStatus, WebhookDelivery, WebhookSubscription
-from hooks.services import deliver, outbox_listener, webhook_list, webhook_subscribe, webhook_unsubscribe
+from hooks.services import deliver, webhook_list, webhook_subscribe, webhook_unsubscribe
 from leases.clock import ControllableClock
 from tasks.cancel import task_request_cancel
+from tasks.events import event_appended
 from tasks.forced_release import lease_force_release
 from tasks.models import Event, Task
 from tasks.takeover import NodeResult, takeover_claim, takeover_submit
 from tests.conftest import chain_plan, person
+from tests.workers import celery_worker
 
 pytestmark = pytest.mark.django_db
 
@@ -53,8 +56,8 @@ class Receiver:
     """An HTTP endpoint on a free loopback port: records every POST (headers, raw body) and answers ``fail_status``
     to the first ``fail_first`` of them, 200 afterwards."""
 
-    def __init__(self, fail_first: int = 0, fail_status: int = 500) -> None:
-        self.fail_first, self.fail_status = fail_first, fail_status
+    def __init__(self, fail_first: int = 0, fail_status: int = 500, delay: float = 0.0) -> None:
+        self.fail_first, self.fail_status, self.delay = fail_first, fail_status, delay
         self.received: list[tuple[dict[str, str], bytes, int]] = []
         self._lock = threading.Lock()
         receiver = self
@@ -62,6 +65,7 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                time.sleep(receiver.delay)  # a slow receiver: the send is in flight meanwhile
                 with receiver._lock:
                     status = receiver.fail_status if len(receiver.received) < receiver.fail_first else 200
                     receiver.received.append((dict(self.headers.items()), body, status))
@@ -97,8 +101,8 @@ class Receiver:
 def receiver() -> Iterator[Callable[..., Receiver]]:
     started: list[Receiver] = []
 
-    def start(fail_first: int = 0, fail_status: int = 500) -> Receiver:
-        made = Receiver(fail_first, fail_status)
+    def start(fail_first: int = 0, fail_status: int = 500, delay: float = 0.0) -> Receiver:
+        made = Receiver(fail_first, fail_status, delay)
         made.thread.start()
         started.append(made)
         return made
@@ -350,15 +354,21 @@ def test_the_outbox_row_is_written_in_the_changes_transaction_and_sent_only_afte
 
 
 def test_an_event_nobody_maps_costs_no_query_and_a_mapped_one_with_no_subscriber_costs_one(make_task) -> None:
+    """Through tasks.events.event_appended, as every path that appends an event calls it: the step's events
+    (operations, nodes) do not reach the outbox at all."""
     task = make_task(chain_plan("a"))
-    step = Event(task_id=task.pk, seq=9, type="operation_dispatched", payload={"operations": {"k": {}}})
-    with CaptureQueriesContext(connection) as queries:
-        outbox_listener(task, step)
-    assert len(queries) == 0
-    cancelled = Event(task_id=task.pk, seq=9, type="cancel_requested", payload={"task": {"cancel_reason": "x"}})
-    with CaptureQueriesContext(connection) as queries:
-        outbox_listener(task, cancelled)
-    assert len(queries) == 1
+    for step_type in ("operation_dispatched", "node_succeeded", "operation_accepted", "inputs_confirmed"):
+        step = Event(task_id=task.pk, seq=9, type=step_type, payload={"nodes": {"p1/a": {"status": "succeeded"}}})
+        with CaptureQueriesContext(connection) as queries:
+            event_appended(task, step)
+        assert len(queries) == 0, step_type
+    for mapped in (
+        Event(task_id=task.pk, seq=9, type="cancel_requested", payload={"task": {"cancel_reason": "x"}}),
+        Event(task_id=task.pk, seq=9, type="node_succeeded", payload={"task": {"status": "completed"}}),
+    ):
+        with CaptureQueriesContext(connection) as queries:
+            event_appended(task, mapped)
+        assert len(queries) == 1
     assert not WebhookDelivery.objects.exists()
 
 
@@ -651,3 +661,75 @@ def test_a_new_subscription_with_an_idempotency_key_is_made_once(client: Client,
     assert first.status_code == again.status_code == 201
     assert again.json() == first.json() and again["Idempotent-Replayed"] == "true"
     assert WebhookSubscription.objects.count() == 1
+
+
+# --- a real Celery worker ----------------------------------------------------------------------------------------
+
+
+def wait_until_delivered(count: int, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if WebhookDelivery.objects.filter(status=DeliveryStatus.DELIVERED).count() >= count:
+            return
+        time.sleep(0.2)
+    rows = list(WebhookDelivery.objects.values_list("event", "status", "attempts", "last_error"))
+    raise AssertionError(f"not delivered in {seconds}s: {rows}")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_process_delivers_after_commit_retries_a_failure_and_the_sweep_sends_a_lost_one(
+    make_task, issue, receiver: Callable[..., Receiver], settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """End to end: the committed cancel asks for its deliveries on commit; the worker sends them, the receiver
+    refuses the first POST, the worker asks for a retry after the (shortened) backoff and sends it again. Then a
+    delivery whose message was lost is sent by the sweep."""
+    monkeypatch.setenv("RECKON_WEBHOOK_BACKOFF_BASE_SECONDS", "0.5")  # the worker's backoff: half a second
+    token, _ = issue()
+    hook = receiver(fail_first=1)
+    subscription, secret = webhook_subscribe(token, hook.url, ["cancel_requested", "task_finished"])
+    with celery_worker("http://127.0.0.1:9") as queue:
+        settings.RECKON_WEBHOOK_QUEUE = queue
+        cancel(make_task(chain_plan("a")))  # committed: cancel_requested and task_finished (stopped)
+        wait_until_delivered(2)
+        counts = hook.by_delivery()
+        assert sorted(counts.values()) == [1, 2]  # the refused one was sent again, once
+        assert sorted(b["delivery_id"] for b in hook.accepted()) == sorted(counts)  # each accepted exactly once
+        assert all(independent_signature_ok(secret, h, b, now=time.time()) for h, b, _s in hook.received)
+
+        monkeypatch.setattr(services, "_send_later", lambda ids: None)  # the next change's message is lost
+        cancel(make_task(chain_plan("a")))
+        assert WebhookDelivery.objects.filter(status=DeliveryStatus.PENDING).count() == 2
+        assert sweep(queue=queue) == 2
+        wait_until_delivered(4)
+    rows = list(WebhookDelivery.objects.filter(subscription=subscription).values_list("status", "attempts"))
+    assert sorted(rows) == [("delivered", 1), ("delivered", 1), ("delivered", 1), ("delivered", 2)]
+    assert len(hook.received) == 5 and len(hook.accepted()) == 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_workers_racing_for_one_delivery_send_it_once(make_task, issue, receiver: Callable[..., Receiver]) -> None:
+    """Four threads (four database connections) call deliver at the same moment while the receiver is slow: the
+    conditional UPDATE lets exactly one through."""
+    token, _ = issue()
+    hook = receiver(delay=0.5)
+    subscription, _ = webhook_subscribe(token, hook.url, ["cancel_requested"])
+    cancel(make_task(chain_plan("a")))
+    delivery_id = only_delivery(subscription=subscription).delivery_id
+    start = threading.Barrier(4)
+    outcomes: list[str] = []
+
+    def worker() -> None:
+        try:
+            start.wait()
+            outcomes.append(deliver(delivery_id).outcome)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(outcomes) == ["delivered", "skipped", "skipped", "skipped"]
+    assert hook.by_delivery() == {str(delivery_id): 1}
+    assert only_delivery(subscription=subscription).attempts == 1
