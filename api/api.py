@@ -7,7 +7,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from api.auth import AgentToken
 from api.errors import problem, problem_of, validation_errors
-from api.http import HeaderError
+from api.http import ApiError
 from api.ratelimit import RateLimited
 from api.steps import router as steps_router
 from api.tasks import router as tasks_router
@@ -77,8 +77,8 @@ def _lease_error(request: HttpRequest, error: LeaseError) -> HttpResponse:
     return problem_of(request, error)
 
 
-@api.exception_handler(HeaderError)
-def _header_error(request: HttpRequest, error: HeaderError) -> HttpResponse:
+@api.exception_handler(ApiError)
+def _api_error(request: HttpRequest, error: ApiError) -> HttpResponse:
     return problem_of(request, error)
 
 

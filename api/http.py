@@ -7,7 +7,19 @@ from api.models import ApiToken
 from leases.models import HolderKind, Lease
 
 
-class HeaderError(Exception):
+class ApiError(Exception):
+    """A refusal of the API layer itself (not of a service): answered as the problem its ``code`` maps to."""
+
+    code = "api_error"
+
+
+class OperationNotFound(ApiError):
+    """The op key is not an operation of the task in the path."""
+
+    code = "operation_not_found"
+
+
+class HeaderError(ApiError):
     """A header the operation needs is missing or is not what it should be."""
 
     code = "precondition_required"

@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Router, Schema
 
 from api.auth import token_of
-from api.http import LEASE_HEADER, expected_version, held_lease, with_version
+from api.http import LEASE_HEADER, OperationNotFound, expected_version, held_lease, with_version
 from api.idempotency import idempotent
 from api.models import ApiToken
 from api.schemas import (
@@ -186,7 +186,7 @@ def outcome_report(request: HttpRequest, task_id: int, op_key: str, payload: Out
     def run() -> HttpResponse:
         snap = _scoped_snapshot(token, task_id, lease, version)
         if snap.operation(op_key) is None and not Operation.objects.filter(task_id=task_id, op_key=op_key).exists():
-            raise OperationNotFound(f"task {task_id} has no operation {op_key!r}", op_key=op_key)
+            raise OperationNotFound(f"task {task_id} has no operation {op_key!r}")
         op, new = step_settle(snap, op_key, payload.outcome(), lease=lease)
         node = next((n.key for n in new.nodes if n.pk == op.node_id), "")
         body = OutcomeOut(operation=operation_detail(op, node), task=task_summary(new.task))
@@ -214,10 +214,6 @@ def inputs_report(request: HttpRequest, task_id: int, payload: InputsIn) -> Http
         return _json(task_summary(new.task), version=new.version)
 
     return idempotent(request, token.agent_id, run)
-
-
-class OperationNotFound(TaskNotFound):
-    code = "operation_not_found"
 
 
 def _ttl(seconds: int | None) -> timedelta | None:

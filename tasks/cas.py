@@ -189,8 +189,11 @@ def compare_and_set(
             payload["nodes"] = {node_ref(node): _logged_node(node, fields) for node, fields in node_fields}
         if op_fields:
             payload["operations"] = {op.op_key: _logged_operation(op, fields) for op, fields in op_fields}
-        if change.data:
-            payload["data"] = jsonable(_resolved(change.data, now))
+        data = change.data
+        if lease is not None and "by" not in data:  # who wrote it: the lease's holder (an agent names itself)
+            data = {**data, "by": f"{lease.holder_kind}:{lease.holder_id}"}
+        if data:
+            payload["data"] = jsonable(_resolved(data, now))
         event = chain_event(task=task, seq=version, type=change.event, payload=payload, at=now)
         where, params = _task_condition(task_id, expected_version, statuses, change.requires)
         if (change.kind, actor) in NEEDS_FREE_TASK:

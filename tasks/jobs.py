@@ -11,7 +11,7 @@ from leases import clock
 from tasks.bulk import bulk_run_apply, bulk_runs_stalled
 from tasks.models import Task as TaskRow
 from tasks.recovery import tasks_needing_work
-from tasks.registry import connector_for
+from tasks.registry import connector_for, known_kinds
 from tasks.runner import run_task_once
 
 # A wake-up asked for further away than this is left to the recovery scan (it finds the task from the database).
@@ -48,8 +48,11 @@ def drive_task(self: Task[Any, Any], task_id: int, seen_version: int | None = No
 def recovery_scan(queue: str = "") -> int:
     """Wake a worker for every task that needs one, naming the version seen. Running it twice, or on two workers,
     dispatches nothing twice: wake-ups are deduplicated on (task id, version) — once one worker has moved the task
-    on, the other message finds its version stale and does nothing — and the lease serialises the rest."""
-    seen = list(tasks_needing_work().values_list("pk", "version"))
+    on, the other message finds its version stale and does nothing — and the lease serialises the rest.
+
+    Only tasks of a kind with a connector registered here (tasks/registry.py): a kind that agents drive over the
+    API has none, and its agent — not a worker — is the one to come back for it."""
+    seen = list(tasks_needing_work().filter(kind__in=known_kinds()).values_list("pk", "version"))
     for task_id, version in seen:
         if queue:
             drive_task.apply_async((task_id, version), queue=queue)

@@ -133,6 +133,8 @@ def test_an_agent_runs_a_task_to_completion_over_http_and_is_named_as_the_princi
         assert started["ETag"] == f'"{d["task_version"] + 1}"'
         # The intent is in the database before the agent calls the external system.
         assert Operation.objects.get(op_key=op["op_key"]).status == "dispatched"
+        logged = Event.objects.filter(task_id=task["id"], type="operation_dispatched").latest("seq")
+        assert logged.payload["data"]["by"] == "agent:agent-7"  # the event names the agent that wrote it
         settled = agent.report(
             task["id"],
             lease["lease_id"],
@@ -463,3 +465,30 @@ def test_an_agent_proposes_and_accepts_a_replan_under_its_lease(agent: Agent) ->
     assert accepted.status_code == 200, accepted.content
     assert accepted.json()["plan_version"] == 2
     assert Event.objects.filter(task_id=task["id"], type="plan_proposed").get().payload["data"]["by"] == "agent:agent-7"
+
+
+def test_the_recovery_scan_leaves_a_kind_agents_drive_over_the_api_to_its_agent(agent: Agent) -> None:
+    """No connector is registered here for the API agent's kind: no worker is woken for it (it would only fail)."""
+    from tasks.jobs import recovery_scan
+    from tasks.recovery import tasks_needing_work
+    from tasks.registry import known_kinds
+
+    task = created(agent)
+    assert KIND not in known_kinds()
+    assert task["id"] in set(tasks_needing_work().values_list("pk", flat=True))  # it is workable…
+    assert recovery_scan(queue="reckon-test-nobody") == 0  # …by its agent, not by a worker
+
+
+def test_an_idempotency_key_is_kept_a_day_then_forgotten(agent: Agent, clock: Any) -> None:
+    from api.idempotency import idempotency_records_expire
+
+    body = {"kind": KIND, "title": "daily", "plan": chain_plan("a")}
+    assert agent.call("post", "/tasks", body, Idempotency_Key="day").status_code == 201
+    clock.advance(timedelta(hours=23))
+    assert idempotency_records_expire() == 0
+    assert agent.call("post", "/tasks", body, Idempotency_Key="day")["Idempotent-Replayed"] == "true"
+    clock.advance(timedelta(hours=2))
+    assert idempotency_records_expire() == 1
+    again = agent.call("post", "/tasks", body, Idempotency_Key="day")
+    assert again.status_code == 201 and "Idempotent-Replayed" not in again
+    assert Task.objects.filter(title="daily").count() == 2

@@ -133,7 +133,7 @@ def test_the_public_services_read_one_snapshot_and_no_more(
 
 
 def test_a_lease_passed_as_a_token_needs_no_row(make_task, agent_lease, clock) -> None:
-    """Services take what a write needs of the lease (id, task, epoch, holder kind, ttl), not a model instance."""
+    """Services take what a write needs of the lease (id, task, epoch, holder, ttl), not a model instance."""
     from dataclasses import dataclass
 
     @dataclass(frozen=True)
@@ -142,11 +142,12 @@ def test_a_lease_passed_as_a_token_needs_no_row(make_task, agent_lease, clock) -
         task_id: int
         epoch: int
         holder_kind: str
+        holder_id: str
         ttl: timedelta | None
 
     task = make_task(chain_plan("a"))
     row: Lease = agent_lease(task)
-    token = Token(row.pk, row.task_id, row.epoch, row.holder_kind, row.ttl)
+    token = Token(row.pk, row.task_id, row.epoch, row.holder_kind, row.holder_id, row.ttl)
     report = run_steps(task_id=task.pk, lease=token, connector=Receipts())  # type: ignore[arg-type]
     assert report.directive is not None and report.directive.kind == "done"
 
