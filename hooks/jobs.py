@@ -6,7 +6,7 @@ from typing import Any
 from celery import Task, shared_task
 from django.conf import settings
 
-from hooks.services import deliver, deliveries_due
+from hooks.services import deliver, deliveries_due, deliveries_expire
 from leases import clock
 
 # A retry asked for further away than this is left to the sweep (it finds the delivery from the database): a broker
@@ -36,7 +36,9 @@ def deliver_webhook(self: Task[Any, Any], delivery_id: str) -> str:
 
 @shared_task(name="hooks.sweep", ignore_result=True)
 def sweep(queue: str = "") -> int:
-    """Ask for every due, pending delivery to be sent (beat runs it every RECKON_WEBHOOK_SWEEP_SECONDS)."""
+    """Ask for every due, pending delivery to be sent (beat runs it every RECKON_WEBHOOK_SWEEP_SECONDS), and forget
+    the deliveries older than RECKON_WEBHOOK_KEEP_DAYS that are settled."""
+    deliveries_expire()
     due = deliveries_due()
     for delivery_id in due:
         enqueue_delivery(delivery_id, queue=queue)

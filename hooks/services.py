@@ -16,10 +16,12 @@ these functions and nothing else.
 """
 
 import hashlib
+import ipaddress
 import json
 import logging
 import random
 import secrets
+import socket
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -123,6 +125,12 @@ def _valid_url(url: str) -> str:
     if parts.username is not None or parts.password is not None or "@" in parts.netloc:
         raise WebhookUrlInvalid("a webhook URL carries no credentials (user:password@): verify the signature instead")
     del port
+    try:
+        literal = ipaddress.ip_address(parts.hostname)
+    except ValueError:
+        literal = None
+    if literal is not None and any(literal in network for network in deny_networks()):
+        raise WebhookUrlInvalid(f"webhook deliveries are never sent to {literal} (RECKON_WEBHOOK_DENY_NETWORKS)")
     if list(scan_payload(url)) or list(scan_payload(dict(parse_qsl(parts.query, keep_blank_values=True)))):
         raise WebhookUrlInvalid("a webhook URL carries no credentials (a token in the query): verify the signature")
     return url
@@ -305,12 +313,18 @@ def deliver(delivery_id: str | uuid.UUID) -> Attempt:
     body = delivery_body(delivery)
     headers = delivery_headers(delivery, subscription.secret, body, int(clock.now().timestamp()))
     status_code: int | None = None
-    try:
-        response = httpx.post(subscription.url, content=body, headers=headers, timeout=timeout, follow_redirects=False)
-        status_code = response.status_code
-        error = "" if 200 <= status_code < 300 else f"answered HTTP {status_code}"
-    except httpx.HTTPError as failure:  # refused, timed out, reset, a bad TLS certificate, …
-        error = f"{type(failure).__name__}: {failure}"
+    error = _denied(subscription.url)
+    if not error:
+        try:
+            # Streamed and closed unread: only the status matters, and a receiver cannot make a worker read a
+            # large body.
+            with httpx.stream(
+                "POST", subscription.url, content=body, headers=headers, timeout=timeout, follow_redirects=False
+            ) as response:
+                status_code = response.status_code
+            error = "" if 200 <= status_code < 300 else f"answered HTTP {status_code}"
+        except httpx.HTTPError as failure:  # refused, timed out, reset, a bad TLS certificate, …
+            error = f"{type(failure).__name__}: {failure}"
     if not error:
         _record(delivery, status=DeliveryStatus.DELIVERED, status_code=status_code, error="")
         outcome = Attempt("delivered", status_code=status_code)
@@ -363,6 +377,30 @@ def delivery_backoff(delivery_id: uuid.UUID | str, attempt: int) -> timedelta:
     return timedelta(seconds=raw * random.Random(seed).uniform(0.75, 1.25))  # noqa: S311 (spread, not secrecy)
 
 
+def _denied(url: str) -> str:
+    """Why ``url`` must not be called (its host is or resolves to an address in RECKON_WEBHOOK_DENY_NETWORKS), or
+    "". Checked before each send; the connection resolves the name again, so this keeps honest mistakes and casual
+    probing of the metadata service out, not a DNS server that answers differently the second time."""
+    networks = deny_networks()
+    if not networks:
+        return ""
+    host = urlsplit(url).hostname or ""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return ""  # not resolvable: the send fails on its own, as a retryable attempt
+    for info in infos:
+        address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
+        if any(address in network for network in networks):
+            return f"refused: the host resolves to {address}, in RECKON_WEBHOOK_DENY_NETWORKS"
+    return ""
+
+
+def deny_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    text: str = settings.RECKON_WEBHOOK_DENY_NETWORKS
+    return [ipaddress.ip_network(part.strip(), strict=False) for part in text.split(",") if part.strip()]
+
+
 def deliveries_due(*, limit: int = 500) -> list[str]:
     """The pending deliveries whose time has come, oldest first (the sweep sends them): the index on
     (status, next_attempt_at) answers it. A delivery being sent is not due (its claim pushed it on)."""
@@ -370,3 +408,15 @@ def deliveries_due(*, limit: int = 500) -> list[str]:
         "next_attempt_at"
     )
     return [str(i) for i in ids.values_list("delivery_id", flat=True)[:limit]]
+
+
+def deliveries_expire(*, limit: int = 1000) -> int:
+    """Delete up to ``limit`` deliveries delivered or given up more than RECKON_WEBHOOK_KEEP_DAYS ago (the sweep):
+    the outbox keeps what is still to send and a week of history, not every event for ever. Returns how many."""
+    keep = timedelta(days=settings.RECKON_WEBHOOK_KEEP_DAYS)
+    old = WebhookDelivery.objects.filter(
+        status__in=[DeliveryStatus.DELIVERED, DeliveryStatus.DEAD], created_at__lte=clock.now() - keep
+    )
+    pks = list(old.order_by("pk").values_list("pk", flat=True)[:limit])
+    deleted, _ = WebhookDelivery.objects.filter(pk__in=pks).delete()
+    return deleted

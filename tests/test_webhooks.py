@@ -311,16 +311,51 @@ def test_a_delivery_being_sent_is_claimed_so_a_second_worker_sends_nothing(
     cancel(make_task(chain_plan("a")))
     delivery_id = only_delivery(subscription=subscription).delivery_id
     during: list[str] = []
-    real_post = httpx.post
+    real_stream = httpx.stream
 
-    def post_while_another_worker_tries(*args: Any, **kwargs: Any) -> httpx.Response:
+    def post_while_another_worker_tries(*args: Any, **kwargs: Any) -> Any:
         during.append(deliver(delivery_id).outcome)  # a second worker, while the first one is sending
-        return real_post(*args, **kwargs)
+        return real_stream(*args, **kwargs)
 
-    monkeypatch.setattr(httpx, "post", post_while_another_worker_tries)
+    monkeypatch.setattr(httpx, "stream", post_while_another_worker_tries)
     assert deliver(delivery_id).outcome == "delivered"
     assert during == ["skipped"]
     assert hook.by_delivery() == {str(delivery_id): 1}
+
+
+def test_a_denied_network_is_never_called(
+    make_task, issue, receiver: Callable[..., Receiver], settings: Settings
+) -> None:
+    token, _ = issue()
+    with pytest.raises(WebhookUrlInvalid, match=r"169\.254\.169\.254"):
+        webhook_subscribe(token, "http://169.254.169.254/latest/meta-data/", ["cancel_requested"])
+    hook = receiver()
+    subscription, _ = webhook_subscribe(token, hook.url.replace("127.0.0.1", "localhost"), ["cancel_requested"])
+    settings.RECKON_WEBHOOK_DENY_NETWORKS = "127.0.0.0/8,::1/128"  # loopback denied after the subscription was made
+    cancel(make_task(chain_plan("a")))
+    attempt = deliver(only_delivery(subscription=subscription).delivery_id)
+    assert attempt.outcome == "retry" and attempt.status_code is None
+    assert only_delivery(subscription=subscription).last_error.startswith("refused: the host resolves to")
+    assert hook.received == []
+
+
+def test_settled_deliveries_are_forgotten_after_the_keep_days_and_pending_ones_never(
+    make_task, issue, receiver: Callable[..., Receiver], clock: ControllableClock, settings: Settings
+) -> None:
+    settings.RECKON_WEBHOOK_KEEP_DAYS = 7
+    token, _ = issue()
+    delivered_to = receiver()
+    subscription, _ = webhook_subscribe(token, delivered_to.url, ["cancel_requested"])
+    failing, _ = webhook_subscribe(token, receiver(fail_first=100).url, ["cancel_requested"])
+    cancel(make_task(chain_plan("a")))
+    for delivery in WebhookDelivery.objects.all():
+        deliver(delivery.delivery_id)
+    clock.advance(timedelta(days=6))
+    assert services.deliveries_expire() == 0
+    clock.advance(timedelta(days=2))
+    assert services.deliveries_expire() == 1
+    assert list(WebhookDelivery.objects.values_list("subscription", "status")) == [(failing.pk, "pending")]
+    assert not WebhookDelivery.objects.filter(subscription=subscription).exists()
 
 
 # --- the outbox: the change's transaction ------------------------------------------------------------------------
