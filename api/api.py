@@ -4,6 +4,7 @@ its operations. Handlers are thin: the token (api/auth.py), one read or one serv
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.openapi.docs import Swagger
 
 from api.auth import AgentToken
 from api.errors import problem, problem_of, validation_errors
@@ -12,6 +13,7 @@ from api.ratelimit import RateLimited
 from api.steps import router as steps_router
 from api.tasks import router as tasks_router
 from api.webhooks import router as webhooks_router
+from hooks.errors import WebhookError
 from leases.errors import LeaseError, LeaseHeld, LeaseRefused
 from tasks.errors import TaskError, VersionConflict
 from tasks.models import Task
@@ -23,8 +25,10 @@ api = NinjaAPI(
     "(an admin issues tokens on the console's Agent tokens page). Every error is application/problem+json.",
     auth=AgentToken(),
     urls_namespace="api-v1",
-    # ninja's docs page loads Swagger UI from a CDN unless "ninja" is an installed app: off until it is.
-    docs_url=None,
+    # The docs page: Swagger UI from Reckon's own static files ("ninja" is an installed app), no CDN. The validator
+    # badge would send the document to validator.swagger.io: off.
+    docs_url="/docs",
+    docs=Swagger(settings={"validatorUrl": None}),
 )
 
 
@@ -79,6 +83,11 @@ def _lease_error(request: HttpRequest, error: LeaseError) -> HttpResponse:
 
 @api.exception_handler(ApiError)
 def _api_error(request: HttpRequest, error: ApiError) -> HttpResponse:
+    return problem_of(request, error)
+
+
+@api.exception_handler(WebhookError)
+def _webhook_error(request: HttpRequest, error: WebhookError) -> HttpResponse:
     return problem_of(request, error)
 
 

@@ -24,6 +24,7 @@ STATUS_OF: Mapping[str, int] = {
     "operation_not_found": 404,
     "not_found": 404,
     "token_not_found": 404,
+    "webhook_not_found": 404,
     "method_not_allowed": 405,
     # Compare-and-set and leases
     "version_conflict": 412,
@@ -45,6 +46,8 @@ STATUS_OF: Mapping[str, int] = {
     "secret_in_payload": 422,
     "evidence_insufficient": 422,
     "unknown_task_kind": 422,
+    "webhook_url_invalid": 422,
+    "webhook_events_invalid": 422,
     "payload_too_large": 413,
     "malformed_body": 400,
     "invalid_header": 400,
@@ -77,6 +80,9 @@ TITLE_OF: Mapping[str, str] = {
     "rate_limited": "Too many requests",
     "lease_not_held": "That lease is not yours on this task",
     "invalid_header": "A header is not valid",
+    "webhook_url_invalid": "Not a webhook URL",
+    "webhook_events_invalid": "Not webhook events",
+    "webhook_not_found": "No such webhook subscription",
 }
 
 

@@ -67,7 +67,8 @@ def test_a_node_through_run_steps_costs_two_commits_and_at_most_the_budget(make_
     # Pinned exactly: three snapshot reads once, then per node two transactions. On PostgreSQL each is SAVEPOINT, the
     # lease heartbeat, ONE statement writing task, node, operation (receipt) and event, RELEASE; on SQLite the rows
     # are written one statement each (lease, task, node, operation, event; a receipt on the second).
-    assert statements == 3 + NODES * (8 if connection.vendor == "postgresql" else 15)
+    # + 1: the webhook outbox's read of the live subscriptions when the task completes
+    assert statements == 3 + NODES * (8 if connection.vendor == "postgresql" else 15) + 1
 
 
 def test_the_step_path_runs_on_the_database_servers_own_clock(make_task, agent_lease) -> None:
@@ -166,5 +167,6 @@ def test_confirming_inputs_and_cancelling_cost_pinned_statements(make_task, agen
     assert len(confirm.captured_queries) == (7 if pg else 8), [q["sql"][:60] for q in confirm.captured_queries]
     assert commits(confirm) == 1 and commits(cancel) >= 1
     # cancel: 3 reads, the audited transaction (the clock, the rows, the audit chain's head and row); no read after
-    # (the first audit row of a database also creates the audit chain's head: a SAVEPOINT, an INSERT and a RELEASE)
-    assert len(cancel.captured_queries) == (14 if pg else 15), [q["sql"][:70] for q in cancel.captured_queries]
+    # (the first audit row of a database also creates the audit chain's head: a SAVEPOINT, an INSERT and a RELEASE),
+    # and the webhook outbox's read of the live subscriptions
+    assert len(cancel.captured_queries) == (15 if pg else 16), [q["sql"][:70] for q in cancel.captured_queries]
