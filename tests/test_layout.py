@@ -75,3 +75,18 @@ def test_the_check_sees_an_import_against_the_layout(package: str, source: str, 
 def test_the_check_lets_through_what_the_layout_allows() -> None:
     source = "import json\nfrom django.db import models\nfrom leases import clock\nfrom . import errors\n"
     assert violations("tasks", Path("tasks/example.py"), source, project_packages()) == []
+
+
+def test_the_client_and_the_examples_import_nothing_of_the_server() -> None:
+    """An agent author installs client/ alone (httpx its only dependency) and copies examples/: neither may need
+    Django or any package of the server."""
+    forbidden = project_packages() | {"django", "ninja", "celery", "psycopg"}
+    files = sorted((ROOT / "client" / "reckon_client").rglob("*.py")) + sorted((ROOT / "examples").rglob("*.py"))
+    assert files, "no client source found"
+    found = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path in files
+        for line, name in imported_packages(path.read_text(), str(path))
+        if name in forbidden
+    ]
+    assert not found, "the client must stand alone: " + "; ".join(found)
