@@ -1,0 +1,242 @@
+"""The step over HTTP beside the step in process, in the same run and the same throw-away database.
+
+    ./dev manage bench_http                                   # SQLite (the configured default)
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/reckon ./dev manage bench_http --tasks 20 --agents 1,4
+
+A *step* is one node driven from ready to done (the bench's unit, harness/bench.py): its intent registered, the
+call made (to an in-process remote that commits at once), its receipt recorded.
+
+- **in process**: ``tasks.runner.run_steps`` in this process, one task after another — a Celery worker's path.
+- **over HTTP**: a real web server (gunicorn with console/gunicorn.conf.py, ``--web-workers`` processes) on the
+  same database, driven by ``reckon_client.Reckon.run`` — an agent's path: per node a directive read, the intent
+  POST, the outcome POST (and one lease acquire, directive and release per task), each a real HTTP request on a
+  kept-alive connection. With 1 agent, then with N agent threads on different tasks.
+
+Figures: steps/s over the wall time of each run (tasks created and leases taken beforehand are not measured for the
+in-process run; over HTTP the lease is part of each run, as it is for an agent). Every figure is one run's: the
+point is the ratio of the two paths measured together, not a tuned throughput.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from django.db import connections
+
+from api.models import ApiToken
+from api.tokens import TOKEN_PREFIX, token_hash
+from harness.bench import BenchConnector, chain_plan, scratch_database
+from leases import clock
+from leases.services import lease_acquire
+from tasks.plans import task_create
+from tasks.runner import run_steps
+
+ROOT = Path(__file__).resolve().parent.parent
+KIND = "bench_http"
+# An action every server knows (the reference agent's, registered at start-up): the web server validates plans
+# against its own registry, and the remote here is the agent's in-process one anyway.
+HTTP_ACTION = "store.copy_batch"
+
+
+def http_plan(nodes: int) -> dict[str, Any]:
+    plan = chain_plan(nodes)
+    for node in plan["nodes"]:
+        node["action"] = HTTP_ACTION
+    return plan
+
+
+@dataclass(frozen=True)
+class HttpBenchConfig:
+    tasks: int = 20
+    nodes: int = 10
+    agents: tuple[int, ...] = (1, 4)
+    web_workers: int = 2
+
+    def check(self) -> None:
+        if self.tasks < 1 or not 1 <= self.nodes <= 100 or self.web_workers < 1:
+            raise ValueError("tasks >= 1, 1 <= nodes <= 100, web workers >= 1")
+        if not self.agents or min(self.agents) < 1:
+            raise ValueError("agent counts must be at least 1")
+
+
+class InstantRemote:
+    """The client-side connector: every write commits at once, remembered by op key (as BenchConnector)."""
+
+    def __init__(self) -> None:
+        self.committed: dict[str, Any] = {}
+
+    def submit(self, op_key: str, request: Mapping[str, Any]) -> Any:
+        from reckon_client import Committed
+
+        return self.committed.setdefault(op_key, Committed(remote_id=f"bench:{op_key}", count=1))
+
+    def lookup(self, op_key: str) -> Any:
+        from reckon_client import NotFound
+
+        return self.committed.get(op_key) or NotFound()
+
+    def current_version(self, locator: str) -> str:
+        return "1"
+
+
+def run_http_bench(config: HttpBenchConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
+    config.check()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
+    with scratch_database() as name:
+        vendor = connections["default"].vendor
+        report: dict[str, Any] = {"vendor": vendor, "tasks": config.tasks, "nodes": config.nodes, "runs": []}
+        steps = config.tasks * config.nodes
+        log(f"in process: {config.tasks} tasks x {config.nodes} nodes")
+        report["runs"].append({"path": "in process", "agents": 1, **_in_process(config, steps)})
+        token = _token()
+        with _web_server(_database_url(name), config.web_workers) as url:
+            for agents in config.agents:
+                log(f"over HTTP: {agents} agent(s) x {config.tasks} tasks x {config.nodes} nodes")
+                report["runs"].append({"path": "over HTTP", "agents": agents, **_over_http(config, url, token, agents)})
+        base = report["runs"][0]["steps_per_s"]
+        for run in report["runs"]:
+            run["ratio"] = run["steps_per_s"] / base if base else 0.0
+        return report
+
+
+def _in_process(config: HttpBenchConfig, steps: int) -> dict[str, float]:
+    plan = chain_plan(config.nodes)
+    leases = []
+    for i in range(config.tasks):
+        task = task_create(kind=KIND, title=f"bench {i}", plan=plan, created_by="bench")
+        leases.append(lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="bench-in-process"))
+    connector = BenchConnector()
+    start = time.perf_counter()
+    for lease in leases:
+        report = run_steps(task_id=lease.task_id, lease=lease, connector=connector)
+        if report.directive is None or report.directive.kind != "done":
+            raise RuntimeError(f"task {lease.task_id} did not complete in process: {report}")
+    wall = time.perf_counter() - start
+    return {"steps": steps, "wall_s": wall, "steps_per_s": steps / wall}
+
+
+def _over_http(config: HttpBenchConfig, url: str, token: str, agents: int) -> dict[str, float]:
+    from reckon_client import Reckon
+
+    plan = http_plan(config.nodes)
+    with Reckon(url, token) as setup:
+        ids = [setup.create_task(KIND, f"bench {agents}/{i}", plan).id for i in range(config.tasks * agents)]
+    shares = [ids[i::agents] for i in range(agents)]
+    failures: list[str] = []
+    barrier = threading.Barrier(agents + 1)
+
+    def agent(task_ids: list[int]) -> None:
+        remote = InstantRemote()
+        with Reckon(url, token) as reckon:
+            barrier.wait()
+            for task_id in task_ids:
+                result = reckon.run(task_id, remote)
+                if not result.done:
+                    failures.append(f"task {task_id}: {result}")
+
+    threads = [threading.Thread(target=agent, args=(share,)) for share in shares]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - start
+    if failures:
+        raise RuntimeError("over HTTP, tasks did not complete: " + "; ".join(failures[:3]))
+    steps = len(ids) * config.nodes
+    return {"steps": steps, "wall_s": wall, "steps_per_s": steps / wall}
+
+
+def _token() -> str:
+    """An agent token for the benchmark's kind, written directly: the scratch database has no admin to issue it."""
+    plaintext = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    ApiToken.objects.create(
+        agent_id="bench", token_hash=token_hash(plaintext), kinds=[KIND], created_by="bench", created_at=clock.now()
+    )
+    return plaintext
+
+
+def _database_url(name: str) -> str:
+    settings_dict = connections["default"].settings_dict
+    if connections["default"].vendor == "sqlite":
+        return f"sqlite:///{name}"
+    user, host, port = settings_dict.get("USER") or "", settings_dict.get("HOST") or "", settings_dict.get("PORT")
+    password = settings_dict.get("PASSWORD") or ""
+    auth = f"{user}:{password}@" if password else f"{user}@" if user else ""
+    return f"postgres://{auth}{host}{':' + str(port) if port else ''}/{name}"
+
+
+class _web_server:
+    """gunicorn with Reckon's configuration on a free loopback port, against ``database_url``."""
+
+    def __init__(self, database_url: str, workers: int) -> None:
+        self.database_url, self.workers = database_url, workers
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> str:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        env = {
+            **os.environ,
+            "DATABASE_URL": self.database_url,
+            "RECKON_BIND": f"127.0.0.1:{port}",
+            "RECKON_WEB_WORKERS": str(self.workers),
+            "RECKON_API_RATE": "0",
+            "DJANGO_DEBUG": "1",  # static files from the apps' folders: nothing to collect for a benchmark
+        }
+        gunicorn = Path(sys.executable).with_name("gunicorn")
+        self.process = subprocess.Popen(  # noqa: S603 - our own server, our own arguments
+            [str(gunicorn), "-c", str(ROOT / "console" / "gunicorn.conf.py")],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"gunicorn exited with {self.process.returncode} before answering")
+            try:
+                if httpx.get(f"{url}/api/v1/openapi.json", timeout=2).status_code == 200:
+                    return url
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise RuntimeError("gunicorn did not answer within 60 s")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def format_http_report(report: dict[str, Any]) -> str:
+    lines = [
+        f"Step over HTTP vs in process — {report['vendor']}, {report['tasks']} tasks x {report['nodes']} nodes per "
+        "agent and run",
+        f"{'path':<12} {'agents':>6} {'steps':>7} {'wall s':>8} {'steps/s':>9} {'x in-process':>13}",
+    ]
+    for run in report["runs"]:
+        lines.append(
+            f"{run['path']:<12} {run['agents']:>6} {run['steps']:>7} {run['wall_s']:>8.2f} "
+            f"{run['steps_per_s']:>9.1f} {run['ratio']:>13.2f}"
+        )
+    return "\n".join(lines)
