@@ -88,7 +88,7 @@ def webhook_index(request: HttpRequest) -> Any:
 
 
 @router.delete("/webhooks/{subscription_id}", response={204: None, **PROBLEMS}, summary="Delete a subscription")
-def webhook_delete(request: HttpRequest, subscription_id: int) -> Any:
+def webhook_delete(request: HttpRequest, subscription_id: int) -> HttpResponse:
     """Nothing more is sent to it, pending retries included. Another agent's subscription is 404."""
     webhook_unsubscribe(token_of(request), subscription_id)
-    return 204, None
+    return HttpResponse(status=204)

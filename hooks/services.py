@@ -32,7 +32,7 @@ from urllib.parse import parse_qsl, urlsplit
 import httpx
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, QuerySet
 
 from api.models import ApiToken
 from api.tokens import in_scope
@@ -67,6 +67,8 @@ def webhook_subscribe(token: ApiToken, url: str, events: Sequence[str]) -> tuple
     secret = SECRET_PREFIX + secrets.token_urlsafe(32)
     limit: int = settings.RECKON_WEBHOOK_MAX_SUBSCRIPTIONS
     with transaction.atomic():
+        # The agent's tokens locked: two subscriptions made at once are counted one after the other.
+        list(ApiToken.objects.select_for_update().filter(agent_id=token.agent_id).values_list("pk"))
         if _live(token.agent_id).count() >= limit:
             raise WebhookLimitReached(f"agent {token.agent_id} already has {limit} webhook subscriptions")
         now = clock.now()
@@ -103,7 +105,7 @@ def webhook_unsubscribe(token: ApiToken, subscription_id: int) -> None:
         )
 
 
-def _live(agent_id: str) -> Any:
+def _live(agent_id: str) -> "QuerySet[WebhookSubscription]":
     return WebhookSubscription.objects.filter(token__agent_id=agent_id, deleted_at__isnull=True)
 
 
