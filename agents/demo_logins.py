@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from django.contrib.auth.models import User
 from django.db import transaction
 
+from agents.demo_agent import API_KIND
 from agents.migrate_project import KIND
 from audit.principals import Principal
 from tasks.permissions import ADMIN, AUDITOR, OPERATOR, GrantRefused, admin_bootstrap, permission_grant, role_grant
@@ -25,7 +26,7 @@ DEMO_LOGINS: dict[str, str] = {
     "outsider": "",
 }
 DESCRIPTIONS = {
-    "operator": f"operator, may operate every {KIND} task",
+    "operator": f"operator, may operate every {KIND} and {API_KIND} task",
     FIRST_ADMIN: "admin",
     "admin2": "admin (reviews the other admin's forced releases)",
     "auditor": "auditor, sees everything, changes nothing",
@@ -76,7 +77,8 @@ def demo_logins_ensure() -> list[Login]:
             if role and role not in _roles_of(user):
                 role_grant(actor=actor, user=user, role=role)
             if role == OPERATOR:
-                with contextlib.suppress(GrantRefused):  # granted on an earlier load
-                    permission_grant(actor=actor, user=user, kind=KIND)
+                for kind in (KIND, API_KIND):  # the worker's kind and the one the agent over HTTP drives
+                    with contextlib.suppress(GrantRefused):  # granted on an earlier load
+                        permission_grant(actor=actor, user=user, kind=kind)
             logins.append(Login(user=user, password=password, role=role, created=created))
     return logins

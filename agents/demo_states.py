@@ -245,3 +245,11 @@ def demo_tasks_load(*, operator: Principal, store_url: str = "", wait_seconds: f
     store.wait_until_up(wait_seconds)
     demo = Demo(store=store, connector=store_connector, operator=operator)
     return [scenario(demo) for scenario in SCENARIOS]
+
+
+def quickstart_source_register(*, project: str, store_url: str = "", wait_seconds: float = 15) -> None:
+    """Register ``projects/<project>`` in the simulator at SOURCE_VERSION (again on every load: harmless), for the
+    README's agent quick start to migrate."""
+    store = StoreControl(ObjectStoreConnector(store_url).base_url if store_url else connector().base_url)
+    store.wait_until_up(wait_seconds)
+    store.source(project)

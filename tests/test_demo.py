@@ -18,9 +18,11 @@ import pytest
 from django.contrib.auth import authenticate
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
+from django.db.models import Q
 
 from agents.demo_logins import DEMO_LOGINS
 from agents.demo_states import CREATED_BY, SCENARIOS
+from api.tokens import api_token_authenticate
 from audit.models import AuditEvent
 from tasks.lifecycle import OperationStatus, PauseReason, TaskStatus
 from tasks.models import Event, Operation, Task
@@ -141,16 +143,29 @@ def the_logins_have_their_roles_through_audited_services(passwords: dict[str, st
         assert roles_of(user) == ({role} if role else set())
     granted = AuditEvent.objects.filter(action="role_granted").values_list("details__user", flat=True)
     assert sorted(granted) == sorted(u for u, role in DEMO_LOGINS.items() if role)
-    assert AuditEvent.objects.filter(action="permission_granted", details__user="operator").count() == 1
+    # The operator operates the worker's kind and the kind the demo agent drives over the API.
+    assert AuditEvent.objects.filter(action="permission_granted", details__user="operator").count() == 2
     assert not any(p in User.objects.values_list("password", flat=True) for p in passwords.values())
 
 
+def printed_token(output: str) -> str:
+    lines = output.splitlines()
+    index = next(i for i, line in enumerate(lines) if line.startswith("Demo agent token"))
+    return lines[index + 1].strip()
+
+
 def test_load_demo_runs_again_without_duplicates_and_gives_fresh_passwords(db: None, simulator: Simulator) -> None:
-    first = printed_passwords(load(simulator))
-    before = (Task.objects.count(), User.objects.count(), AuditEvent.objects.count())
+    loaded = load(simulator)
+    first = printed_passwords(loaded)
+    not_tokens = ~Q(action__startswith="api_token_")
+    before = (Task.objects.count(), User.objects.count(), AuditEvent.objects.filter(not_tokens).count())
     again = load(simulator)
     assert "already loaded" in again
-    assert (Task.objects.count(), User.objects.count(), AuditEvent.objects.count()) == before
+    assert (Task.objects.count(), User.objects.count(), AuditEvent.objects.filter(not_tokens).count()) == before
+    # The demo agent's token is new on every load; the one printed before no longer works.
+    old, new = printed_token(loaded), printed_token(again)
+    assert old != new
+    assert api_token_authenticate(old) is None and api_token_authenticate(new) is not None
     second = printed_passwords(again)
     for username in DEMO_LOGINS:
         assert first[username] != second[username]

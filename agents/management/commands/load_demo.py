@@ -2,8 +2,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from agents.demo_logins import DESCRIPTIONS, demo_logins_ensure
-from agents.demo_states import StoreUnavailable, demo_tasks_load, demo_tasks_loaded
+from agents.demo_agent import API_KIND, DEMO_AGENT, QUICKSTART_PROJECT, demo_agent_token
+from agents.demo_logins import DESCRIPTIONS, FIRST_ADMIN, demo_logins_ensure
+from agents.demo_states import StoreUnavailable, demo_tasks_load, demo_tasks_loaded, quickstart_source_register
 from audit.principals import Principal
 from tasks.errors import TaskError
 from tasks.models import Task
@@ -27,6 +28,16 @@ class Command(BaseCommand):
         for login in logins:
             state = "created" if login.created else "existed, new password"
             self.stdout.write(f"  {login.username:<9} {login.password}   {DESCRIPTIONS[login.username]} ({state})")
+        admin = next(Principal.of_user(login.user) for login in logins if login.username == FIRST_ADMIN)
+        token = demo_agent_token(admin)
+        self.stdout.write(f"Demo agent token (agent {DEMO_AGENT}, kind {API_KIND}; new on every load, shown only now):")
+        self.stdout.write(f"  {token}")
+        try:
+            quickstart_source_register(
+                project=QUICKSTART_PROJECT, store_url=options["store_url"], wait_seconds=options["wait"]
+            )
+        except StoreUnavailable as error:
+            raise CommandError(str(error)) from error
         loaded = demo_tasks_loaded()
         if loaded:
             self.stdout.write(f"Demo tasks already loaded ({loaded}); ./dev demo --reset starts over.")
