@@ -301,8 +301,7 @@ def steps(state: LeaseState, *, max_wait: float, compensate: bool) -> Steps[RunR
             elif kind == "execute":
                 if state.stop_reason:  # cancel or takeover asked: start no side effect
                     return RunResult("stopped", state.stop_reason, steps=done)
-                yield from _execute(state, base, str(d["node_key"]), version, compensate)
-                done += 1
+                done += yield from _execute(state, base, str(d["node_key"]), version, compensate)
             else:
                 return RunResult("stopped", f"unknown_directive:{kind}", steps=done)
             conflicts = 0
@@ -320,7 +319,8 @@ class _Unreachable(Exception):
     """The connector could not reach the remote for a query: nothing was written; ask again later."""
 
 
-def _execute(state: LeaseState, base: str, node_key: str, version: int, compensate: bool) -> Steps[None]:
+def _execute(state: LeaseState, base: str, node_key: str, version: int, compensate: bool) -> Steps[bool]:
+    """Intent, call, outcome; False when a stop came in between the intent and the call (nothing was sent)."""
     # Commit 1: the intent, recorded and marked sent before the call (the op key exists before anything can happen).
     body = {"node_key": node_key}
     headers = _lease_headers(state, version=version, body=["operations", body])
@@ -328,14 +328,15 @@ def _execute(state: LeaseState, base: str, node_key: str, version: int, compensa
     op = ok(reply)
     version = etag_version(reply) or version + 1
     if state.stop_reason:
-        # Asked to stop while the intent was recorded: nothing is sent. The operation is open, so the next holder's
-        # directive is to look it up by op key first (not found → sent then, with the same op key).
-        return
+        # Asked to stop while the intent was recorded: nothing is sent. The operation is open, so the next directive
+        # is to look it up by op key (not found: settled as never sent), then to stop.
+        return False
     send: Literal["submit", "compensate"] = (
         "compensate" if compensate and op.get("purpose") == "compensation" else "submit"
     )
     outcome = _checked((yield Remote(send, (str(op["op_key"]), op.get("request") or {}))))
     yield from _post_outcome(state, base, str(op["op_key"]), outcome, version)  # commit 2: the receipt
+    return True
 
 
 def _reconcile(state: LeaseState, base: str, op_key: str, version: int, max_wait: float) -> Steps[RunResult | None]:

@@ -1,0 +1,347 @@
+"""reckon_client's protocol mechanics against a scripted Reckon (httpx.MockTransport): what it sends, in which order,
+with which headers, and what it does on 429, 412, a cancel, a crash, a lease someone else holds. The proof that it
+drives the real server is tests/test_agent_e2e.py; these pin the rules that are hard to provoke there.
+
+No database: the fake server below is a few nodes in a list."""
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+from reckon_client import (
+    Accepted,
+    ApiError,
+    AsyncReckon,
+    Committed,
+    Failed,
+    NotFound,
+    Outcome,
+    Reckon,
+    Unprovable,
+)
+from reckon_client.outcomes import outcome_json
+from reckon_client.transport import MAX_DELAY, api_base, retry_delay
+
+TASK = 1
+
+
+@dataclass
+class FakeReckon:
+    """One task of ``nodes`` run in order; an operation is open from its intent until its outcome. ``faults``:
+    (method, path suffix) → answers to give instead, once each, in order."""
+
+    nodes: list[str]
+    version: int = 3
+    done: set[str] = field(default_factory=set)
+    open_op: str = ""  # op key registered and marked sent, not settled
+    lease: dict[str, Any] = field(default_factory=dict)
+    faults: dict[tuple[str, str], list[httpx.Response | Exception]] = field(default_factory=dict)
+    seen: list[httpx.Request] = field(default_factory=list)
+    released: bool = False
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        self.seen.append(request)
+        path = request.url.path.removeprefix(f"/api/v1/tasks/{TASK}")
+        for (method, suffix), answers in self.faults.items():
+            if request.method == method and path.endswith(suffix) and answers:
+                answer = answers.pop(0)
+                if isinstance(answer, Exception):
+                    raise answer
+                return answer
+        body = json.loads(request.content) if request.content else {}
+        if (request.method, path) == ("POST", "/lease"):
+            return httpx.Response(201, json=self._lease(renewal_seq=0))
+        if (request.method, path) == ("POST", "/lease/renew"):
+            return httpx.Response(200, json=self._lease(renewal_seq=body["renewal_seq"] + 1))
+        if (request.method, path) == ("DELETE", "/lease"):
+            self.released = True
+            return httpx.Response(204)
+        if (request.method, path) == ("GET", "/directive"):
+            return httpx.Response(200, json=self._directive(), headers={"ETag": f'"{self.version}"'})
+        if request.headers.get("If-Match") != f'"{self.version}"':
+            return problem(412, "version_conflict", current_version=self.version)
+        if (request.method, path) == ("POST", "/operations"):
+            self.open_op = f"op-{body['node_key']}"
+            self.version += 1
+            op = {"op_key": self.open_op, "node": body["node_key"], "action": "a", "purpose": "effect"}
+            op |= {"request": {"action": "a", "input": {"n": body["node_key"]}}, "status": "dispatched"}
+            return httpx.Response(201, json=op | {"dispatch_count": 1}, headers={"ETag": f'"{self.version}"'})
+        if request.method == "POST" and path.endswith("/outcome"):
+            op_key = path.split("/")[2]
+            assert op_key == self.open_op, (op_key, self.open_op)
+            if body["result"] == "committed":
+                self.done.add(op_key.removeprefix("op-"))
+            if body["result"] in ("committed", "not_found"):  # settled (not found: the node is to send again)
+                self.open_op = ""
+            if body["result"] in ("committed", "not_found", "failed"):
+                self.version += 1
+            status = "committed" if body["result"] == "committed" else "dispatched"
+            settled = {"operation": {"op_key": op_key, "status": status}, "task": {"version": self.version}}
+            return httpx.Response(200, json=settled, headers={"ETag": f'"{self.version}"'})
+        return problem(404, "not_found")
+
+    def _lease(self, renewal_seq: int) -> dict[str, Any]:
+        lease = {"lease_id": 77, "task_id": TASK, "epoch": 2, "holder": "agent:a", "expires_at": "2026-12-01T00:00:00Z"}
+        lease |= {"ttl_seconds": 300.0, "renewal_seq": renewal_seq, "task_version": self.version}
+        return lease | {"cancel_requested": False, "takeover_requested": False} | self.lease
+
+    def _directive(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"task_version": self.version, "node_key": "", "op_key": "", "until": None, "reason": ""}
+        if self.open_op:  # in flight first, as the server's directive
+            return d | {"kind": "reconcile", "op_key": self.open_op, "reason": "dispatched"}
+        for reason in ("cancel_requested", "takeover_requested"):
+            if self.lease.get(reason):
+                return d | {"kind": "stop", "reason": reason}
+        ready = [n for n in self.nodes if n not in self.done]
+        return d | ({"kind": "execute", "node_key": ready[0]} if ready else {"kind": "done"})
+
+    def calls(self, method: str, suffix: str) -> list[httpx.Request]:
+        return [r for r in self.seen if r.method == method and r.url.path.endswith(suffix)]
+
+
+def problem(status: int, code: str, **extra: Any) -> httpx.Response:
+    body = {"type": f"https://reckon.dev/problems/{code}", "title": code, "status": status, "detail": code}
+    return httpx.Response(
+        status, json=body | {"code": code} | extra, headers={"Content-Type": "application/problem+json"}
+    )
+
+
+@dataclass
+class Store:
+    """A connector that records what it was asked; ``lookups`` answers lookups by op key."""
+
+    lookups: dict[str, Outcome] = field(default_factory=dict)
+    sent: list[str] = field(default_factory=list)
+    fail_with: Exception | None = None
+
+    def submit(self, op_key: str, request: Mapping[str, Any]) -> Outcome:
+        if self.fail_with:
+            raise self.fail_with
+        self.sent.append(op_key)
+        return Committed(remote_id=f"r-{op_key}", count=1)
+
+    def lookup(self, op_key: str) -> Outcome:
+        return self.lookups.get(op_key, NotFound())
+
+    def current_version(self, locator: str) -> str:
+        return "7"
+
+
+@pytest.fixture
+def slept(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The client's sleeps, recorded instead of slept."""
+    delays: list[float] = []
+    monkeypatch.setattr(time, "sleep", delays.append)
+    return delays
+
+
+def client(fake: FakeReckon) -> Reckon:
+    return Reckon("http://reckon.test", "rk_test", transport=httpx.MockTransport(fake.handle))
+
+
+def test_a_run_registers_each_intent_before_the_call_and_reports_its_outcome(slept: list[float]) -> None:
+    fake, store = FakeReckon(["a", "b"]), Store()
+    result = client(fake).run(TASK, store)
+    assert result.status == "done" and result.steps == 2
+    assert store.sent == ["op-a", "op-b"]  # each exactly once
+    writes = [(r.method, r.url.path.rsplit("/", 1)[-1]) for r in fake.seen if r.method != "GET"]
+    assert writes == [("POST", "lease"), *[("POST", "operations"), ("POST", "outcome")] * 2, ("DELETE", "lease")]
+    for write in fake.calls("POST", "operations") + fake.calls("POST", "outcome"):
+        assert write.headers["Reckon-Lease"] == "77" and write.headers["If-Match"].strip('"').isdigit()
+        assert write.headers["Idempotency-Key"] and write.headers["Authorization"] == "Bearer rk_test"
+    # The outcome is conditional on the version the intent answered (its ETag), not the directive's.
+    assert fake.calls("POST", "outcome")[0].headers["If-Match"] == '"4"'
+    assert json.loads(fake.calls("POST", "outcome")[0].content) == {
+        "result": "committed",
+        "remote_id": "r-op-a",
+        "count": 1,
+    }
+    assert fake.released
+
+
+def test_a_restarted_run_reconciles_the_operation_in_flight_before_sending_anything(slept: list[float]) -> None:
+    """SIGKILLed after the intent: the next run's first directive is the lookup; a committed answer is recorded and
+    the node is never sent again."""
+    fake = FakeReckon(["a", "b"], open_op="op-a")
+    store = Store(lookups={"op-a": Committed(remote_id="r-op-a", count=1)})
+    assert client(fake).run(TASK, store).done
+    assert store.sent == ["op-b"]
+    writes = [r.url.path.removeprefix(f"/api/v1/tasks/{TASK}") for r in fake.seen if r.method == "POST"]
+    assert writes[:3] == ["/lease", "/operations/op-a/outcome", "/operations"]  # the lookup's answer, then b
+
+
+def test_a_lookup_that_cannot_reach_the_remote_ends_the_run_to_try_later(slept: list[float]) -> None:
+    fake = FakeReckon(["a"], open_op="op-a")
+    store = Store(lookups={"op-a": Failed("connection_interrupted", "reset")})
+    result = client(fake).run(TASK, store)
+    assert result.status == "waiting" and result.reason == "remote_unreachable" and result.until is not None
+    assert fake.calls("POST", "outcome") == [] and store.sent == [] and fake.released
+
+
+def test_429_and_503_are_waited_out_and_the_same_request_sent_again(slept: list[float]) -> None:
+    fake, store = FakeReckon(["a"]), Store()
+    limited = problem(429, "rate_limited")
+    limited.headers["Retry-After"] = "3"
+    fake.faults[("GET", "/directive")] = [limited]
+    fake.faults[("POST", "/operations")] = [problem(503, "unavailable")]
+    assert client(fake).run(TASK, store).done
+    assert 3 <= slept[0] <= 3 * 1.25 and len(slept) == 2
+    assert store.sent == ["op-a"]  # the retried intent did not send twice
+    first, second = fake.calls("POST", "operations")
+    assert first.headers["Idempotency-Key"] == second.headers["Idempotency-Key"]
+    assert first.content == second.content
+
+
+def test_a_lost_connection_is_retried_and_the_retry_carries_the_same_key(slept: list[float]) -> None:
+    fake, store = FakeReckon(["a"]), Store()
+    fake.faults[("POST", "/outcome")] = [httpx.ReadTimeout("no answer")]
+    assert client(fake).run(TASK, store).done
+    assert store.sent == ["op-a"] and len(slept) == 1
+
+
+def test_retry_delays_are_bounded_and_jittered() -> None:
+    assert 0.25 <= retry_delay(0) <= 0.25 * 1.25
+    assert MAX_DELAY <= retry_delay(30) <= MAX_DELAY * 1.25
+    assert MAX_DELAY <= retry_delay(0, "86400") <= MAX_DELAY * 1.25
+    assert 0.5 <= retry_delay(1, "a date, not seconds") <= 0.5 * 1.25
+
+
+def test_a_412_rereads_the_directive_and_never_retries_the_write_blindly(slept: list[float]) -> None:
+    fake, store = FakeReckon(["a"]), Store()
+    fake.faults[("POST", "/operations")] = [problem(412, "version_conflict", current_version=9)]
+    assert client(fake).run(TASK, store).done
+    assert len(fake.calls("GET", "/directive")) == 3  # read, 412, read again, …, done
+    assert store.sent == ["op-a"] and slept == []
+
+
+def test_a_cancel_said_by_the_lease_starts_no_side_effect(slept: list[float]) -> None:
+    fake, store = FakeReckon(["a"], lease={"cancel_requested": True}), Store()
+    result = client(fake).run(TASK, store)
+    assert result.status == "stopped" and result.reason == "cancel_requested"
+    assert fake.calls("POST", "operations") == [] and store.sent == [] and fake.released
+
+
+def test_a_takeover_said_by_a_renewal_stops_before_the_next_side_effect(slept: list[float]) -> None:
+    """The renewer thread's answer raises the stop flag while the intent is being recorded: the call is not made."""
+    fake, store = FakeReckon(["a", "b"]), Store()
+    told = threading.Event()
+    handle = fake.handle
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/lease/renew") and fake.lease.get("takeover_requested"):
+            response = handle(request)
+            told.set()
+            return response
+        if request.url.path.endswith("/operations"):
+            fake.lease.update(takeover_requested=True, ttl_seconds=0.3)  # the renewer ticks every 0.1 s
+            assert told.wait(10), "the renewer never renewed"
+        return handle(request)
+
+    fake.lease["ttl_seconds"] = 0.3
+    result = Reckon("http://reckon.test", "rk_test", transport=httpx.MockTransport(handler)).run(TASK, store)
+    assert result.status == "stopped" and result.reason == "takeover_requested"
+    # Registered, never sent: settled by a lookup before the run stops, so the person finds nothing in flight.
+    assert store.sent == [] and fake.open_op == ""
+    assert [r.url.path.rsplit("/", 2)[-2] for r in fake.calls("POST", "/outcome")] == ["op-a"]
+    assert fake.released
+
+
+def test_a_connector_that_raises_still_gives_the_lease_back(slept: list[float]) -> None:
+    fake, store = FakeReckon(["a"]), Store(fail_with=RuntimeError("bug in the connector"))
+    with pytest.raises(RuntimeError, match="bug in the connector"):
+        client(fake).run(TASK, store)
+    assert fake.released and fake.open_op == "op-a"
+
+
+def test_a_lease_held_by_another_is_reported_and_waited_for_only_when_asked(slept: list[float]) -> None:
+    fake, store = FakeReckon(["a"]), Store()
+    fake.faults[("POST", "/lease")] = [problem(409, "lease_held")]
+    result = client(fake).run(TASK, store)
+    assert result.status == "stopped" and result.reason == "lease_held" and result.detail == "lease_held"
+    assert fake.calls("GET", "/directive") == [] and not fake.released
+    fake.faults[("POST", "/lease")] = [problem(409, "lease_held"), problem(423, "lease_reserved")]
+    assert client(fake).run(TASK, store, lease_wait=10).done
+    assert slept == [1.0, 1.0]
+
+
+def test_refusals_are_api_errors_with_the_problem() -> None:
+    fake = FakeReckon(["a"])
+    fake.faults[("POST", "/tasks")] = [problem(422, "plan_invalid", errors=[{"field": "nodes"}])]
+    with pytest.raises(ApiError) as refused:
+        client(fake).create_task("k", "t", {"nodes": []})
+    assert refused.value.status == 422 and refused.value.code == "plan_invalid"
+    assert refused.value.problem["errors"] == [{"field": "nodes"}]
+    assert fake.seen[0].headers["Idempotency-Key"]  # a create is always keyed
+
+
+@pytest.mark.parametrize(
+    ("outcome", "body"),
+    [
+        (Committed("r", "7", 3, "sha256:x", {"temp": ["t"]}), {"result": "committed", "remote_id": "r"}),
+        (Accepted("r"), {"result": "accepted", "remote_id": "r"}),
+        (Failed("conflict", "409"), {"result": "failed", "failure_class": "conflict", "detail": "409"}),
+        (NotFound(), {"result": "not_found"}),
+        (Unprovable(), {"result": "unprovable"}),
+    ],
+)
+def test_outcomes_are_the_contracts_shapes(outcome: Outcome, body: dict[str, Any]) -> None:
+    assert outcome_json(outcome).items() >= body.items()
+    if isinstance(outcome, Committed):
+        assert outcome_json(outcome) == body | {
+            "remote_version": "7",
+            "count": 3,
+            "digest": "sha256:x",
+            "data": {"temp": ["t"]},
+        }
+
+
+def test_the_url_may_name_the_server_or_the_api() -> None:
+    assert api_base("http://h:8000/") == api_base("http://h:8000/api/v1") == "http://h:8000/api/v1"
+
+
+# --- the async driver: the same protocol ---------------------------------------------------------------------------
+
+
+@dataclass
+class AsyncStore:
+    inner: Store
+
+    async def submit(self, op_key: str, request: Mapping[str, Any]) -> Outcome:
+        return self.inner.submit(op_key, request)
+
+    async def lookup(self, op_key: str) -> Outcome:
+        return self.inner.lookup(op_key)
+
+    async def current_version(self, locator: str) -> str:
+        return self.inner.current_version(locator)
+
+
+def arun(fake: FakeReckon, store: Store, **kwargs: Any) -> Any:
+    async def handler(request: httpx.Request) -> httpx.Response:
+        await request.aread()
+        return fake.handle(request)
+
+    async def main() -> Any:
+        async with AsyncReckon("http://reckon.test", "rk_test", transport=httpx.MockTransport(handler)) as reckon:
+            return await reckon.run(TASK, AsyncStore(store), **kwargs)
+
+    return asyncio.run(main())
+
+
+def test_the_async_client_reconciles_first_and_sends_each_node_once() -> None:
+    fake = FakeReckon(["a", "b", "c"], open_op="op-a")
+    store = Store(lookups={"op-a": Committed(remote_id="r-op-a")})
+    result = arun(fake, store)
+    assert result.done and store.sent == ["op-b", "op-c"] and fake.released
+
+
+def test_the_async_client_stops_on_cancel_and_releases() -> None:
+    fake, store = FakeReckon(["a"], lease={"cancel_requested": True}), Store()
+    result = arun(fake, store)
+    assert result.reason == "cancel_requested" and store.sent == [] and fake.released
