@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -20,11 +21,12 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from reckon_client import AsyncReckon, Failed, NotFound, Outcome
+from reckon_client import AsyncReckon, Failed, NotFound, Outcome, Reckon, RunResult
 
 from api.tokens import api_token_issue
-from examples.migrate_agent import KIND, _outcome, plan
+from examples.migrate_agent import KIND, ObjectStore, _outcome, plan
 from harness.killmatrix import database_url
+from leases.models import Lease
 from tasks.lifecycle import NodeStatus, OperationStatus, TaskStatus
 from tasks.models import Node, Operation, Task
 from tests.conftest import person
@@ -216,3 +218,48 @@ def test_an_asyncio_agent_runs_a_task_to_completion(live: Live, store: Simulator
     ops = Operation.objects.filter(task=task)
     assert ops.count() == 5  # prepare, 2 copies, verify, switch
     assert {store.stats()["by_op_key"][op.op_key] for op in ops} == {1}
+
+
+def source_ref() -> dict[str, Any]:
+    return {"source": "store", "locator": "projects/acme", "version": "7", "digest": "sha256:" + "ab" * 32}
+
+
+def test_a_call_longer_than_the_lease_is_covered_by_the_background_renewal(live: Live, store: Simulator) -> None:
+    """The store takes 8 s over one copy (the connector waits 10), more than the 5 s lease: the renewer keeps the
+    lease, so the receipt is accepted under the same lease (no lease_expired, no second grant, no reconcile)."""
+    store.fault("latency", ms=8000, action="copy_batch")
+    with Reckon(live.url, live.token) as reckon:
+        task = reckon.create_task(KIND, "Migrate acme", plan("acme", 500, source_ref(), 500), project="acme")
+        result = reckon.run(task.id, ObjectStore(store.url), ttl_seconds=LEASE_TTL)
+    assert result.done, result
+    leases = list(Lease.objects.filter(task_id=task.id))
+    assert len(leases) == 1 and leases[0].renewal_seq >= 2 and leases[0].released_at is not None
+    assert {n for n in store.stats()["by_op_key"].values()} == {1}
+    ops = Operation.objects.filter(task_id=task.id)
+    assert {(op.status, op.dispatch_count) for op in ops} == {(OperationStatus.COMMITTED, 1)}  # sent once, settled
+
+
+def test_a_cancel_during_a_call_lets_it_settle_and_starts_nothing_after(live: Live, store: Simulator) -> None:
+    """The creator cancels while the first copy is in the store's hands: the copy's receipt is recorded, the run
+    stops (cancel_requested) and no later node is ever sent."""
+    store.fault("latency", ms=3000, action="copy_batch")
+    with Reckon(live.url, live.token) as reckon:
+        task = reckon.create_task(KIND, "Migrate acme", plan("acme", 1000, source_ref(), 500), project="acme")
+        results: list[RunResult] = []
+        runner = threading.Thread(target=lambda: results.append(reckon.run(task.id, ObjectStore(store.url))))
+        runner.start()
+        deadline = time.monotonic() + 30
+        while not Operation.objects.filter(node__key="copy-batch-1", status=OperationStatus.DISPATCHED).exists():
+            assert time.monotonic() < deadline and runner.is_alive(), results
+            time.sleep(0.05)
+        reckon.cancel(task.id, "the migration was called off")
+        runner.join(60)
+    # Nothing in flight once the copy settled: the cancel ended the task (its directive: stop, "stopped").
+    assert results and results[0].status == "stopped", results
+    assert results[0].reason in ("cancel_requested", TaskStatus.STOPPED), results
+    assert Task.objects.get(pk=task.id).status == TaskStatus.STOPPED
+    actions = store.stats()["by_action"]
+    assert actions == {"prepare_target": 1, "copy_batch": 1}
+    copy = Operation.objects.get(task_id=task.id, node__key="copy-batch-1")
+    assert copy.status == OperationStatus.COMMITTED  # settled as it truly ended
+    assert not Operation.objects.filter(task_id=task.id, node__key="copy-batch-2").exists()
