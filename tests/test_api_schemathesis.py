@@ -188,8 +188,11 @@ def steered(document: dict[str, Any], world: World, *, leases_from_links: bool =
             name = parameter["name"].lower()
             if parameter["in"] == "path" and name == "task_id":
                 parameter["schema"] = {"type": "integer", "enum": task_ids}
-            elif parameter["in"] == "header" and name == "reckon-lease" and not leases_from_links:
-                parameter["schema"] = {"type": "string", "enum": leases}
+            elif parameter["in"] == "header" and name == "reckon-lease":
+                # A lease id is a number: a stateful run draws small ones (the ids of the leases it has made are
+                # small too), and its links give the ones it acquired.
+                narrow = {"type": "string", "pattern": "^[1-9][0-9]{0,2}$"} if leases_from_links else {"enum": leases}
+                parameter["schema"] = {"type": "string", **narrow}
     for schema in doc.get("components", {}).get("schemas", {}).values():
         properties = schema.get("properties", {})
         if "plan" in properties:
