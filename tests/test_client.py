@@ -16,6 +16,7 @@ import httpx
 import pytest
 from reckon_client import (
     Accepted,
+    Actions,
     ApiError,
     AsyncReckon,
     Committed,
@@ -345,3 +346,18 @@ def test_the_async_client_stops_on_cancel_and_releases() -> None:
     fake, store = FakeReckon(["a"], lease={"cancel_requested": True}), Store()
     result = arun(fake, store)
     assert result.reason == "cancel_requested" and store.sent == [] and fake.released
+
+
+def test_a_connector_of_one_function_per_action(slept: list[float]) -> None:
+    sent: list[tuple[str, dict[str, Any]]] = []
+    actions = Actions(lookup=lambda op_key: NotFound(), current_version=lambda locator: "7")
+
+    @actions.action("a")
+    def send_a(op_key: str, input: dict[str, Any]) -> Outcome:
+        sent.append((op_key, input))
+        return Committed(remote_id=op_key)
+
+    assert client(FakeReckon(["x", "y"])).run(TASK, actions).done
+    assert sent == [("op-x", {"n": "x"}), ("op-y", {"n": "y"})]
+    unknown = actions.submit("k", {"action": "b", "input": {}})
+    assert isinstance(unknown, Failed) and unknown.failure_class == "invalid_params"

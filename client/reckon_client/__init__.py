@@ -11,7 +11,7 @@ keys, If-Match and reconciliation are the client's.
 """
 
 from reckon_client.aio import AsyncReckon
-from reckon_client.connector import AsyncConnector, Connector
+from reckon_client.connector import Actions, AsyncConnector, Connector
 from reckon_client.errors import ApiError
 from reckon_client.outcomes import Accepted, Committed, Failed, FailureClass, NotFound, Outcome, Unprovable
 from reckon_client.protocol import RunResult, Task
@@ -19,6 +19,7 @@ from reckon_client.sync import Reckon
 
 __all__ = [
     "Accepted",
+    "Actions",
     "ApiError",
     "AsyncConnector",
     "AsyncReckon",

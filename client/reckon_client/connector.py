@@ -11,10 +11,10 @@ resolved. The op key is the remote's idempotency key: sending the same op key tw
 one asks again.
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from reckon_client.outcomes import Outcome
+from reckon_client.outcomes import Failed, Outcome
 
 
 @runtime_checkable
@@ -29,3 +29,43 @@ class AsyncConnector(Protocol):
     async def submit(self, op_key: str, request: Mapping[str, Any]) -> Outcome: ...
     async def lookup(self, op_key: str) -> Outcome: ...
     async def current_version(self, locator: str) -> str: ...
+
+
+type Send = Callable[[str, dict[str, Any]], Outcome]
+
+
+class Actions:
+    """A connector made of one function per action, for an author who prefers decorators to a class:
+
+        store = Actions(lookup=store_lookup, current_version=store_version)
+
+        @store.action("store.copy_batch")
+        def copy_batch(op_key: str, input: dict[str, Any]) -> Outcome:
+            ...   # send input to the store with op_key as its idempotency key; return what it said
+
+    An operation whose action has no function is answered ``Failed("invalid_params")``: nothing is sent.
+    """
+
+    def __init__(self, *, lookup: Callable[[str], Outcome], current_version: Callable[[str], str]) -> None:
+        self._sends: dict[str, Send] = {}
+        self._lookup, self._current_version = lookup, current_version
+
+    def action(self, name: str) -> Callable[[Send], Send]:
+        def register(send: Send) -> Send:
+            self._sends[name] = send
+            return send
+
+        return register
+
+    def submit(self, op_key: str, request: Mapping[str, Any]) -> Outcome:
+        action = str(request.get("action", ""))
+        send = self._sends.get(action)
+        if send is None:
+            return Failed("invalid_params", f"no function for action {action!r}")
+        return send(op_key, dict(request.get("input") or {}))
+
+    def lookup(self, op_key: str) -> Outcome:
+        return self._lookup(op_key)
+
+    def current_version(self, locator: str) -> str:
+        return self._current_version(locator)
