@@ -24,6 +24,7 @@ import pytest
 from reckon_client import AsyncReckon, Failed, NotFound, Outcome, Reckon, RunResult
 
 from api.tokens import api_token_issue
+from examples.bench_http import bench
 from examples.migrate_agent import KIND, ObjectStore, _outcome, plan
 from harness.killmatrix import database_url
 from leases.models import Lease
@@ -263,3 +264,11 @@ def test_a_cancel_during_a_call_lets_it_settle_and_starts_nothing_after(live: Li
     copy = Operation.objects.get(task_id=task.id, node__key="copy-batch-1")
     assert copy.status == OperationStatus.COMMITTED  # settled as it truly ended
     assert not Operation.objects.filter(task_id=task.id, node__key="copy-batch-2").exists()
+
+
+def test_the_http_benchmark_runs_its_tasks_to_completion(live: Live) -> None:
+    figures = bench(live.url, live.token, tasks=3, nodes=4, agents=2)
+    assert figures.done == 3 and figures.steps_per_second > 0
+    tasks = Task.objects.filter(kind=KIND)
+    assert tasks.count() == 3 and {t.status for t in tasks} == {TaskStatus.COMPLETED}
+    assert Operation.objects.filter(task__in=tasks, status=OperationStatus.COMMITTED).count() == 12
