@@ -27,6 +27,7 @@ from reckon_client import (
     Unprovable,
 )
 from reckon_client.outcomes import outcome_json
+from reckon_client.protocol import LeaseState, renew
 from reckon_client.transport import MAX_DELAY, api_base, retry_delay
 
 TASK = 1
@@ -361,3 +362,22 @@ def test_a_connector_of_one_function_per_action(slept: list[float]) -> None:
     assert sent == [("op-x", {"n": "x"}), ("op-y", {"n": "y"})]
     unknown = actions.submit("k", {"action": "b", "input": {}})
     assert isinstance(unknown, Failed) and unknown.failure_class == "invalid_params"
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        problem(409, "renewal_out_of_order", renewal_seq=5),  # the seq as a problem member
+        httpx.Response(409, json={"code": "renewal_out_of_order", "detail": "renewal carried 0, the lease is at 5"}),
+    ],
+)
+def test_a_renewal_whose_answer_was_lost_resumes_from_the_servers_seq(refusal: httpx.Response) -> None:
+    fake = FakeReckon(["a"])
+    fake.faults[("POST", "/lease/renew")] = [refusal]
+    state = LeaseState(task_id=TASK, lease_id="77", epoch=2, ttl_seconds=30, renewal_seq=0)
+    reckon = client(fake)
+    reckon._drive(renew(state))
+    assert state.renewal_seq == 5 and not state.lost and not state.stop_reason
+    reckon._drive(renew(state))
+    assert state.renewal_seq == 6 and json.loads(fake.seen[-1].content) == {"renewal_seq": 5}
+    assert fake.seen[-1].headers["Idempotency-Key"] == "rk-client:renew:77:5"

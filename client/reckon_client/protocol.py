@@ -247,7 +247,9 @@ def acquire(task_id: int, *, ttl_seconds: int | None, lease_wait: float) -> Step
 def renew(state: LeaseState) -> Steps[None]:
     """One renewal (the background renewer's step). A lease lost or lapsed raises the stop flag for good."""
     seq = state.renewal_seq
-    reply = yield Call("POST", f"/tasks/{state.task_id}/lease/renew", {"renewal_seq": seq}, _lease_headers(state))
+    # Keyed by lease and seq (the contract: every POST honours Idempotency-Key): a retry replays the renewal.
+    headers = _lease_headers(state) | {"Idempotency-Key": f"rk-client:renew:{state.lease_id}:{seq}"}
+    reply = yield Call("POST", f"/tasks/{state.task_id}/lease/renew", {"renewal_seq": seq}, headers)
     if 200 <= reply.status < 300:
         state.heard(reply.body)
         return
@@ -258,8 +260,12 @@ def renew(state: LeaseState) -> Steps[None]:
         return
     if refusal.code == "renewal_out_of_order":
         # A renewal whose answer was lost did land (the server moved the seq): go on from the server's seq.
+        current = refusal.problem.get("renewal_seq")
         found = re.search(r"lease is at (\d+)", refusal.detail)
-        state.renewal_seq = int(found.group(1)) if found else state.renewal_seq + 1
+        if isinstance(current, int):
+            state.renewal_seq = current
+        else:
+            state.renewal_seq = int(found.group(1)) if found else state.renewal_seq + 1
         return
     raise refusal
 
