@@ -2,7 +2,8 @@
 over whatever operations the OpenAPI document holds when the test runs. Every response must:
 
 - not be a server error (5xx);
-- conform to the document: its status is one the operation declares, its content type and body those declared;
+- conform to the document: its status is one the operation declares, its body the schema declared for it;
+- refuse (4xx) a request the document says is invalid;
 - if the request was rejected (status >= 400), leave the database exactly as it was: every row of every table
   (tasks, events, operations, leases, plan revisions, webhook subscriptions and deliveries, idempotency records,
   audit rows, …) is unchanged across the call. The one column exempt is a token's ``last_used_at``, a hint the
@@ -12,8 +13,9 @@ Each operation gets positive (schema-valid) and negative (schema-invalid) reques
 links (list → task → lease → renew / directive → intent → outcome → release, create → …, subscribe → delete) so
 requests also land on live leases and current versions. The agent's token is in scope of a few tasks made by the
 services; inputs are steered toward them (task ids that exist, in and out of scope; the lease ids this agent and
-another hold; a valid plan among random ones). Only request schemas are steered; responses are checked against the
-document as served. Bounded (about a minute on 2 CPUs); PostgreSQL only (.ci/run's PostgreSQL pass)."""
+another hold; a valid plan, kind, webhook URL and events — negative requests send anything else). Only request
+schemas are steered; responses are checked against the document as served. Bounded (about a minute on 2 CPUs);
+PostgreSQL only (.ci/run's PostgreSQL pass)."""
 
 import contextlib
 import copy
@@ -35,6 +37,7 @@ from schemathesis import Case, GenerationMode
 from schemathesis.checks import CheckContext, not_a_server_error
 from schemathesis.core.transport import Response
 from schemathesis.specs.openapi.checks import (
+    negative_data_rejection,
     response_schema_conformance,
     status_code_conformance,
 )
@@ -356,6 +359,7 @@ class Run:
             # Not yet content_type_conformance: every error is sent as application/problem+json (docs/api.md), which
             # the document declares as application/json (requested of api/'s owner; then this line joins the list).
             response_schema_conformance,
+            negative_data_rejection,
             no_state_change_on_a_rejected_request(self.guard),
         ]
 
