@@ -168,10 +168,26 @@ def test_gunicorn_serves_the_console_and_the_api_from_several_workers_and_stops_
         assert css.text.strip()
     assert get(served.url, "/static/console/no-such-file.css").status_code == 404
 
+    # A person logs in to the console: the CSRF token and the session work whichever worker answers each request
+    # (the session lives in the database, the secret key is the same in every worker).
+    admin = person("root", "admin")
+    password = secrets.token_urlsafe(16)
+    admin.user.set_password(password)
+    admin.user.save(update_fields=["password"])
+    with httpx.Client(base_url=served.url, timeout=30, headers={"Connection": "close"}) as browser:
+        form = browser.get("/login/")
+        csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text)
+        assert csrf, form.text
+        fields = {"csrfmiddlewaretoken": csrf.group(1), "username": "root", "password": password}
+        logged_in = browser.post("/login/", data=fields, headers={"Referer": f"{served.url}/login/"})
+        assert logged_in.status_code == 302 and "/login/" not in logged_in.headers["location"], logged_in.text
+        for _ in range(WORKERS + 1):
+            page = browser.get("/")
+            assert page.status_code == 200 and "/login/" not in str(page.url), page.status_code
+
     # The agent API: its OpenAPI document, and a read with a token (and without one, refused).
     document = get(served.url, "/api/v1/openapi.json")
     assert document.status_code == 200 and document.json()["openapi"].startswith("3.1")
-    admin = person("root", "admin")
     token = api_token_issue(actor=admin, agent_id="agent-web", kinds=("copy",), projects=())[1]
     task = task_create(kind="copy", title="served by gunicorn", plan=chain_plan("a", "b"), created_by="agent:web")
     read = get(served.url, f"/api/v1/tasks/{task.pk}", Authorization=f"Bearer {token}")
