@@ -1,24 +1,41 @@
 """The agent API, /api/v1/: the NinjaAPI, its error handlers (everything answers problem+json, api/errors.py) and
 its operations. Handlers are thin: the token (api/auth.py), one read or one service, the response."""
 
+from typing import Any
+
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.openapi.docs import Swagger
 
 from api.auth import AgentToken
-from api.errors import problem, problem_of, validation_errors
+from api.errors import CONTENT_TYPE, problem, problem_of, validation_errors
 from api.http import ApiError
 from api.ratelimit import RateLimited
 from api.steps import router as steps_router
 from api.tasks import router as tasks_router
 from api.webhooks import router as webhooks_router
 from hooks.errors import WebhookError
-from leases.errors import LeaseError, LeaseHeld, LeaseRefused
+from leases.errors import LeaseError, LeaseHeld, LeaseRefused, RenewalOutOfOrder
 from tasks.errors import TaskError, VersionConflict
 from tasks.models import Task
 
-api = NinjaAPI(
+
+class ReckonAPI(NinjaAPI):
+    """ninja's API, whose OpenAPI document says what the server sends: every error as application/problem+json."""
+
+    def get_openapi_schema(self, *, path_prefix: str | None = None, path_params: dict[str, Any] | None = None) -> Any:
+        schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                for status, answer in (operation.get("responses") or {}).items():
+                    content = answer.get("content") if isinstance(answer, dict) else None
+                    if str(status)[0] in "45" and content and "application/json" in content:
+                        content[CONTENT_TYPE] = content.pop("application/json")
+        return schema
+
+
+api = ReckonAPI(
     title="Reckon agent API",
     version="1",
     description="Agents read and drive their tasks. Authenticate with `Authorization: Bearer <token>` "
@@ -78,6 +95,8 @@ def _lease_error(request: HttpRequest, error: LeaseError) -> HttpResponse:
     )
     if person_holds:  # 423, not 409: no agent gets the task until the person hands it back
         return problem(request, code="takeover_held", detail=f"{error} (a person holds the task).")
+    if isinstance(error, RenewalOutOfOrder):  # the seq the lease is at: the holder resumes from it
+        return problem(request, code=error.code, detail=str(error), extra={"renewal_seq": error.actual})
     return problem_of(request, error)
 
 

@@ -1,6 +1,7 @@
-"""How many requests an agent token may make a minute (``RECKON_API_RATE``, default 1200): a fixed window counted
-in Django's cache. With several web processes the cache must be shared (``RECKON_CACHE_URL=redis://…``, the
-scale-out set-up); the embedded default's in-process cache counts per process, so the limit there is per process."""
+"""How many requests an agent token may make a minute (``RECKON_API_RATE``, default 6000: 100 a second, some 30
+steps a second for one agent): a fixed window counted in Django's cache. With several web processes the cache must
+be shared (``RECKON_CACHE_URL=redis://…``, the scale-out set-up); the embedded default's in-process cache counts per
+process, so the limit there is per process."""
 
 import time
 

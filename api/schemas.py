@@ -69,6 +69,8 @@ class Problem(Schema):
     errors: list[dict[str, str]] | None = None
     # 412 version_conflict: the version the task is at now.
     current_version: int | None = None
+    # 409 renewal_out_of_order: the renewal_seq the lease is at now.
+    renewal_seq: int | None = None
 
 
 def task_summary(task: Task) -> TaskSummary:

@@ -113,14 +113,19 @@ def lease_take(request: HttpRequest, task_id: int, payload: LeaseIn) -> HttpResp
     "/tasks/{task_id}/lease/renew",
     response={200: LeaseOut, **PROBLEMS},
     summary="Renew the lease",
-    openapi_extra={"parameters": [LEASE]},
+    openapi_extra={"parameters": [LEASE, IDEMPOTENCY]},
 )
 def lease_extend(request: HttpRequest, task_id: int, payload: LeaseRenewIn) -> HttpResponse:
     """Extend the lease by its ttl. The answer says whether a cancel or a takeover was asked for: then start no new
     side effect. Renewals carry the renewal_seq of the last answer (409 renewal_out_of_order otherwise)."""
-    lease = held_lease(request, token_of(request), task_id)
-    renewed = lease_renew(lease=lease, expected_renewal_seq=payload.renewal_seq, ttl=_ttl(payload.ttl_seconds))
-    return _lease_answer(renewed, 200)
+    token = token_of(request)
+    lease = held_lease(request, token, task_id)
+
+    def run() -> HttpResponse:
+        renewed = lease_renew(lease=lease, expected_renewal_seq=payload.renewal_seq, ttl=_ttl(payload.ttl_seconds))
+        return _lease_answer(renewed, 200)
+
+    return idempotent(request, token.agent_id, run)
 
 
 @router.delete(

@@ -2,6 +2,7 @@
 exempt from CSRF (no cookie authenticates), behind one guard: a body over the cap is refused before it is read,
 and every error ninja or Django would answer in HTML is answered as problem+json."""
 
+import json
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
@@ -27,6 +28,14 @@ def guarded(view: View) -> View:
         too_large = _declared_length(request) > MAX_BODY
         if too_large:
             return problem(request, code="payload_too_large", detail=f"A request body holds at most {MAX_BODY} bytes.")
+        nul = _nul_in(request)
+        if nul:
+            return problem(
+                request,
+                code="validation_error",
+                detail="Text may not contain the NUL character (U+0000).",
+                errors=[{"field": nul, "code": "invalid", "message": "text may not contain NUL"}],
+            )
         response = view(request, *args, **kwargs)
         if response.status_code == 405 and response.get("Content-Type", "") != CONTENT_TYPE:
             return problem(
@@ -38,6 +47,34 @@ def guarded(view: View) -> View:
         return response
 
     return login_not_required(csrf_exempt(guard))
+
+
+def _nul_in(request: HttpRequest) -> str:
+    """Where a NUL character is in the path, the query or the JSON body ("" if nowhere). No column can store one
+    (PostgreSQL refuses it in text and jsonb), so it is refused here, once, before any handler reads it."""
+    if "\x00" in request.path:
+        return "path"
+    for key, values in request.GET.lists():
+        if "\x00" in key or any("\x00" in value for value in values):
+            return "query"
+    body = request.body if request.method in ("POST", "PUT", "PATCH", "DELETE") else b""
+    if b"\\u0000" not in body and b"\x00" not in body:  # the fast path: no escape of NUL at all
+        return ""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return ""  # not JSON: the parser answers malformed_body
+    return "body" if _holds_nul(document) else ""
+
+
+def _holds_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_holds_nul(item) for item in value)
+    return False
 
 
 def _declared_length(request: HttpRequest) -> int:

@@ -171,7 +171,7 @@ RECKON_OBJECTSTORE_URL = os.environ.get("RECKON_OBJECTSTORE_URL", "http://127.0.
 RECKON_OBJECTSTORE_IDEMPOTENCY = os.environ.get("RECKON_OBJECTSTORE_IDEMPOTENCY", "remote")
 
 # The agent API: requests a token may make a minute (0: no limit), counted in the cache below.
-RECKON_API_RATE = int(os.environ.get("RECKON_API_RATE", "1200"))
+RECKON_API_RATE = int(os.environ.get("RECKON_API_RATE", "6000"))
 # RECKON_CACHE_URL=redis://… shares the cache (the API's rate counts) between web processes; default: per process.
 if os.environ.get("RECKON_CACHE_URL"):
     CACHES = {
@@ -236,6 +236,9 @@ RECKON_WEBHOOK_SWEEP_SECONDS = float(os.environ.get("RECKON_WEBHOOK_SWEEP_SECOND
 CELERY_BEAT_SCHEDULE["webhook-sweep"] = {"task": "hooks.sweep", "schedule": RECKON_WEBHOOK_SWEEP_SECONDS}
 # The Celery queue deliveries are sent on ("": Celery's default queue).
 RECKON_WEBHOOK_QUEUE = os.environ.get("RECKON_WEBHOOK_QUEUE", "")
+
+# The agent API's Idempotency-Key records are kept 24 hours (api/idempotency.py); this forgets older ones.
+CELERY_BEAT_SCHEDULE["api-idempotency-expire"] = {"task": "api.expire_idempotency_keys", "schedule": 3600.0}
 # Webhook deliveries delivered or given up are deleted after this many days (the sweep does it).
 RECKON_WEBHOOK_KEEP_DAYS = int(os.environ.get("RECKON_WEBHOOK_KEEP_DAYS", "7"))
 # Addresses a delivery is never sent to (comma-separated networks): by default the link-local range, where cloud

@@ -492,3 +492,33 @@ def test_an_idempotency_key_is_kept_a_day_then_forgotten(agent: Agent, clock: An
     again = agent.call("post", "/tasks", body, Idempotency_Key="day")
     assert again.status_code == 201 and "Idempotent-Replayed" not in again
     assert Task.objects.filter(title="daily").count() == 2
+
+
+@pytest.mark.parametrize(
+    ("where", "call"),
+    [
+        ("body", lambda a: a.call("post", "/tasks", {"kind": KIND, "title": "t\u0000", "plan": chain_plan("a")})),
+        ("body", lambda a: a.call("post", "/tasks", {"kind": KIND, "title": "t", "plan": {"nodes": [], "\u0000": 1}})),
+        ("path", lambda a: a.call("get", "/tasks/1%00")),
+        ("query", lambda a: a.call("get", "/tasks?after=x%00")),
+    ],
+)
+def test_a_nul_anywhere_is_422_before_any_column_sees_it(agent: Agent, where: str, call: Any) -> None:
+    """PostgreSQL refuses NUL in text and jsonb: unrefused, it would be a 500 from the database."""
+    created(agent)
+    before = snapshot()
+    body = problem_of(call(agent), 422, "validation_error")
+    assert body["errors"][0]["field"] == where
+    assert snapshot() == before
+
+
+def test_a_renewal_replayed_with_its_key_answers_the_first_and_a_stale_one_says_the_seq(agent: Agent) -> None:
+    task = created(agent)
+    lease = agent.acquire(task["id"])
+    path, held = f"/tasks/{task['id']}/lease/renew", str(lease["lease_id"])
+    first = agent.call("post", path, {"renewal_seq": 0}, Reckon_Lease=held, Idempotency_Key="renew:0")
+    again = agent.call("post", path, {"renewal_seq": 0}, Reckon_Lease=held, Idempotency_Key="renew:0")
+    assert first.status_code == again.status_code == 200 and again["Idempotent-Replayed"] == "true"
+    assert Lease.objects.get(pk=lease["lease_id"]).renewal_seq == 1  # renewed once
+    stale = problem_of(agent.call("post", path, {"renewal_seq": 0}, Reckon_Lease=held), 409, "renewal_out_of_order")
+    assert stale["renewal_seq"] == 1
