@@ -236,12 +236,12 @@ RECKON_WEBHOOK_SWEEP_SECONDS = float(os.environ.get("RECKON_WEBHOOK_SWEEP_SECOND
 CELERY_BEAT_SCHEDULE["webhook-sweep"] = {"task": "hooks.sweep", "schedule": RECKON_WEBHOOK_SWEEP_SECONDS}
 # The Celery queue deliveries are sent on ("": Celery's default queue).
 RECKON_WEBHOOK_QUEUE = os.environ.get("RECKON_WEBHOOK_QUEUE", "")
-
-# The agent API's Idempotency-Key records are kept 24 hours (api/idempotency.py); this forgets older ones.
-CELERY_BEAT_SCHEDULE["api-idempotency-expire"] = {"task": "api.expire_idempotency_keys", "schedule": 3600.0}
 # Webhook deliveries delivered or given up are deleted after this many days (the sweep does it).
 RECKON_WEBHOOK_KEEP_DAYS = int(os.environ.get("RECKON_WEBHOOK_KEEP_DAYS", "7"))
 # Addresses a delivery is never sent to (comma-separated networks): by default the link-local range, where cloud
 # metadata services answer, and "this network". Private and loopback addresses are allowed (agents often run
 # beside Reckon); list them here to refuse them too.
 RECKON_WEBHOOK_DENY_NETWORKS = os.environ.get("RECKON_WEBHOOK_DENY_NETWORKS", "169.254.0.0/16,fe80::/10,0.0.0.0/8")
+
+# The agent API's Idempotency-Key records are kept 24 hours (api/idempotency.py); this forgets older ones.
+CELERY_BEAT_SCHEDULE["api-idempotency-expire"] = {"task": "api.expire_idempotency_keys", "schedule": 3600.0}
