@@ -469,7 +469,9 @@ def test_stateful_runs_along_the_links_answer_within_the_document_and_rejections
         if scenarios >= STATEFUL_SCENARIOS:
             break
     assert not run.failures, run.report()
-    _assert_reached(run, {"POST /api/v1/tasks": 201, "POST /api/v1/tasks/{task_id}/lease": 201})
+    _assert_reached(run, {"POST /api/v1/tasks": 201})
+    on_a_task = [(label, status) for label, status in run.answers if "{task_id}/" in label and status < 300]
+    assert on_a_task, f"no step on a task succeeded:\n{run.report()}"
 
 
 def _assert_reached(run: Run, wanted: dict[str, int]) -> None:
