@@ -176,6 +176,28 @@ def test_an_agent_killed_mid_copy_is_finished_by_another_with_no_duplicate_side_
     assert store.stats()["by_op_key"][in_flight.op_key] == 1
 
 
+def test_agents_killed_as_the_store_commits_are_finished_by_the_next_with_no_duplicate(
+    live: Live, store: Simulator
+) -> None:
+    """Kill the agent the moment the store has committed its 1st write, kill the next one at the 3rd: each time the
+    answer is on its way back (or the outcome half-posted). The third process reconciles and finishes; the store
+    still holds each op key once."""
+    for kill_at in (1, 3):
+        process = agent(live, store, "--lease-wait", "60")
+        deadline = time.monotonic() + 60
+        while store.stats()["side_effects"] < kill_at:
+            assert process.poll() is None, process.communicate()[0]
+            assert time.monotonic() < deadline, f"the store never saw {kill_at} writes"
+            time.sleep(0.01)
+        os.kill(process.pid, signal.SIGKILL)
+        process.communicate(timeout=10)
+    output = finished(agent(live, store, "--lease-wait", "60"))
+    task = the_task()
+    assert f"task {task.pk}: done" in output
+    assert_migrated_once(task, store)
+    assert Lease.objects.filter(task=task).count() == 3  # three processes, three grants, in turn
+
+
 class AsyncStore:
     """The object-store connector, async (httpx.AsyncClient): what an asyncio agent writes."""
 
