@@ -2,7 +2,7 @@
 over whatever operations the OpenAPI document holds when the test runs. Every response must:
 
 - not be a server error (5xx);
-- conform to the document: its status is one the operation declares, its body the schema declared for it;
+- conform to the document: its status one the operation declares, its content type and body those declared;
 - refuse (4xx) a request the document says is invalid;
 - if the request was rejected (status >= 400), leave the database exactly as it was: every row of every table
   (tasks, events, operations, leases, plan revisions, webhook subscriptions and deliveries, idempotency records,
@@ -38,6 +38,7 @@ from schemathesis import Case, GenerationMode
 from schemathesis.checks import CheckContext, not_a_server_error
 from schemathesis.core.transport import Response
 from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
     negative_data_rejection,
     response_schema_conformance,
     status_code_conformance,
@@ -359,8 +360,7 @@ class Run:
         return [
             not_a_server_error,
             status_code_conformance,
-            # Not yet content_type_conformance: every error is sent as application/problem+json (docs/api.md), which
-            # the document declares as application/json (requested of api/'s owner; then this line joins the list).
+            content_type_conformance,  # errors are application/problem+json, and the document says so
             response_schema_conformance,
             negative_data_rejection,
             no_state_change_on_a_rejected_request(self.guard),
