@@ -294,3 +294,17 @@ def test_the_http_benchmark_runs_its_tasks_to_completion(live: Live) -> None:
     tasks = Task.objects.filter(kind=KIND)
     assert tasks.count() == 3 and {t.status for t in tasks} == {TaskStatus.COMPLETED}
     assert Operation.objects.filter(task__in=tasks, status=OperationStatus.COMMITTED).count() == 12
+
+
+def test_an_operation_the_store_still_runs_is_observed_within_the_same_run(live: Live, store: Simulator) -> None:
+    """The store accepts the copy and runs it 3 s more: the run polls it by op key, holding its lease, and goes on
+    once it is committed — one run, one lease, the copy sent once."""
+    store.fault("run_async", ms=3000, action="copy_batch")
+    with Reckon(live.url, live.token) as reckon:
+        task = reckon.create_task(KIND, "Migrate acme", plan("acme", 500, source_ref(), 500), project="acme")
+        result = reckon.run(task.id, ObjectStore(store.url), ttl_seconds=LEASE_TTL)
+    assert result.done, result
+    assert Lease.objects.filter(task_id=task.id).count() == 1
+    copy = Operation.objects.get(task_id=task.id, node__key="copy-batch-1")
+    assert copy.status == OperationStatus.COMMITTED and copy.dispatch_count == 1
+    assert store.stats()["by_op_key"][copy.op_key] == 1

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 from reckon_client.errors import ApiError
-from reckon_client.outcomes import OUTCOME_TYPES, Failed, Outcome, outcome_json
+from reckon_client.outcomes import OUTCOME_TYPES, Accepted, Failed, Outcome, outcome_json
 
 # --------------------------------------------------------------------------------------------------- effects
 
@@ -154,6 +154,7 @@ LOST = frozenset({"lease_lost", "lease_expired"})
 BUSY = frozenset({"lease_held", "lease_reserved", "takeover_held", "takeover_requested"})
 MAX_CONFLICTS = 20  # 412s in a row before a run gives up (someone else keeps moving the task)
 OBSERVE_EVERY = 2.0  # seconds between two lookups of an operation the remote still runs
+MIN_WAIT = 0.5  # seconds: the least a wait sleeps, so a clock ahead of the database's never spins
 
 
 def ok(reply: Reply) -> Any:
@@ -296,7 +297,7 @@ def steps(state: LeaseState, *, max_wait: float, compensate: bool) -> Steps[RunR
                 pause = (until - _now()).total_seconds()
                 if pause > max_wait:
                     return RunResult("waiting", reason, until=until, steps=done)
-                yield Sleep(max(pause, 0.0))
+                yield Sleep(max(pause, MIN_WAIT))  # at least a little: our clock is not the database's
             elif kind == "reconcile" and op_key:
                 ended = yield from _reconcile(state, base, op_key, version, max_wait)
                 done += 1
@@ -353,13 +354,14 @@ def _reconcile(state: LeaseState, base: str, op_key: str, version: int, max_wait
     if isinstance(outcome, Failed) and outcome.failure_class == "connection_interrupted":
         raise _Unreachable(outcome.detail or f"lookup of {op_key} failed")
     answer = yield from _post_outcome(state, base, op_key, outcome, version)
-    task = answer.get("task") or {}
-    if int(task.get("version", version + 1)) == version:  # nothing new to record (still unprovable)
-        return RunResult("waiting", "inconclusive", until=_now() + timedelta(seconds=OBSERVE_EVERY))
-    if (answer.get("operation") or {}).get("status") == "accepted":  # the remote still runs it: ask again later
+    if isinstance(outcome, Accepted):  # the remote still runs it: observe it, holding the lease, and ask again
         if max_wait < OBSERVE_EVERY:
             return RunResult("waiting", "observing", until=_now() + timedelta(seconds=OBSERVE_EVERY))
         yield Sleep(OBSERVE_EVERY)
+        return None
+    task = answer.get("task") or {}
+    if int(task.get("version", version + 1)) == version:  # nothing new to record (still unprovable)
+        return RunResult("waiting", "inconclusive", until=_now() + timedelta(seconds=OBSERVE_EVERY))
     return None
 
 
