@@ -381,3 +381,17 @@ def test_a_renewal_whose_answer_was_lost_resumes_from_the_servers_seq(refusal: h
     reckon._drive(renew(state))
     assert state.renewal_seq == 6 and json.loads(fake.seen[-1].content) == {"renewal_seq": 5}
     assert fake.seen[-1].headers["Idempotency-Key"] == "rk-client:renew:77:5"
+
+
+def test_the_async_client_takes_a_sync_connector_too() -> None:
+    fake, store = FakeReckon(["a"]), Store()
+
+    async def main() -> Any:
+        async def handler(request: httpx.Request) -> httpx.Response:
+            await request.aread()
+            return fake.handle(request)
+
+        async with AsyncReckon("http://reckon.test", "rk_test", transport=httpx.MockTransport(handler)) as reckon:
+            return await reckon.run(TASK, store)
+
+    assert asyncio.run(main()).done and store.sent == ["op-a"]

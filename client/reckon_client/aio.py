@@ -2,13 +2,14 @@
 
 import asyncio
 import contextlib
+import inspect
 from collections.abc import Mapping
 from typing import Any, Self
 
 import httpx
 
 from reckon_client import protocol
-from reckon_client.connector import AsyncConnector
+from reckon_client.connector import AsyncConnector, Connector
 from reckon_client.errors import ApiError
 from reckon_client.protocol import Call, LeaseState, Remote, RunResult, Sleep, Steps, Task
 from reckon_client.transport import (
@@ -67,7 +68,7 @@ class AsyncReckon:
     async def run(
         self,
         task_id: int,
-        connector: AsyncConnector,
+        connector: AsyncConnector | Connector,
         *,
         ttl_seconds: int | None = None,
         max_wait: float = 60.0,
@@ -109,7 +110,9 @@ class AsyncReckon:
                 if isinstance(effect, Call):
                     value = await self._send(effect)
                 elif isinstance(effect, Remote):
-                    value = await getattr(connector, effect.name)(*effect.args)
+                    value = getattr(connector, effect.name)(*effect.args)
+                    if inspect.isawaitable(value):  # a sync connector works too (it blocks the loop meanwhile)
+                        value = await value
                 elif isinstance(effect, Sleep):
                     await asyncio.sleep(effect.seconds)
             except Exception as exc:  # handed to the protocol, which decides (most propagate)
