@@ -13,7 +13,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -58,7 +58,6 @@ class Served:
     process: subprocess.Popen[bytes]
     url: str
     log: Path
-    seen: list[str] = field(default_factory=list)
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
