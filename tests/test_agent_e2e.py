@@ -30,6 +30,7 @@ from harness.killmatrix import database_url
 from leases.models import Lease
 from tasks.lifecycle import NodeStatus, OperationStatus, TaskStatus
 from tasks.models import Node, Operation, Task
+from tasks.takeover import takeover_claim, takeover_submit
 from tests.conftest import person
 from tests.simulator_fixture import ROOT, Simulator
 
@@ -286,6 +287,49 @@ def test_a_cancel_during_a_call_lets_it_settle_and_starts_nothing_after(live: Li
     copy = Operation.objects.get(task_id=task.id, node__key="copy-batch-1")
     assert copy.status == OperationStatus.COMMITTED  # settled as it truly ended
     assert not Operation.objects.filter(task_id=task.id, node__key="copy-batch-2").exists()
+
+
+@pytest.mark.parametrize(("version_at_hand_back", "ends"), [("7", "done"), ("8", "input_changed")])
+def test_a_person_takes_over_mid_run_and_hands_back_after_which_the_agent_rechecks_its_inputs(
+    live: Live, store: Simulator, version_at_hand_back: str, ends: str
+) -> None:
+    """An operator claims the task while the agent's copy is in the store: the renewal tells the agent, which lets
+    the copy settle and stops (takeover_requested). The operator hands it back; the agent's next run first reads the
+    source's version now and reports it — unchanged, it finishes; changed, the task pauses input_changed and
+    nothing more is sent."""
+    ann = person("ann", "admin")
+    store.fault("latency", ms=3000, action="copy_batch")
+    with Reckon(live.url, live.token) as reckon:
+        task = reckon.create_task(KIND, "Migrate acme", plan("acme", 1000, source_ref(), 500), project="acme")
+        results: list[RunResult] = []
+        runner = threading.Thread(target=lambda: results.append(reckon.run(task.id, ObjectStore(store.url))))
+        runner.start()
+        deadline = time.monotonic() + 30
+        while not Operation.objects.filter(node__key="copy-batch-1", status=OperationStatus.DISPATCHED).exists():
+            assert time.monotonic() < deadline and runner.is_alive(), results
+            time.sleep(0.05)
+        assert not takeover_claim(actor=ann, task_id=task.id).granted  # reserved: the agent holds the lease
+        runner.join(60)
+        assert results and (results[0].status, results[0].reason) == ("stopped", "takeover_requested"), results
+        assert store.stats()["by_action"] == {"prepare_target": 1, "copy_batch": 1}  # the copy settled, no more
+
+        claim = takeover_claim(actor=ann, task_id=task.id)
+        assert claim.granted and claim.lease is not None
+        version = Task.objects.get(pk=task.id).version
+        store.set_source("projects/acme", version_at_hand_back, "sha256:" + "ab" * 32)
+        takeover_submit(actor=ann, lease=claim.lease, based_on_version=version, decision="resume_agent")
+
+        result = reckon.run(task.id, ObjectStore(store.url))
+    after = Task.objects.get(pk=task.id)
+    assert not after.inputs_recheck_required  # the agent reported the source's version
+    if ends == "done":
+        assert result.done, result
+        assert after.status == TaskStatus.COMPLETED
+        assert set(store.stats()["by_op_key"].values()) == {1}
+    else:
+        assert (result.status, result.reason) == ("stopped", "input_changed"), result
+        assert (after.status, after.status_reason) == (TaskStatus.PAUSED, "input_changed")
+        assert store.stats()["by_action"] == {"prepare_target": 1, "copy_batch": 1}
 
 
 def test_the_http_benchmark_runs_its_tasks_to_completion(live: Live) -> None:
