@@ -65,34 +65,38 @@ def _stop(process: subprocess.Popen[Any]) -> None:
             process.wait(5)
 
 
-@pytest.fixture
-def live(tmp_path: Path) -> Iterator[Live]:
-    """Reckon's web process (gunicorn, 2 workers of 4 threads) on the test database, and a token for the agent."""
-    _, token = api_token_issue(actor=person("root", "admin"), agent_id="migrator", kinds=[KIND], projects=[])
-    port, log = _free_port(), tmp_path / "web.log"
-    env = os.environ | {
-        "DATABASE_URL": database_url(),
-        "RECKON_LEASE_GRACE_SECONDS": "1",
-        "RECKON_LOG_LEVEL": "WARNING",
-    }
+@pytest.fixture(scope="module")
+def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """Reckon's web process (gunicorn, 2 workers of 4 threads) on the test database, one for the module: each
+    test's data is its own (transactional tests empty the tables after each), the process is shared."""
+    port, log = _free_port(), tmp_path_factory.mktemp("web") / "web.log"
+    env = os.environ | {"DATABASE_URL": database_url(), "RECKON_LEASE_GRACE_SECONDS": "1"}
+    env["RECKON_LOG_LEVEL"] = "WARNING"
     command = [sys.executable, "-m", "gunicorn", "console.wsgi:application", "-b", f"127.0.0.1:{port}"]
     command += ["-k", "gthread", "-w", "2", "--threads", "4", "--log-level", "warning"]
     with log.open("w") as out:
-        server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)  # noqa: S603
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)  # noqa: S603
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
         while True:
             try:
-                httpx.get(f"{url}/api/v1/tasks", headers={"Authorization": f"Bearer {token}"}, timeout=2)
+                httpx.get(f"{url}/api/v1/tasks", timeout=2)  # any answer (401) means it serves
                 break
             except httpx.TransportError:
-                if server.poll() is not None or time.monotonic() > deadline:
+                if process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"Reckon did not start: {log.read_text()[-2000:]}") from None
                 time.sleep(0.2)
-        yield Live(url, token, log)
+        yield url, log
     finally:
-        _stop(server)
+        _stop(process)
+
+
+@pytest.fixture
+def live(server: tuple[str, Path]) -> Live:
+    """The server, and a token for the agent ``migrator`` scoped to the API kind."""
+    _, token = api_token_issue(actor=person("root", "admin"), agent_id="migrator", kinds=[KIND], projects=[])
+    return Live(server[0], token, server[1])
 
 
 def agent(live: Live, store: Simulator, *extra: str, objects: int = OBJECTS) -> subprocess.Popen[str]:
