@@ -74,8 +74,15 @@ class ObjectStore:
         return str(self.source(locator)["version"])
 
     def source(self, locator: str) -> dict[str, Any]:
-        response = self.http.get(f"/versions/{quote(locator, safe='')}")
-        response.raise_for_status()
+        """The source's version and digest now. ConnectionError (an OSError) when the store cannot be asked: the
+        client then ends the run to try again later, having written nothing."""
+        try:
+            response = self.http.get(f"/versions/{quote(locator, safe='')}")
+        except httpx.TransportError as exc:
+            raise ConnectionError(f"version of {locator}: {exc}") from exc
+        if response.status_code >= 500:
+            raise ConnectionError(f"version of {locator}: HTTP {response.status_code}")
+        response.raise_for_status()  # 404: no such source (the agent stops with the error)
         return dict(response.json())
 
     def max_batch(self) -> int:
