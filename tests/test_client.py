@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -395,3 +396,20 @@ def test_the_async_client_takes_a_sync_connector_too() -> None:
             return await reckon.run(TASK, store)
 
     assert asyncio.run(main()).done and store.sent == ["op-a"]
+
+
+def test_a_short_wait_is_slept_through_and_a_long_one_handed_back(slept: list[float]) -> None:
+    """Backoff: a wait within max_wait is slept (the renewer keeps the lease); a longer one ends the run with its
+    ``until``, the lease given back."""
+    soon, later = (datetime.now(UTC) + timedelta(seconds=s) for s in (5, 600))
+
+    def wait(until: datetime) -> httpx.Response:
+        d = {"kind": "wait", "task_version": 3, "node_key": "a", "op_key": "", "reason": "dependency_unavailable"}
+        return httpx.Response(200, json=d | {"until": until.isoformat()})
+
+    fake, store = FakeReckon(["a"]), Store()
+    fake.faults[("GET", "/directive")] = [wait(soon), wait(later)]
+    result = client(fake).run(TASK, store, max_wait=60)
+    assert len(slept) == 1 and 4 < slept[0] <= 5
+    assert (result.status, result.reason, result.until) == ("waiting", "dependency_unavailable", later)
+    assert store.sent == [] and fake.released
