@@ -413,3 +413,29 @@ def test_a_short_wait_is_slept_through_and_a_long_one_handed_back(slept: list[fl
     assert len(slept) == 1 and 4 < slept[0] <= 5
     assert (result.status, result.reason, result.until) == ("waiting", "dependency_unavailable", later)
     assert store.sent == [] and fake.released
+
+
+def test_the_async_renewer_raises_the_stop_flag_before_the_call() -> None:
+    """As the sync test above, with the renewer an asyncio task: the intent is recorded, the renewal answers a
+    takeover, the call is not made."""
+    fake, store = FakeReckon(["a"], lease={"ttl_seconds": 0.3}), Store()
+
+    async def main() -> Any:
+        told = asyncio.Event()
+
+        async def handler(request: httpx.Request) -> httpx.Response:
+            await request.aread()
+            response = fake.handle(request)
+            if request.url.path.endswith("/lease/renew") and fake.lease.get("takeover_requested"):
+                told.set()
+            if request.url.path.endswith("/operations"):
+                fake.lease["takeover_requested"] = True
+                await asyncio.wait_for(told.wait(), 10)
+            return response
+
+        async with AsyncReckon("http://reckon.test", "rk_test", transport=httpx.MockTransport(handler)) as reckon:
+            return await reckon.run(TASK, AsyncStore(store))
+
+    result = asyncio.run(main())
+    assert (result.status, result.reason) == ("stopped", "takeover_requested")
+    assert store.sent == [] and fake.released
