@@ -35,6 +35,10 @@ REFUSALS: dict[int, FailureClass] = {
 }
 
 
+class SourceNotFound(LookupError):
+    """The project to migrate is not in the store (a typo, or a source never registered)."""
+
+
 class ObjectStore:
     """The connector: the store dedupes writes by op key and answers what became of one (``GET /ops/<op_key>``)."""
 
@@ -82,7 +86,9 @@ class ObjectStore:
             raise ConnectionError(f"version of {locator}: {exc}") from exc
         if response.status_code >= 500:
             raise ConnectionError(f"version of {locator}: HTTP {response.status_code}")
-        response.raise_for_status()  # 404: no such source (the agent stops with the error)
+        if response.status_code == 404:
+            raise SourceNotFound(f"the store has no source {locator!r}: nothing to migrate")
+        response.raise_for_status()
         return dict(response.json())
 
     def max_batch(self) -> int:
@@ -177,7 +183,11 @@ def main(argv: list[str] | None = None) -> int:
 
     store = ObjectStore(args.store)
     with Reckon(args.url, args.token) as reckon:
-        task_id = args.task or create(reckon, store, args.project, args.objects).id
+        try:
+            task_id = args.task or create(reckon, store, args.project, args.objects).id
+        except SourceNotFound as missing:
+            print(missing, file=sys.stderr)
+            return 2
         print(f"task {task_id}", flush=True)
         while (result := reckon.run(task_id, store, ttl_seconds=args.lease_ttl, lease_wait=args.lease_wait)).until:
             print(f"waiting ({result.reason}) until {result.until:%H:%M:%S}", flush=True)

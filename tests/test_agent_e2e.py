@@ -356,3 +356,15 @@ def test_an_operation_the_store_still_runs_is_observed_within_the_same_run(live:
     copy = Operation.objects.get(task_id=task.id, node__key="copy-batch-1")
     assert copy.status == OperationStatus.COMMITTED and copy.dispatch_count == 1
     assert store.stats()["by_op_key"][copy.op_key] == 1
+
+
+def test_the_reference_agent_says_so_when_the_source_is_not_in_the_store(
+    simulator: Simulator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A project never registered in the store: a sentence and exit status 2, no traceback, nothing sent to Reckon
+    (its URL here answers nothing)."""
+    from examples.migrate_agent import main
+
+    args = ["--url", "http://127.0.0.1:9", "--token", "rk_x", "--store", simulator.url, "--project", "nope"]
+    assert main([*args, "--objects", "10"]) == 2
+    assert "the store has no source 'projects/nope'" in capsys.readouterr().err
