@@ -7,18 +7,95 @@ CELERY_BROKER_URL default: filesystem broker under data/broker (no server); redi
 """
 
 import os
+import sys
 from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from observability.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-DATA_DIR = Path(os.environ.get("RECKON_DATA_DIR", BASE_DIR / "data"))
-DATA_DIR.mkdir(parents=True, exist_ok=True)
 
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "reckon-dev-only-not-secret")
-DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
-ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")
+# The mode (RECKON_ENV): "production" (the default), "development" (./dev demo) or "test" (pytest, ./dev test).
+# Production is what a process gets unless something says otherwise: gunicorn, a Celery worker or beat, manage.py
+# run by hand all start as a deployment would, and forgetting a variable stops them instead of running with a public
+# default. Only the development entry points choose another mode, explicitly: the `dev` script exports RECKON_ENV
+# for demo and test, and when the settings are imported by pytest or by mypy's Django plugin (development tools that
+# a deployment's processes never import) the mode is test unless RECKON_ENV says otherwise. The mode is exported to
+# the environment, so every process a test starts (workers, the kill matrix, manage.py) runs in the test's mode.
+_DEVELOPMENT_TOOLS = ("pytest", "mypy")
+RECKON_ENV = os.environ.get("RECKON_ENV", "") or (
+    "test" if any(tool in sys.modules for tool in _DEVELOPMENT_TOOLS) else "production"
+)
+if RECKON_ENV not in ("production", "development", "test"):
+    raise ImproperlyConfigured(f"RECKON_ENV must be production, development or test, not {RECKON_ENV!r}")
+os.environ["RECKON_ENV"] = RECKON_ENV
+PRODUCTION = RECKON_ENV == "production"
+# The demo's and the tests' key: public (it is in this file), so production refuses it.
+DEVELOPMENT_SECRET_KEY = "reckon-dev-only-not-secret"  # noqa: S105
+
+
+def _required(name: str, hint: str) -> str:
+    """A variable a deployment must set: refused at start-up, naming it, rather than defaulted and warned about."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        raise ImproperlyConfigured(f"{name} is not set: {hint} (RECKON_ENV={RECKON_ENV}; see README, Secure defaults)")
+    return value
+
+
+def _private_dir(path: Path) -> Path:
+    """A data directory only the service's user can enter (0700), whatever the umask. An existing one is left as
+    the operator made it."""
+    if not path.exists():
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.chmod(0o700)
+    return path
+
+
+DATA_DIR = _private_dir(Path(os.environ.get("RECKON_DATA_DIR", BASE_DIR / "data")))
+
+if PRODUCTION:
+    SECRET_KEY = _required(
+        "DJANGO_SECRET_KEY", "a long random string, the same for every process, e.g. secrets.token_urlsafe(50)"
+    )
+    if SECRET_KEY == DEVELOPMENT_SECRET_KEY:
+        raise ImproperlyConfigured("DJANGO_SECRET_KEY is the public development key: set a random one")
+    ALLOWED_HOSTS = [
+        h.strip()
+        for h in _required("DJANGO_ALLOWED_HOSTS", "the host names served, comma-separated").split(",")
+        if h.strip()
+    ]
+else:
+    SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", DEVELOPMENT_SECRET_KEY)
+    ALLOWED_HOSTS = [h.strip() for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")]
+# DEBUG shows tracebacks and settings to anyone: on only when DJANGO_DEBUG=1 says so, or by default in the
+# development and test modes (chosen explicitly, above).
+DEBUG = os.environ.get("DJANGO_DEBUG", "0" if PRODUCTION else "1") == "1"
+
+# HTTPS (README, Secure defaults). RECKON_HTTPS=1 when the site is served over TLS: HTTP is redirected to HTTPS,
+# cookies are sent over HTTPS only, and browsers are told to use HTTPS for RECKON_HSTS_SECONDS (default a year).
+# Each can be set on its own. RECKON_PROXY_SSL_HEADER=1 only behind a proxy that sets X-Forwarded-Proto itself
+# (and strips it from clients): otherwise a client could claim HTTPS.
+_HTTPS = os.environ.get("RECKON_HTTPS", "0") == "1"
+
+
+def _flag(name: str, default: bool) -> bool:
+    return os.environ.get(name, "1" if default else "0") == "1"
+
+
+SECURE_SSL_REDIRECT = _flag("RECKON_SSL_REDIRECT", _HTTPS)
+SESSION_COOKIE_SECURE = _flag("RECKON_SECURE_COOKIES", _HTTPS)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_HSTS_SECONDS = int(os.environ.get("RECKON_HSTS_SECONDS", "31536000" if _HTTPS else "0"))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _flag("RECKON_HSTS_INCLUDE_SUBDOMAINS", SECURE_HSTS_SECONDS > 0)
+# Preloading is a commitment for every subdomain, hard to undo: only when asked.
+SECURE_HSTS_PRELOAD = _flag("RECKON_HSTS_PRELOAD", False)
+if _flag("RECKON_PROXY_SSL_HEADER", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Origins (scheme://host[:port]) allowed to post forms when the request came through another host name or a proxy.
+CSRF_TRUSTED_ORIGINS = [o.strip() for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -28,6 +105,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_htmx",
+    "axes",
     "console",
     "api",
     "hooks",
@@ -42,6 +120,8 @@ INSTALLED_APPS = [
 ]
 
 AUTHENTICATION_BACKENDS = [
+    # First: a user name locked out by too many failed logins is refused before its password is even checked.
+    "console.throttling.LoginThrottle",
     "django.contrib.auth.backends.ModelBackend",
     "guardian.backends.ObjectPermissionBackend",
 ]
@@ -59,7 +139,19 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last: turns a login refused for throttling into a 429 page.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Login throttling (console/throttling.py, django-axes): after RECKON_LOGIN_FAILURE_LIMIT failed logins for one user
+# name from one client address, that pair is refused for RECKON_LOGIN_COOLOFF_MINUTES (each further try restarts
+# it); a successful login clears the count. The client address is the connection's own (REMOTE_ADDR), never a
+# header a client could forge: behind a proxy every client shares the proxy's address, and the count is per user name.
+AXES_FAILURE_LIMIT = int(os.environ.get("RECKON_LOGIN_FAILURE_LIMIT", "5"))
+AXES_COOLOFF_TIME = timedelta(minutes=int(os.environ.get("RECKON_LOGIN_COOLOFF_MINUTES", "15")))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_IPWARE_META_PRECEDENCE_ORDER = ["REMOTE_ADDR"]
 
 ROOT_URLCONF = "console.urls"
 LOGIN_URL = "login"
@@ -104,6 +196,17 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # several test runs share a checkout without sharing a database.
     _suffix = os.environ.get("RECKON_TEST_DB_SUFFIX", "")
     DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / f"test-reckon{_suffix}.sqlite3")}
+    # The database file readable by the service's user only, whatever the umask: made here, empty (SQLite takes an
+    # empty file for an empty database), before the first connection would make it 0644. SQLite gives its -wal and
+    # -shm files the database file's permissions.
+    _sqlite_file = str(DATABASES["default"]["NAME"])
+    if _sqlite_file and _sqlite_file != ":memory:" and not _sqlite_file.startswith("file:"):
+        try:
+            os.close(os.open(_sqlite_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            pass
+        except FileNotFoundError:
+            pass  # its folder is not there: SQLite will say so at the first connection
 else:
     # The step's statements bind on the server (leases/db.py) and are prepared after five runs on a connection
     # (Django's own cursors bind on the client and are never prepared). Django turns preparing off unless asked;
@@ -148,9 +251,9 @@ WHITENOISE_AUTOREFRESH = DEBUG
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
 if CELERY_BROKER_URL.startswith("filesystem://"):
-    _broker_dir = DATA_DIR / "broker"
+    _broker_dir = _private_dir(DATA_DIR / "broker")
     for _sub in ("out", "processed", "control"):
-        (_broker_dir / _sub).mkdir(parents=True, exist_ok=True)
+        _private_dir(_broker_dir / _sub)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "out"),
         "data_folder_out": str(_broker_dir / "out"),
@@ -197,21 +300,27 @@ RECKON_DEFAULT_TASK_ATTEMPTS = 20
 RECKON_BACKOFF_BASE = timedelta(seconds=2)
 RECKON_BACKOFF_CAP = timedelta(minutes=10)
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("RECKON_LOG_LEVEL", "INFO")},
-}
+# Logs (observability/logs.py): one handler, the root's, so each record prints once; RECKON_LOG_FORMAT=json for one
+# JSON object per line (with task_id, task_version, op_key where known), "text" (default) for people.
+LOGGING = logging_config(
+    log_format=os.environ.get("RECKON_LOG_FORMAT", "text"), level=os.environ.get("RECKON_LOG_LEVEL", "INFO")
+)
 
 # Retention (DESIGN §3.8, §3.11): sensitive inputs, debug artifacts and temp material, sealed at rest
 # (AES-256-GCM) under DATA_DIR/retention, each with an expiry; checkpoints keep only {"retained": id, "version": n}.
 # RECKON_RETENTION_KEY: the base64 text of 32 random bytes, e.g.
 #   python -c "import base64, os; print(base64.b64encode(os.urandom(32)).decode())"
-# UNSET, the key is a DEVELOPMENT key derived from SECRET_KEY: whoever has SECRET_KEY can read every retained
-# object. Never run so in production (`manage.py check` warns when DEBUG is off). Changing the key makes every
-# stored object unreadable (RetentionKeyMismatch): they expire and are swept as usual.
-RECKON_RETENTION_KEY = os.environ.get("RECKON_RETENTION_KEY", "")
+# Required in production (start-up refuses without it). Only in the development and test modes may it be unset: then
+# retained objects are sealed with a key derived from the public development SECRET_KEY, i.e. not secret at all
+# (retention/crypto.py derives none in production). Changing the key makes every stored object unreadable
+# (RetentionKeyMismatch): they expire and are swept as usual.
+if PRODUCTION:
+    RECKON_RETENTION_KEY = _required(
+        "RECKON_RETENTION_KEY",
+        "the base64 text of 32 random bytes, e.g. base64.b64encode(os.urandom(32)), the same for every process",
+    )
+else:
+    RECKON_RETENTION_KEY = os.environ.get("RECKON_RETENTION_KEY", "")
 RECKON_RETENTION_TTL = {
     "sensitive_input": timedelta(days=7),
     "debug_artifact": timedelta(days=3),
@@ -245,3 +354,42 @@ RECKON_WEBHOOK_DENY_NETWORKS = os.environ.get("RECKON_WEBHOOK_DENY_NETWORKS", "1
 
 # The agent API's Idempotency-Key records are kept 24 hours (api/idempotency.py); this forgets older ones.
 CELERY_BEAT_SCHEDULE["api-idempotency-expire"] = {"task": "api.expire_idempotency_keys", "schedule": 3600.0}
+
+# Observability (observability/, README "Observability"). GET /metrics answers only a request bearing this token
+# (Authorization: Bearer …); unset, metrics are off (404). A scrape's database reading is reused for this long.
+RECKON_METRICS_TOKEN = os.environ.get("RECKON_METRICS_TOKEN", "")
+RECKON_METRICS_CACHE_SECONDS = float(os.environ.get("RECKON_METRICS_CACHE_SECONDS", "5"))
+
+# Liveness (issue 11, helper "liveness"; tasks/recovery.py, tasks/jobs.py): the recovery scan has a queue of its own,
+# so it never waits behind the wake-ups it queued; every worker started without -Q consumes both queues (a worker
+# started with -Q names the queues it serves: give one of them RECKON_SCAN_QUEUE). A scan message expires when the
+# next one is due; a wake-up message RECKON_WAKE_UP_EXPIRY_SECONDS after it is due, and until then no other wake-up
+# is queued for the same task version.
+from kombu import Queue  # noqa: E402
+
+RECKON_SCAN_QUEUE = os.environ.get("RECKON_SCAN_QUEUE", "reckon-scan")
+RECKON_WAKE_UP_EXPIRY = timedelta(seconds=float(os.environ.get("RECKON_WAKE_UP_EXPIRY_SECONDS", "120")))
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+CELERY_TASK_QUEUES = (Queue(CELERY_TASK_DEFAULT_QUEUE), Queue(RECKON_SCAN_QUEUE))
+CELERY_TASK_ROUTES = {"tasks.recovery_scan": {"queue": RECKON_SCAN_QUEUE}}
+_scan_every = float(os.environ.get("RECKON_SCAN_SECONDS", "15"))
+CELERY_BEAT_SCHEDULE["recovery-scan"] = {
+    "task": "tasks.recovery_scan",
+    "schedule": _scan_every,
+    "options": {"queue": RECKON_SCAN_QUEUE, "expires": _scan_every},
+}
+# Celery leaves the root logger to LOGGING above (its own handler beside it would print every worker line twice, and
+# not as JSON); Celery wake-ups carry their task id in every record (observability/apps.py).
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+INSTALLED_APPS.append("observability")
+
+# Chain heads anchored outside the database (helper "anchor", issue 11; audit/anchors.py, tasks/anchors.py): every
+# RECKON_ANCHOR_SECONDS the beat appends a checkpoint of the audit chain's head and the tasks' log heads, signed with
+# HMAC-SHA256 under RECKON_ANCHOR_KEY (the base64 text of 32 random bytes; the database never holds it), to
+# RECKON_ANCHOR_PATH (default DATA_DIR/anchors/heads.log, created 0600, only appended to). verify_audit and
+# verify_log then find a chain whose tail was cut and head rolled back. UNSET, anchoring is off and both say
+# "not anchored". Keep the file where a database superuser cannot write (another host or volume, or shipped off).
+RECKON_ANCHOR_KEY = os.environ.get("RECKON_ANCHOR_KEY", "")
+RECKON_ANCHOR_PATH = os.environ.get("RECKON_ANCHOR_PATH", "")
+RECKON_ANCHOR_SECONDS = float(os.environ.get("RECKON_ANCHOR_SECONDS", "300"))
+CELERY_BEAT_SCHEDULE["anchor-heads"] = {"task": "audit.anchor_heads", "schedule": RECKON_ANCHOR_SECONDS}

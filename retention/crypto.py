@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from django.conf import settings
 
-from retention.errors import RetentionCorrupt, RetentionKeyInvalid, RetentionKeyMismatch
+from retention.errors import RetentionCorrupt, RetentionKeyInvalid, RetentionKeyMismatch, RetentionKeyMissing
 
 MAGIC = b"RKR1"
 KEY_BYTES = 32
@@ -34,15 +34,22 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _DEVELOPMENT_INFO = b"reckon retention development key v1"
 
 
+_DEVELOPMENT_MODES = ("development", "test")
+
+
 def using_development_key() -> bool:
     """True when no RECKON_RETENTION_KEY is configured and the key is derived from SECRET_KEY."""
     return not str(settings.RECKON_RETENTION_KEY).strip()
 
 
 def retention_key() -> bytes:
-    """The configured key; without one, a development key derived from SECRET_KEY (see settings)."""
+    """The configured key. Without one, only in the development and test modes (settings.RECKON_ENV), a development
+    key derived from SECRET_KEY; in production none is derived at all (RetentionKeyMissing), so no object is ever
+    sealed or opened with a key anyone holding SECRET_KEY, or the public development one, could compute."""
     configured = str(settings.RECKON_RETENTION_KEY).strip()
     if not configured:
+        if getattr(settings, "RECKON_ENV", "production") not in _DEVELOPMENT_MODES:
+            raise RetentionKeyMissing("RECKON_RETENTION_KEY is not set, and production derives no key")
         return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=_DEVELOPMENT_INFO).derive(
             str(settings.SECRET_KEY).encode()
         )

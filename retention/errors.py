@@ -48,6 +48,13 @@ class RetentionKeyInvalid(RetentionError):
     code = "retention_key_invalid"
 
 
+class RetentionKeyMissing(RetentionKeyInvalid):
+    """RECKON_RETENTION_KEY is not set in production, where no key is derived (settings refuse to start so; this
+    guards a process whose settings were changed after start-up)."""
+
+    code = "retention_key_missing"
+
+
 class ExtensionRefused(RetentionError):
     """An extension that cannot be granted: not later than the current expiry, or lost a race."""
 

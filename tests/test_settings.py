@@ -52,6 +52,7 @@ def test_database_and_broker_urls_come_from_the_environment() -> None:
         "DATABASE_URL": "postgres://someone@db.example:5432/reckon_prod",
         "CELERY_BROKER_URL": "redis://cache.example:6379/0",
         "PATH": "/usr/bin:/bin",
+        "RECKON_ENV": "test",  # the development keys: this test is about the database and broker URLs
     }
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)  # noqa: S603
     assert out.stdout.split() == ["django.db.backends.postgresql", "reckon_prod", "redis://cache.example:6379/0"]
@@ -63,7 +64,11 @@ def test_the_step_statements_are_prepared_on_postgresql_unless_turned_off(switch
         "import django, os; os.environ['DJANGO_SETTINGS_MODULE'] = 'console.settings'; django.setup(); "
         "from django.conf import settings as s; print(s.DATABASES['default']['OPTIONS']['prepare_threshold'])"
     )
-    env = {"DATABASE_URL": "postgres://someone@db.example:5432/reckon_prod", "PATH": "/usr/bin:/bin"}
+    env = {
+        "DATABASE_URL": "postgres://someone@db.example:5432/reckon_prod",
+        "PATH": "/usr/bin:/bin",
+        "RECKON_ENV": "test",
+    }
     if switch is not None:
         env["RECKON_PG_PREPARE"] = switch
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)  # noqa: S603
