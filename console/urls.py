@@ -3,6 +3,8 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from observability.views import metrics
+
 urlpatterns = [
     path("", include("console.views.auth")),
     path("", include("console.views.queue")),
@@ -15,4 +17,6 @@ urlpatterns = [
     path("", include("console.views.api_tokens")),
     path("api/v1/", include("api.urls")),
     path("admin/", admin.site.urls),
+    # Prometheus scrape (observability/): its own bearer token, RECKON_METRICS_TOKEN; off when unset.
+    path("metrics", metrics, name="metrics"),
 ]

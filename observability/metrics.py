@@ -1,0 +1,311 @@
+"""Prometheus metrics computed from the database at scrape time.
+
+Every figure here is a query, not an in-process counter: the web processes, the workers and the beat are separate
+processes (often on separate hosts), and a counter kept in one of them would be per process and lost on restart.
+The database holds the whole history already (the event log, lease rows, operation rows, verification runs), so a
+scrape of any one web process reports what the whole deployment did, and the figures match the database exactly.
+
+Counters of events ("…_total") are counts of append-only or history rows, so they only grow (unless history is
+deleted, which the append-only triggers refuse for events). Gauges describe the state now.
+
+Cost: each scrape runs a fixed number of grouped counts (see ``QUERIES``). The open-operation counts use the partial
+index ``operation_open_idx``; tasks by status use ``task_status_idx``; the event, lease and operation histories are
+counted in full (one grouped scan each). A scrape result is kept for ``RECKON_METRICS_CACHE_SECONDS`` so that many
+scrapers (or a fast scrape interval) cost no more than one scrape per period.
+"""
+
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.conf import settings
+from django.db.models import Count, Q, Sum
+from django.utils import timezone
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from audit.models import VerificationRun
+from leases.models import ForcedRelease, Lease
+from tasks.lifecycle import PauseReason, TaskStatus
+from tasks.models import Event, Operation, Task, TempResource, TempResourceStatus
+
+# A step's settlement (commit 2 of tasks/protocol.py) appends exactly one of these events: the step's outcome.
+STEP_OUTCOME_EVENTS: dict[str, str] = {
+    "node_succeeded": "succeeded",
+    "evidence_insufficient": "evidence_insufficient",
+    "operation_accepted": "accepted",
+    "operation_rejected": "rejected",
+    "operation_unknown": "unknown",
+    "operation_unprovable": "unprovable",
+    "operation_not_found": "not_found",
+    "operation_resolved_not_done": "resolved_not_done",
+}
+OPEN_OPERATION_STATUSES = ("dispatched", "accepted", "unknown")
+# Seconds from an operation's registration to its settlement, for operations that went unknown on the way (their
+# settlement is the reconciler's: a query by op key). Prometheus' usual buckets, stretched to an hour.
+RECONCILIATION_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+
+
+@dataclass
+class Scrape:
+    """One reading of the database: the metric families and how long the reading took."""
+
+    families: list[Metric]
+    seconds: float
+    at: float = field(default_factory=time.monotonic)
+
+
+def _tasks_by_state() -> Metric:
+    family = GaugeMetricFamily(
+        "reckon_tasks",
+        "Tasks now, by status and pause reason (reason is empty unless paused).",
+        labels=["status", "reason"],
+    )
+    counts = {(s.value, ""): 0 for s in TaskStatus if s != TaskStatus.PAUSED}
+    counts |= {(TaskStatus.PAUSED.value, r.value): 0 for r in PauseReason}
+    rows = Task.objects.order_by().values_list("status", "status_reason").annotate(n=Count("pk"))
+    for status, reason, n in rows:
+        counts[(status, reason)] = n
+    for (status, reason), n in sorted(counts.items()):
+        family.add_metric([status, reason], n)
+    return family
+
+
+def _operations_now() -> Iterator[Metric]:
+    open_ops = GaugeMetricFamily(
+        "reckon_operations_open",
+        "Operations sent and not settled now, by status (unknown: the answer was lost; only a query by op key "
+        "settles it).",
+        labels=["status"],
+    )
+    counts = dict.fromkeys(OPEN_OPERATION_STATUSES, 0)
+    rows = (
+        Operation.objects.filter(status__in=OPEN_OPERATION_STATUSES)
+        .order_by()
+        .values_list("status")
+        .annotate(n=Count("pk"))
+    )
+    counts |= dict(rows)
+    for status, n in counts.items():
+        open_ops.add_metric([status], n)
+    yield open_ops
+    unprovable = Operation.objects.filter(status="unknown", failure_class="unprovable").count()
+    yield GaugeMetricFamily(
+        "reckon_operations_unprovable",
+        "Operations now unknown that the remote can neither dedupe nor be queried for: a person must decide.",
+        value=unprovable,
+    )
+    oldest = (
+        Operation.objects.filter(status="unknown").order_by("registered_at").values_list("registered_at", flat=True)
+    ).first()
+    yield GaugeMetricFamily(
+        "reckon_operations_unknown_oldest_seconds",
+        "Age of the oldest operation now unknown (0: none): how far reconciliation is behind.",
+        value=_age(oldest),
+    )
+
+
+def _age(moment: datetime | None) -> float:
+    return max(0.0, (timezone.now() - moment).total_seconds()) if moment is not None else 0.0
+
+
+def _reconciliation_latency() -> Metric:
+    """Registration to settlement of every settled operation that was unknown on the way (its failure class says
+    the connection was interrupted, or it could not be proven): how long reconciling took."""
+    rows = Operation.objects.filter(
+        settled_at__isnull=False, failure_class__in=["connection_interrupted", "unprovable"]
+    ).values_list("registered_at", "settled_at")
+    durations = [(settled - registered).total_seconds() for registered, settled in rows if settled is not None]
+    return _histogram(
+        "reckon_reconciliation_seconds",
+        "Seconds from an operation's registration to its settlement, for operations whose answer was lost "
+        "(settled by a query by op key or a person).",
+        durations,
+        RECONCILIATION_BUCKETS,
+    )
+
+
+def _histogram(name: str, documentation: str, values: Iterable[float], bounds: tuple[float, ...]) -> Metric:
+    ordered = sorted(values)
+    buckets: list[tuple[str, float]] = []
+    for bound in bounds:
+        buckets.append((repr(bound), float(sum(1 for v in ordered if v <= bound))))
+    buckets.append(("+Inf", float(len(ordered))))
+    family = HistogramMetricFamily(name, documentation)
+    family.add_metric([], buckets, sum_value=sum(ordered))
+    return family
+
+
+def _steps_by_outcome() -> Metric:
+    family = CounterMetricFamily(
+        "reckon_steps",
+        "Steps settled since the database began, by outcome (one settlement event each).",
+        labels=["outcome"],
+    )
+    counts = dict.fromkeys(STEP_OUTCOME_EVENTS.values(), 0)
+    rows = Event.objects.filter(type__in=STEP_OUTCOME_EVENTS).order_by().values_list("type").annotate(n=Count("pk"))
+    for event_type, n in rows:
+        counts[STEP_OUTCOME_EVENTS[event_type]] += n
+    for outcome, n in counts.items():
+        family.add_metric([outcome], n)
+    return family
+
+
+def _retries_by_failure_class() -> Metric:
+    """Each operation that failed is one attempt the failure class then decides on (DESIGN §6): retried after
+    backoff (dependency_unavailable), queried by op key and possibly re-sent (connection_interrupted), or handed
+    to a person or a re-plan (the others)."""
+    family = CounterMetricFamily(
+        "reckon_operation_failures",
+        "Operations that failed, by failure class: the retries (and the pauses) each class led to.",
+        labels=["failure_class"],
+    )
+    rows = Operation.objects.exclude(failure_class="").order_by().values_list("failure_class").annotate(n=Count("pk"))
+    for failure_class, n in sorted(rows):
+        family.add_metric([failure_class], n)
+    return family
+
+
+def _leases() -> Iterator[Metric]:
+    grants = CounterMetricFamily(
+        "reckon_lease_grants", "Leases granted (one lease row each), by holder kind.", labels=["holder_kind"]
+    )
+    by_kind = dict.fromkeys(("agent", "operator"), 0)
+    by_kind |= dict(Lease.objects.order_by().values_list("holder_kind").annotate(n=Count("pk")))
+    for kind, n in by_kind.items():
+        grants.add_metric([kind], n)
+    yield grants
+    releases = CounterMetricFamily(
+        "reckon_lease_releases",
+        "Leases closed, by reason: released by the holder, expired (closed by the next grant after TTL and grace), "
+        "forced (an admin removed the holder).",
+        labels=["reason"],
+    )
+    by_reason = dict.fromkeys(("released", "expired", "forced"), 0)
+    by_reason |= dict(
+        Lease.objects.filter(released_at__isnull=False).order_by().values_list("release_reason").annotate(n=Count("pk"))
+    )
+    for reason, n in by_reason.items():
+        releases.add_metric([reason], n)
+    yield releases
+    now = timezone.now()
+    grace = settings.RECKON_LEASE_GRACE
+    open_leases = Lease.objects.open()
+    held = GaugeMetricFamily(
+        "reckon_leases_open",
+        "Leases not closed now: live (before expiry), in grace (only the holder may renew), lapsed (past expiry and "
+        "grace, closed by the next grant).",
+        labels=["state"],
+    )
+    aggregate = open_leases.aggregate(
+        live=Count("pk", filter=Q(expires_at__gt=now)),
+        grace=Count("pk", filter=Q(expires_at__lte=now, expires_at__gt=now - grace)),
+        lapsed=Count("pk", filter=Q(expires_at__lte=now - grace)),
+    )
+    for state in ("live", "grace", "lapsed"):
+        held.add_metric([state], aggregate[state])
+    yield held
+    forced = CounterMetricFamily(
+        "reckon_forced_releases", "Forced releases by an admin, by review status.", labels=["review"]
+    )
+    by_review = dict.fromkeys(("pending", "accepted", "disputed"), 0)
+    by_review |= dict(ForcedRelease.objects.order_by().values_list("status").annotate(n=Count("pk")))
+    for review, n in by_review.items():
+        forced.add_metric([review], n)
+    yield forced
+
+
+def _cleanup_backlog() -> Metric:
+    family = GaugeMetricFamily(
+        "reckon_cleanup_backlog",
+        "Temp resources not deleted yet, by status (stuck: the remote refused every delete; a person must look).",
+        labels=["status"],
+    )
+    waiting = [s for s in TempResourceStatus.values if s != TempResourceStatus.DELETED]
+    counts = dict.fromkeys(waiting, 0)
+    counts |= dict(
+        TempResource.objects.filter(status__in=waiting).order_by().values_list("status").annotate(n=Count("pk"))
+    )
+    for status, n in counts.items():
+        family.add_metric([status], n)
+    return family
+
+
+def _chain_verification() -> Iterator[Metric]:
+    runs = VerificationRun.objects.aggregate(
+        runs=Count("pk"),
+        tasks=Sum("tasks_with_problems"),
+        audit=Count("pk", filter=~Q(audit_problem="")),
+    )
+    failures = CounterMetricFamily(
+        "reckon_chain_verification_failures",
+        "Problems found by log verification runs: tasks whose event log failed, runs whose audit chain failed.",
+        labels=["chain"],
+    )
+    failures.add_metric(["task_events"], runs["tasks"] or 0)
+    failures.add_metric(["audit"], runs["audit"])
+    yield failures
+    yield CounterMetricFamily("reckon_chain_verification_runs", "Log verification runs recorded.", value=runs["runs"])
+    quarantines = Event.objects.filter(type="quarantined").count()
+    yield CounterMetricFamily(
+        "reckon_quarantines",
+        "Tasks quarantined (the log and the projection disagreed), one event each.",
+        value=quarantines,
+    )
+
+
+# The readings, in exposition order. Each is a fixed number of grouped queries.
+QUERIES = (
+    lambda: [_tasks_by_state()],
+    _operations_now,
+    lambda: [_reconciliation_latency()],
+    lambda: [_steps_by_outcome()],
+    lambda: [_retries_by_failure_class()],
+    _leases,
+    lambda: [_cleanup_backlog()],
+    _chain_verification,
+)
+
+
+def read_database() -> Scrape:
+    started = time.perf_counter()
+    families: list[Metric] = [family for query in QUERIES for family in query()]
+    seconds = time.perf_counter() - started
+    families.append(
+        GaugeMetricFamily(
+            "reckon_metrics_scrape_seconds", "Seconds the database reading of this scrape took.", value=seconds
+        )
+    )
+    return Scrape(families, seconds)
+
+
+class DatabaseCollector(Collector):
+    """Reads the database when scraped; a reading is reused for ``max_age`` seconds (0: never reused)."""
+
+    def __init__(self, max_age: float = 0.0) -> None:
+        self.max_age = max_age
+        self._last: Scrape | None = None
+        self._lock = threading.Lock()
+
+    def collect(self) -> Iterable[Metric]:
+        with self._lock:
+            last = self._last
+            if last is None or time.monotonic() - last.at >= self.max_age:
+                last = self._last = read_database()
+            return list(last.families)
+
+
+def exposition(collector: DatabaseCollector) -> bytes:
+    """The Prometheus text format of one scrape."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return generate_latest(registry)
