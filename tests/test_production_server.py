@@ -4,6 +4,7 @@ compressed) and the agent API against the test database. Requests land on more t
 the master and every worker after the request in flight is answered. ``./dev serve`` refuses to start without a
 real secret key, or with DEBUG on."""
 
+import base64
 import importlib.util
 import os
 import re
@@ -98,6 +99,9 @@ def served(transactional_db: None, tmp_path: Path) -> Iterator[Served]:
         "RECKON_BIND": f"127.0.0.1:{port}",
         "RECKON_WEB_WORKERS": str(WORKERS),
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
+        # ./dev serve runs in the production mode: everything a deployment must set (README, Secure defaults).
+        "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "RECKON_RETENTION_KEY": base64.b64encode(os.urandom(32)).decode(),
         "GUNICORN_CMD_ARGS": "--worker-connections 1",
     }
     process, log = _serve(tmp_path, env)

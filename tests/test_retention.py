@@ -31,7 +31,7 @@ from audit.services import verify_audit
 from leases.clock import ControllableClock
 from leases.models import Lease
 from retention import checks
-from retention.crypto import seal
+from retention.crypto import retention_key, seal
 from retention.errors import (
     ExtensionBeyondBound,
     ExtensionLimitReached,
@@ -41,6 +41,7 @@ from retention.errors import (
     RetentionExpired,
     RetentionKeyInvalid,
     RetentionKeyMismatch,
+    RetentionKeyMissing,
     RetentionNotFound,
     RetentionRefused,
 )
@@ -254,6 +255,37 @@ def test_without_a_configured_key_the_development_key_still_seals(task, clock, s
     settings.SECRET_KEY = "another secret key"
     with pytest.raises(RetentionKeyMismatch):
         fetch(ref)
+
+
+def test_an_object_sealed_with_the_development_key_is_not_read_with_a_configured_one(task, clock, settings) -> None:
+    """The other direction: what the demo sealed with the public development key stays unreadable (named error, no
+    plaintext) once a real key is configured, and the configured key's objects under the development key."""
+    settings.RECKON_RETENTION_KEY = ""
+    developed = keep(task, name="developed")
+    settings.RECKON_RETENTION_KEY = KEY
+    configured = keep(task, name="configured")
+    with pytest.raises(RetentionKeyMismatch):
+        fetch(developed)
+    settings.RECKON_RETENTION_KEY = ""
+    with pytest.raises(RetentionKeyMismatch):
+        fetch(configured)
+
+
+def test_in_production_no_key_is_derived_at_all(task, clock, settings, retention_settings) -> None:
+    """Outside the development and test modes an unset key is no key: nothing is sealed (refused, nothing written)
+    and nothing sealed earlier under the derived key is opened, whatever SECRET_KEY is."""
+    settings.RECKON_RETENTION_KEY = ""
+    sealed_in_development = keep(task, name="development")
+    settings.RECKON_ENV = "production"
+    with pytest.raises(RetentionKeyMissing):
+        retention_key()
+    with pytest.raises(RetentionKeyMissing) as caught:
+        fetch(sealed_in_development)
+    assert CONTEXT.decode() not in str(caught.value)
+    assert_refused(RetentionKeyMissing, retention_settings, lambda: keep(task))
+    assert [m.id for m in checks.retention_key_check()] == ["retention.E002"]
+    settings.RECKON_RETENTION_KEY = KEY  # a configured key works in production as anywhere
+    assert fetch(keep(task, name="configured")) == CONTEXT
 
 
 @pytest.mark.parametrize("configured", ["not base64!", base64.b64encode(b"short").decode()])
