@@ -1,0 +1,140 @@
+"""Logs (observability/logs.py): each record printed once, whatever logger it came from; JSON lines that parse and
+carry the task id, version and op key where the caller or the wake-up knows them.
+
+The doubled lines of issue 11: Django's own "django" logger had a console handler of its own (under DEBUG) and also
+propagated to the root's handler. Checked in a fresh process, as the settings configure logging at start-up."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery.signals import task_postrun, task_prerun
+
+from observability.logs import ContextFilter, JsonFormatter, TextFormatter, bound, logging_config
+from tasks.jobs import drive_task, recovery_scan
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# One record from each kind of logger a Reckon process has: Django's request and server loggers, Django's parent
+# logger, a project logger with the task fields passed by the caller, and one with an exception.
+EMIT = """
+import logging, django
+django.setup()
+logging.getLogger("django.request").warning("request-line")
+logging.getLogger("django.server").info("server-line")
+logging.getLogger("django").info("django-line")
+logging.getLogger("tasks.jobs").info("task-line", extra={"task_id": 7, "task_version": 12, "op_key": "rk-abc-0"})
+try:
+    1 / 0
+except ZeroDivisionError:
+    logging.getLogger("hooks.services").exception("failure-line")
+"""
+
+
+def emitted(log_format: str) -> list[str]:
+    env = os.environ | {
+        "RECKON_LOG_FORMAT": log_format,
+        "DJANGO_DEBUG": "1",
+        "DJANGO_SETTINGS_MODULE": "console.settings",
+    }
+    run = subprocess.run(  # noqa: S603
+        [sys.executable, "-c", EMIT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=True
+    )
+    return (run.stderr + run.stdout).splitlines()
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_each_record_is_printed_once(log_format: str) -> None:
+    lines = emitted(log_format)
+    for message in ("request-line", "server-line", "django-line", "task-line", "failure-line"):
+        assert sum(message in line for line in lines) == 1, (message, lines)
+
+
+def test_json_lines_parse_and_carry_what_the_caller_knows() -> None:
+    lines = emitted("json")
+    records = [json.loads(line) for line in lines]  # every line is one JSON object: a traceback spans no lines
+    by_message = {r["message"]: r for r in records}
+    task = by_message["task-line"]
+    assert (task["task_id"], task["task_version"], task["op_key"]) == (7, 12, "rk-abc-0")
+    assert (task["level"], task["logger"]) == ("INFO", "tasks.jobs")
+    assert task["time"].endswith("+00:00")
+    request = by_message["request-line"]
+    assert request["level"] == "WARNING" and "task_id" not in request and "op_key" not in request
+    failure = by_message["failure-line"]
+    assert "ZeroDivisionError" in failure["exception"] and failure["level"] == "ERROR"
+
+
+def test_the_text_format_shows_the_task_fields_after_the_message() -> None:
+    line = next(line for line in emitted("text") if "task-line" in line)
+    assert line.endswith("INFO tasks.jobs: task-line [task_id=7 task_version=12 op_key=rk-abc-0]")
+
+
+def test_an_unknown_format_is_refused_at_start_up() -> None:
+    with pytest.raises(ValueError, match="RECKON_LOG_FORMAT"):
+        logging_config(log_format="xml", level="INFO")
+    env = os.environ | {"RECKON_LOG_FORMAT": "xml", "DJANGO_SETTINGS_MODULE": "console.settings"}
+    run = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert run.returncode != 0 and "RECKON_LOG_FORMAT" in run.stderr
+
+
+def capture(formatter: logging.Formatter) -> tuple[logging.Logger, StringIO]:
+    stream = StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(formatter)
+    handler.addFilter(ContextFilter())
+    logger = logging.getLogger(f"tests.logging.{id(stream)}")
+    logger.propagate = False
+    logger.handlers = [handler]
+    logger.setLevel(logging.INFO)
+    return logger, stream
+
+
+def parsed(stream: StringIO) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def test_fields_bound_around_code_reach_every_record_and_the_caller_s_own_win() -> None:
+    logger, stream = capture(JsonFormatter())
+    with bound(task_id=3, task_version=5):
+        logger.info("inside")
+        with bound(op_key="rk-x-1"):
+            logger.info("deeper", extra={"task_version": 6})
+    logger.info("outside")
+    inside, deeper, outside = parsed(stream)
+    assert (inside["task_id"], inside["task_version"]) == (3, 5) and "op_key" not in inside
+    assert (deeper["task_id"], deeper["task_version"], deeper["op_key"]) == (3, 6, "rk-x-1")
+    assert not {"task_id", "task_version", "op_key"} & outside.keys()
+
+
+def test_a_wake_up_binds_its_task_for_the_records_logged_while_it_runs() -> None:
+    """The Celery signals around drive_task(task_id, seen_version) (observability/apps.py); other jobs bind
+    nothing, and nothing stays bound after the job."""
+    logger, stream = capture(JsonFormatter())
+    task_prerun.send(sender=drive_task, task_id="celery-1", task=drive_task, args=(41, 9), kwargs={})
+    logger.info("during")
+    task_postrun.send(sender=drive_task, task_id="celery-1", task=drive_task, args=(41, 9), kwargs={})
+    logger.info("after")
+    task_prerun.send(sender=recovery_scan, task_id="celery-2", task=recovery_scan, args=("q",), kwargs={})
+    logger.info("scan")
+    task_postrun.send(sender=recovery_scan, task_id="celery-2", task=recovery_scan, args=("q",), kwargs={})
+    during, after, scan = parsed(stream)
+    assert (during["task_id"], during["task_version"]) == (41, 9)
+    assert "task_id" not in after and "task_id" not in scan
+
+
+def test_a_multi_line_message_stays_one_json_line_and_one_text_record() -> None:
+    logger, stream = capture(JsonFormatter())
+    logger.info("first\nsecond", extra={"op_key": "rk-y-0"})
+    [record] = parsed(stream)
+    assert record["message"] == "first\nsecond" and record["op_key"] == "rk-y-0"
+    text_logger, text = capture(TextFormatter())
+    text_logger.info("first\nsecond", extra={"task_id": 1})
+    assert text.getvalue().splitlines()[0].endswith("first [task_id=1]")
