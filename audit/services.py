@@ -9,6 +9,7 @@ from typing import Any
 
 from django.db import transaction
 
+from audit.anchors import AnchorFile, anchored_audit_head, read_anchors
 from audit.append_only import AUDIT_TRIGGERS, missing_triggers
 from audit.models import AuditEvent, AuditHead
 from audit.principals import Principal
@@ -84,15 +85,29 @@ class AuditVerdict:
     checked: int
     broken_at: int | None
     problem: str | None
+    # What the anchor file vouches for (audit/anchors.py): "not anchored …" when there is no key or no checkpoint.
+    anchor: str = ""
 
 
 def verify_audit() -> AuditVerdict:
     """Walk the chain in seq order; report the first broken link (gap, altered row, reordered chain), a head that is
-    missing or does not name the chain's last event, or an append-only trigger that is missing or disabled."""
+    missing or does not name the chain's last event, a chain that no longer reaches the head a signed checkpoint
+    outside the database anchored (its tail cut, consistently or not), a checkpoint line that fails its HMAC, or an
+    append-only trigger that is missing or disabled."""
+    anchors = read_anchors()
+    verdict = _verify_chain(anchors)
+    return AuditVerdict(verdict.checked, verdict.broken_at, verdict.problem, anchors.status())
+
+
+def _verify_chain(anchors: AnchorFile) -> AuditVerdict:
+    anchored = anchored_audit_head(anchors)
+    anchored_digest: str | None = None
     prev, expected = GENESIS, 1
     checked = 0
     for event in AuditEvent.objects.order_by("seq").iterator():
         checked += 1
+        if anchored is not None and event.seq == anchored.seq:
+            anchored_digest = event.digest
         if event.seq != expected:
             return AuditVerdict(checked, expected, f"audit event #{expected} is missing (next is #{event.seq})")
         if event.prev_digest != prev:
@@ -105,6 +120,22 @@ def verify_audit() -> AuditVerdict:
         return AuditVerdict(checked, expected - 1, f"the audit chain's head is missing (the chain ends at #{checked})")
     if head is not None and (head.seq != expected - 1 or head.digest != prev):
         return AuditVerdict(checked, head.seq, f"the chain ends at #{expected - 1} but its head says #{head.seq}")
+    if anchored is not None and anchored.seq > expected - 1:
+        return AuditVerdict(
+            checked,
+            anchored.seq,
+            f"the audit chain ends at #{expected - 1} but the checkpoint of {anchored.at} anchored it at "
+            f"#{anchored.seq}: its tail was cut and its head rolled back",
+        )
+    if anchored is not None and anchored_digest != anchored.digest:
+        return AuditVerdict(
+            checked,
+            anchored.seq,
+            f"audit event #{anchored.seq} is not the one the checkpoint of {anchored.at} anchored: the chain was "
+            "rewritten from there back",
+        )
+    if anchors.bad_lines:
+        return AuditVerdict(checked, None, "; ".join(anchors.bad_lines))
     missing = missing_triggers(AUDIT_TRIGGERS)
     if missing:  # the chain reads sound, but nothing in the database keeps it append-only any more
         return AuditVerdict(checked, None, "append-only triggers missing or disabled: " + ", ".join(missing))

@@ -4,8 +4,10 @@ Checked: the event log (contiguous seq, hash chain) rebuilds the stored projecti
 definition is the one of the accepted plan revision whose digest the log carries; every receipt is
 the one the log recorded; the facts a call is made from (an operation's request, target and purpose, the task's
 input refs, every temp resource's locator and node, none missing) are the ones the log recorded; the task row's head
-is the log's last digest; no stored payload carries credential-like data. One task's problem never stops the others
-from being checked, not even a record that breaks the checker. The log's append-only triggers are checked too.
+is the log's last digest; the log still reaches the head a signed checkpoint outside the database anchored (a tail
+cut with the row rolled back consistently is found: tasks/anchors.py); no stored payload carries credential-like
+data. One task's problem never stops the others from being checked, not even a record that breaks the checker. The
+log's append-only triggers are checked too.
 """
 
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from audit.append_only import Triggers, missing_triggers
 from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
+from tasks.anchors import find_anchor_problem
 from tasks.cas import Change, compare_and_set
 from tasks.errors import PlanInvalid, StoredFactAltered, VersionConflict
 from tasks.events import find_log_problem
@@ -232,6 +235,9 @@ def find_problems(task: Task) -> list[str]:
     log_problem = find_log_problem(task)
     if log_problem:
         problems.append(log_problem)
+    anchor_problem = find_anchor_problem(task)
+    if anchor_problem:
+        problems.append(anchor_problem)
     problems += _definition_problems(task) + _receipt_problems(task) + _stored_fact_problems(task)
     secrets = find_secrets(task)
     if secrets:

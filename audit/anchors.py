@@ -1,0 +1,221 @@
+"""Chain heads anchored outside the database (issue 11): a signed checkpoint of the heads, appended to a file.
+
+The triggers keep the audit chain and the event logs append-only against everyone but a database superuser (or
+whoever can write SQLite's file). Such a person can cut a chain's tail and roll its head back so that the database
+reads consistently; only a record kept elsewhere shows the chain once went further. A checkpoint is one JSON line —
+when, the audit chain's head (seq, digest), and what the other apps' head sources add (the tasks' log heads,
+tasks/anchors.py) — signed with HMAC-SHA256 under RECKON_ANCHOR_KEY, a key the database never holds, and appended to
+RECKON_ANCHOR_PATH (opened O_APPEND, created 0600, fsynced). Each line also names the MAC of the line before it, so a
+line taken out of the middle is seen. A line whose MAC does not verify is reported and never trusted.
+
+Without a key anchoring is off and the verify commands say "not anchored": nothing pretends.
+
+``audit`` imports no app of the project: the other apps' heads come from head sources registered by their own
+``anchors`` module, found with Django's ``autodiscover_modules`` when a checkpoint is written.
+"""
+
+import base64
+import binascii
+import fcntl
+import hashlib
+import hmac
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+from django.utils.module_loading import autodiscover_modules
+
+from audit.models import AuditHead
+
+FORMAT = 1
+
+
+class AnchorKeyInvalid(Exception):
+    """RECKON_ANCHOR_KEY is set but is not the base64 text of 32 bytes: refused rather than used weakened."""
+
+    code = "anchor_key_invalid"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One verified line of the anchor file."""
+
+    line: int
+    at: str
+    audit_seq: int
+    audit_digest: str
+    sections: Mapping[str, Any]
+    mac: str
+
+
+@dataclass(frozen=True)
+class AnchorFile:
+    """What the anchor file holds: its verified checkpoints (oldest first) and the lines that are not trusted."""
+
+    path: Path
+    enabled: bool
+    checkpoints: tuple[Checkpoint, ...] = ()
+    bad_lines: tuple[str, ...] = field(default=())
+
+    @property
+    def newest(self) -> Checkpoint | None:
+        return self.checkpoints[-1] if self.checkpoints else None
+
+    def status(self) -> str:
+        """One sentence on what anchoring can vouch for, for the verify commands."""
+        if not self.enabled:
+            return "not anchored (RECKON_ANCHOR_KEY is not set): a chain cut and its head rolled back is not found"
+        if self.newest is None:
+            return f"not anchored yet: no valid checkpoint in {self.path}"
+        return f"anchored: {len(self.checkpoints)} checkpoint(s) in {self.path}, the newest of {self.newest.at}"
+
+
+# name → a function given the newest checkpoint (or None) that returns the section it adds to a new checkpoint.
+type HeadSource = Callable[[Checkpoint | None], Any]
+_SOURCES: dict[str, HeadSource] = {}
+
+
+def register_head_source(name: str, source: HeadSource) -> None:
+    """An app's ``anchors`` module adds its heads to every checkpoint under ``name``."""
+    _SOURCES[name] = source
+
+
+def anchor_key() -> bytes | None:
+    text = getattr(settings, "RECKON_ANCHOR_KEY", "")
+    if not text:
+        return None
+    try:
+        key = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        key = b""
+    if len(key) != 32:
+        raise AnchorKeyInvalid("RECKON_ANCHOR_KEY must be the base64 text of 32 random bytes")
+    return key
+
+
+def anchor_path() -> Path:
+    configured = getattr(settings, "RECKON_ANCHOR_PATH", "")
+    return Path(configured) if configured else Path(settings.DATA_DIR) / "anchors" / "heads.log"
+
+
+def _canonical(body: Mapping[str, Any]) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _mac(key: bytes, body: Mapping[str, Any]) -> str:
+    return hmac.new(key, _canonical(body), hashlib.sha256).hexdigest()
+
+
+def _parse(key: bytes, path: Path, text: str) -> tuple[list[Checkpoint], list[str]]:
+    good: list[Checkpoint] = []
+    bad: list[str] = []
+    prev = ""
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            body = json.loads(raw)
+            mac = body.pop("mac")
+            trusted = isinstance(mac, str) and hmac.compare_digest(mac, _mac(key, body))
+        except (ValueError, TypeError, AttributeError, KeyError):
+            trusted, mac = False, ""
+        if not trusted:
+            bad.append(f"anchor file {path} line {number} fails its HMAC: altered or not ours, not trusted")
+            continue
+        if body.get("prev", "") != prev:
+            bad.append(f"anchor file {path} line {number} does not follow the line before it: a line was removed")
+        audit = body.get("audit", {})
+        good.append(
+            Checkpoint(
+                line=number,
+                at=str(body.get("at", "")),
+                audit_seq=int(audit.get("seq", 0)),
+                audit_digest=str(audit.get("digest", "")),
+                sections={k: v for k, v in body.items() if k not in ("v", "at", "prev", "audit")},
+                mac=mac,
+            )
+        )
+        prev = mac
+    return good, bad
+
+
+_cache: dict[tuple[str, bytes, int, int], AnchorFile] = {}
+
+
+def read_anchors() -> AnchorFile:
+    """The anchor file, verified line by line. Read again only when it grew (it is only appended to), so checking
+    many tasks one by one reads it once."""
+    path = anchor_path()
+    key = anchor_key()
+    if key is None:
+        return AnchorFile(path=path, enabled=False)
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return AnchorFile(path=path, enabled=True)
+    cache_key = (str(path), hashlib.sha256(key).digest(), stat.st_size, stat.st_mtime_ns)
+    if cache_key not in _cache:
+        good, bad = _parse(key, path, path.read_text(encoding="utf-8", errors="replace"))
+        _cache.clear()
+        _cache[cache_key] = AnchorFile(path=path, enabled=True, checkpoints=tuple(good), bad_lines=tuple(bad))
+    return _cache[cache_key]
+
+
+def _open_for_append(path: Path) -> int:
+    """The anchor file's own append-only place: private to the service's user, appended to, never rewritten."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+
+def anchor_heads(*, at: datetime | None = None) -> Checkpoint | None:
+    """Write one checkpoint of every chain's head; None when anchoring is off (no key).
+
+    Run periodically by the beat (audit.anchor_heads, RECKON_ANCHOR_SECONDS) and by ``manage.py anchor_heads``.
+    The file is locked while the line before is read and the new one written, so two writers never fork the line
+    chain.
+    """
+    key = anchor_key()
+    if key is None:
+        return None
+    autodiscover_modules("anchors")
+    path = anchor_path()
+    fd = _open_for_append(path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        previous = read_anchors().newest
+        head = AuditHead.objects.filter(pk=1).first()
+        body: dict[str, Any] = {
+            "v": FORMAT,
+            "at": (at or timezone.now()).isoformat(),
+            "prev": previous.mac if previous else "",
+            "audit": {"seq": head.seq if head else 0, "digest": head.digest if head else ""},
+        }
+        for name, source in sorted(_SOURCES.items()):
+            body[name] = source(previous)
+        mac = _mac(key, body)
+        os.write(fd, _canonical({**body, "mac": mac}) + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)  # closing releases the lock
+    return read_anchors().newest
+
+
+@dataclass(frozen=True)
+class AnchoredHead:
+    seq: int
+    digest: str
+    at: str
+
+
+def anchored_audit_head(anchors: AnchorFile) -> AnchoredHead | None:
+    """The furthest audit head any verified checkpoint vouches for (heads only move forward)."""
+    best = max(anchors.checkpoints, key=lambda c: c.audit_seq, default=None)
+    if best is None or best.audit_seq == 0:
+        return None
+    return AnchoredHead(best.audit_seq, best.audit_digest, best.at)
