@@ -6,11 +6,14 @@ import socket
 from typing import Any
 
 from celery import Task, shared_task
+from django.db import InterfaceError, OperationalError, close_old_connections
+from django.utils import timezone
 
 from leases import clock
 from tasks.bulk import bulk_run_apply, bulk_runs_stalled
+from tasks.failures import backoff
 from tasks.models import Task as TaskRow
-from tasks.recovery import tasks_needing_work
+from tasks.recovery import tasks_needing_work, wake_up_begin, wake_up_claim, wake_up_expiry
 from tasks.registry import connector_for, known_kinds
 from tasks.runner import run_task_once
 
@@ -22,49 +25,77 @@ def _holder_id() -> str:
     return f"worker:{socket.gethostname()}:{os.getpid()}"
 
 
+# An interrupted wake-up (the database connection broke) is sent again this many times, backing off; after that the
+# recovery scan finds the task.
+WAKE_UP_RETRIES = 5
+
+
 @shared_task(name="tasks.drive_task", acks_late=True, ignore_result=True, bind=True)
 def drive_task(self: Task[Any, Any], task_id: int, seen_version: int | None = None) -> str:
     """One wake-up, with the connector registered for the task's kind (tasks/registry.py); a kind no app registered
-    raises UnknownTaskKind (the worker logs it; the task is left as it is, for the scan to find again)."""
+    raises UnknownTaskKind (the worker logs it; the task is left as it is, for the scan to find again).
+
+    A database connection lost mid-way (OperationalError): the runner gives the lease back on a new connection, and
+    this wake-up is sent again after a growing, jittered delay (tasks.failures.backoff)."""
+    try:
+        return _drive(self, task_id, seen_version)
+    except (OperationalError, InterfaceError) as exc:
+        close_old_connections()
+        attempt = self.request.retries + 1
+        delay = backoff(now=timezone.now(), attempt=attempt, seed=f"{task_id}:{seen_version}:db").delay
+        raise self.retry(exc=exc, countdown=delay.total_seconds(), max_retries=WAKE_UP_RETRIES) from exc
+
+
+def _drive(job: Task[Any, Any], task_id: int, seen_version: int | None) -> str:
     kind = TaskRow.objects.filter(pk=task_id).values_list("kind", flat=True).first()
     if kind is None:
         return "skipped: task_not_found"
     connector = connector_for(kind)
+    resting_until = wake_up_begin(task_id=task_id, seen_version=seen_version)
+    if resting_until is not None:  # its remote is down: asked again then (the scan finds it), not now
+        return f"skipped: remote down, next try at {resting_until:%H:%M:%S}"
     wake = run_task_once(task_id=task_id, holder_id=_holder_id(), connector=connector, seen_version=seen_version)
-    if wake.wake_at is not None:
-        # Backoff or an accepted operation to observe: ask for the next wake-up. Losing this message costs only
-        # latency (the scan finds the task); a duplicate finds nothing to do.
+    if wake.wake_at is not None and wake.version is not None:
+        # Backoff, an accepted operation to observe, a remote that is down: ask for the next wake-up, once per
+        # version (tasks.recovery.wake_up_claim). Losing this message costs only latency (the scan finds the task
+        # when its claim lapses); a duplicate finds nothing to do.
         countdown = max(0.0, (wake.wake_at - clock.now()).total_seconds())
-        if countdown <= MAX_COUNTDOWN_SECONDS:
-            queue = str((self.request.delivery_info or {}).get("routing_key") or "")
-            if queue:  # the queue this wake-up came from
-                drive_task.apply_async((task_id,), countdown=countdown, queue=queue)
-            else:
-                drive_task.apply_async((task_id,), countdown=countdown)
+        if countdown <= MAX_COUNTDOWN_SECONDS and wake_up_claim(task_id=task_id, version=wake.version, at=wake.wake_at):
+            queue = str((job.request.delivery_info or {}).get("routing_key") or "")  # the queue this one came from
+            expires = countdown + wake_up_expiry().total_seconds()
+            options: dict[str, Any] = {"countdown": countdown, "expires": expires} | ({"queue": queue} if queue else {})
+            drive_task.apply_async((task_id, wake.version), **options)
     return wake.summary
 
 
 @shared_task(name="tasks.recovery_scan", ignore_result=True)
 def recovery_scan(queue: str = "") -> int:
-    """Wake a worker for every task that needs one, naming the version seen. Running it twice, or on two workers,
-    dispatches nothing twice: wake-ups are deduplicated on (task id, version) — once one worker has moved the task
-    on, the other message finds its version stale and does nothing — and the lease serialises the rest.
+    """Wake a worker for every task that needs one, naming the version seen; return how many were queued.
+
+    At most one wake-up per (task, version) is ever queued: the scan reads only tasks without a live claim, and
+    claims each before sending (tasks.recovery.wake_up_claim), so scans run back to back, or on two workers, add
+    nothing. Each message expires (RECKON_WAKE_UP_EXPIRY) with its claim: a stale one is dropped by the broker's
+    consumer, a lost one stops blocking and the next scan queues it again. Beat sends the scan itself on a queue of
+    its own (RECKON_SCAN_QUEUE), so it never waits behind the wake-ups it queued.
 
     Only tasks of a kind with a connector registered here (tasks/registry.py): a kind that agents drive over the
     API has none, and its agent — not a worker — is the one to come back for it."""
     seen = list(tasks_needing_work().filter(kind__in=known_kinds()).values_list("pk", "version"))
+    expires = wake_up_expiry().total_seconds()
+    sent = 0
     for task_id, version in seen:
-        if queue:
-            drive_task.apply_async((task_id, version), queue=queue)
-        else:
-            drive_task.delay(task_id, version)
+        if not wake_up_claim(task_id=task_id, version=version):
+            continue
+        options: dict[str, Any] = {"expires": expires} | ({"queue": queue} if queue else {})
+        drive_task.apply_async((task_id, version), **options)
+        sent += 1
     # A confirmed bulk run whose message was lost would wait for ever: send it again (applying it twice is safe).
     for run_id in bulk_runs_stalled(clock.now()):
         if queue:
             apply_bulk_run.apply_async((run_id,), queue=queue)
         else:
             apply_bulk_run.delay(run_id)
-    return len(seen)
+    return sent
 
 
 @shared_task(name="tasks.apply_bulk_run", acks_late=True, ignore_result=True)

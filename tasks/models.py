@@ -439,3 +439,33 @@ class BulkRunItem(models.Model):
 
     def __str__(self) -> str:
         return f"task {self.task_id} of bulk run {self.run_id}: {self.status}"
+
+
+class TaskWakeUp(models.Model):
+    """A task's worker wake-ups, as the database knows them (tasks/recovery.py; owned by the liveness work).
+
+    ``queued_version``/``queued_until``: a wake-up for that version is on the broker until then, so nobody queues
+    another (deduplication at enqueue). The wake-up clears it when it runs; a lost message stops blocking at
+    ``queued_until`` (the message's own expiry), so the recovery scan still makes it good.
+    ``remote_down_*``: the task's remote could not be reached that many times in a row, since then; it is asked
+    again no earlier than ``remote_next_ask_at`` (tasks.failures.backoff: growing, jittered, capped)."""
+
+    task = models.OneToOneField(Task, on_delete=models.CASCADE, primary_key=True, related_name="wake_up")
+    queued_version = models.PositiveBigIntegerField(null=True, blank=True)
+    queued_until = models.DateTimeField(null=True, blank=True)
+    remote_down_tries = models.PositiveIntegerField(default=0)
+    remote_down_since = models.DateTimeField(null=True, blank=True)
+    remote_next_ask_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"wake-ups of task {self.task_id}"
+
+    @property
+    def remote_down_detail(self) -> str:
+        """What the console and the API show while a remote stays down ("" when it answers)."""
+        if not self.remote_down_tries or self.remote_down_since is None or self.remote_next_ask_at is None:
+            return ""
+        return (
+            f"remote unreachable since {self.remote_down_since:%Y-%m-%d %H:%M:%S} UTC ({self.remote_down_tries} tries);"
+            f" next try at {self.remote_next_ask_at:%H:%M:%S} UTC"
+        )

@@ -9,6 +9,8 @@ import contextlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.db import InterfaceError, OperationalError, connection
+
 from leases import clock
 from leases.errors import LeaseError
 from leases.models import HolderKind, Lease
@@ -23,6 +25,7 @@ from tasks.models import OperationPurpose
 from tasks.outcomes import Accepted, Failed
 from tasks.protocol import Directive, next_directive, step_confirm_inputs, step_settle, step_start
 from tasks.queries import get_task
+from tasks.recovery import remote_down_record
 from tasks.snapshot import Snapshot, task_snapshot
 from tasks.verification import input_refs_verified
 
@@ -109,6 +112,7 @@ def recheck_receipts(*, task_id: int, lease: Lease, connector: Connector) -> Non
 class WakeUp:
     summary: str
     wake_at: datetime | None = None  # ask for another wake-up then (a lost request is made good by the scan)
+    version: int | None = None  # the task's version when the wake-up ended (the next wake-up names it)
 
 
 def run_task_once(
@@ -126,19 +130,43 @@ def run_task_once(
         lease = lease_acquire(task_id=task_id, holder_kind=HolderKind.AGENT, holder_id=holder_id)
     except LeaseError as refusal:
         return WakeUp(f"skipped: {refusal.code}")
+    try:
+        return _run_holding(task_id=task_id, lease=lease, connector=connector, max_steps=max_steps)
+    except (OperationalError, InterfaceError):
+        _let_go(lease)
+        raise
+
+
+def _let_go(lease: Lease) -> None:
+    """The database connection broke mid-wake-up (terminated, failed over): give the lease back on a new connection
+    at once rather than leave it held until TTL + grace. If the database cannot be reached either, the lease
+    lapses on its own; the next holder reconciles whatever was in flight, by op key."""
+    if connection.in_atomic_block:  # a caller's transaction owns the connection: it cannot be replaced here
+        return
+    connection.close()
+    with contextlib.suppress(LeaseError, OperationalError, InterfaceError):
+        lease_release(lease=lease)
+
+
+def _run_holding(*, task_id: int, lease: Lease, connector: Connector, max_steps: int) -> WakeUp:
     with contextlib.suppress(TaskError, LeaseError):  # moved meanwhile: run_steps reads it afresh, names refusals
         recheck_receipts(task_id=task_id, lease=lease, connector=connector)
     report = run_steps(task_id=task_id, lease=lease, connector=connector, max_steps=max_steps)
     cleaned = ""
-    if temp_resources_due(get_task(task_id)).exists():  # none unless the task has ended
+    task = get_task(task_id)
+    if temp_resources_due(task).exists():  # none unless the task has ended
         try:
             cleanup = cleanup_temp_resources(task_id=task_id, lease=report.lease, connector=connector)
             cleaned = f"; cleanup: {cleanup.deleted} deleted, {cleanup.remaining} left {cleanup.stopped_by}".rstrip()
         except (TaskError, LeaseError) as refusal:
             cleaned = f"; cleanup stopped: {refusal.code}"
+    wake_at = report.wake_at
+    # A remote that stays down is asked again later and later (tasks.recovery.remote_down_record), not every 2 s.
+    unreachable = report.stopped_by.startswith("remote_unreachable")
+    wake_at = remote_down_record(task=task, unreachable=unreachable) or wake_at
     with contextlib.suppress(LeaseError):  # lost meanwhile (expired past grace, forced): nothing to give back
         lease_release(lease=report.lease)
     last = report.directive
     outcome = f"{last.kind} {last.reason}".strip() if last else "no directive"
     stopped = f" ({report.stopped_by})" if report.stopped_by else ""
-    return WakeUp(f"{outcome}{stopped} after {report.steps} steps{cleaned}", wake_at=report.wake_at)
+    return WakeUp(f"{outcome}{stopped} after {report.steps} steps{cleaned}", wake_at=wake_at, version=task.version)

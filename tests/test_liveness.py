@@ -1,0 +1,255 @@
+"""Liveness under faults (issue 11 §4-5): the recovery scan never floods the broker, never waits behind the work it
+queues, a broken database connection does not keep a lease, and a remote that stays down is asked again later and
+later. The invariants stay: no duplicate side effect, a duplicated or late message is harmless, the scan makes good
+any lost message.
+
+Messages are counted on the configured broker (the filesystem broker by default, Redis or RabbitMQ when
+CELERY_BROKER_URL says so), on queues of each test's own that no worker consumes."""
+
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import OperationalError, connection, connections
+
+from console.celery import app
+from leases.clock import ControllableClock
+from leases.models import Lease
+from tasks.connectors.base import Connector
+from tasks.failures import backoff
+from tasks.jobs import drive_task, recovery_scan
+from tasks.lifecycle import FailureClass
+from tasks.models import Task, TaskWakeUp
+from tasks.outcomes import Committed, Failed, NotFound, Outcome
+from tasks.plans import task_create
+from tasks.recovery import tasks_needing_work, wake_up_begin, wake_up_expiry
+from tasks.registry import register_kind, unregister_kind
+from tasks.runner import run_task_once
+from tests.conftest import chain_plan
+
+KIND = "liveness_test"
+
+
+class Remote(Connector):
+    """An in-process remote that counts each op key it carried out; ``down`` makes every call fail as a broken
+    connection does (the outcome unknown); ``on_submit`` runs inside a call (a fault injected mid-wake-up)."""
+
+    def __init__(self) -> None:
+        self.effects: Counter[str] = Counter()
+        self.asked = 0
+        self.down = False
+        self.on_submit: Callable[[], None] = lambda: None
+
+    def submit(self, op_key: str, request: dict[str, Any]) -> Outcome:
+        if self.down:
+            return Failed(FailureClass.CONNECTION_INTERRUPTED, "connection refused")
+        self.effects[op_key] += 1
+        self.on_submit()
+        return Committed(remote_id=f"r-{op_key[-12:]}")
+
+    def compensate(self, op_key: str, request: dict[str, Any]) -> Outcome:
+        return self.submit(op_key, request)
+
+    def lookup(self, op_key: str) -> Outcome:
+        self.asked += 1
+        if self.down:
+            return Failed(FailureClass.CONNECTION_INTERRUPTED, "connection refused")
+        return Committed(remote_id=f"r-{op_key[-12:]}") if op_key in self.effects else NotFound()
+
+    def current_version(self, locator: str) -> str:
+        return "1"
+
+    def delete(self, op_key: str, locator: str) -> Outcome:
+        return Committed(remote_id=f"d-{op_key[-12:]}")
+
+
+@pytest.fixture
+def remote() -> Iterator[Remote]:
+    connector = Remote()
+    register_kind(KIND, connector=lambda: connector)
+    try:
+        yield connector
+    finally:
+        unregister_kind(KIND)
+
+
+def waiting_task(*keys: str) -> Task:
+    return task_create(kind=KIND, title="a waiting task", plan=chain_plan(*(keys or ("a", "b"))), created_by="test")
+
+
+def private_queue(what: str) -> str:
+    return f"liveness-{what}-{uuid.uuid4().hex[:10]}"
+
+
+def drained(queue: str) -> list[tuple[dict[str, Any], list[Any]]]:
+    """Every message on ``queue`` (headers, args), taken off it: what a worker would have been handed."""
+    found: list[tuple[dict[str, Any], list[Any]]] = []
+    with app.connection_for_read() as conn:
+        simple = conn.SimpleQueue(queue)
+        try:
+            while True:
+                try:
+                    message = simple.get_nowait()
+                except simple.Empty:
+                    return found
+                args, _kwargs, _embed = message.payload
+                found.append((dict(message.headers), list(args)))
+                message.ack()
+        finally:
+            simple.close()
+
+
+def test_scans_run_back_to_back_queue_one_wake_up_per_task_version_and_a_lost_one_again_after_its_expiry(
+    db: None, clock: ControllableClock, remote: Remote
+) -> None:
+    tasks = [waiting_task() for _ in range(6)]
+    queue = private_queue("wake")
+    sent = [recovery_scan(queue=queue) for _ in range(5)]
+    assert sent == [6, 0, 0, 0, 0]
+    messages = drained(queue)
+    assert sorted(tuple(args) for _, args in messages) == sorted((t.pk, t.version) for t in tasks)
+    assert {headers["task"] for headers, _ in messages} == {"tasks.drive_task"}
+    assert all(headers["expires"] for headers, _ in messages)  # a stale one is dropped, not run
+    claims = TaskWakeUp.objects.filter(queued_version__isnull=False)
+    assert sorted(claims.values_list("task_id", "queued_version")) == sorted((t.pk, t.version) for t in tasks)
+
+    # Those messages were lost (drained above, never run): their claims lapse with their expiry, and the scan
+    # queues each again, once.
+    clock.advance(wake_up_expiry() - timedelta(seconds=1))
+    assert recovery_scan(queue=queue) == 0
+    clock.advance(timedelta(seconds=2))
+    assert [recovery_scan(queue=queue) for _ in range(3)] == [6, 0, 0]
+    assert len(drained(queue)) == 6
+
+
+def test_a_wake_up_that_runs_clears_its_claim_and_a_new_version_may_be_woken_again(
+    db: None, clock: ControllableClock, remote: Remote
+) -> None:
+    task = waiting_task()
+    queue = private_queue("wake")
+    assert recovery_scan(queue=queue) == 1
+    [(_, args)] = drained(queue)
+    assert args == [task.pk, task.version]
+    assert wake_up_begin(task_id=task.pk, seen_version=task.version) is None
+    assert TaskWakeUp.objects.get(task=task).queued_version is None
+    assert recovery_scan(queue=queue) == 1  # still waiting, nothing queued for it: the scan queues one
+    drained(queue)
+
+
+def test_the_scan_has_a_queue_of_its_own_that_a_default_worker_consumes_and_beat_sends_it_there_with_an_expiry(
+    db: None,
+) -> None:
+    entry: dict[str, Any] = settings.CELERY_BEAT_SCHEDULE["recovery-scan"]
+    scan_queue = settings.RECKON_SCAN_QUEUE
+    assert entry["options"]["queue"] == scan_queue != app.conf.task_default_queue
+    assert 0 < entry["options"]["expires"] <= entry["schedule"]  # a scan that waited past the next one is dropped
+    assert app.amqp.router.route({}, "tasks.recovery_scan")["queue"].name == scan_queue  # .delay() too
+    assert {scan_queue, app.conf.task_default_queue} <= set(app.amqp.queues)  # `celery worker` without -Q
+
+    # 40 wake-ups already queued: the scan, sent as beat sends it (on a private stand-in for the scan queue), is the
+    # next message on its queue, behind none of them.
+    wake_queue, stand_in = private_queue("wake"), private_queue("scan")
+    for task_id in range(40):
+        drive_task.apply_async((task_id + 10**9,), queue=wake_queue)
+    app.send_task(entry["task"], **(entry["options"] | {"queue": stand_in}))
+    [(headers, _)] = drained(stand_in)
+    assert headers["task"] == "tasks.recovery_scan" and headers["expires"]
+    assert len(drained(wake_queue)) == 40
+
+
+def test_a_remote_that_stays_down_is_asked_at_growing_jittered_capped_intervals_and_the_task_says_so(
+    db: None, clock: ControllableClock, remote: Remote
+) -> None:
+    task = waiting_task("a")
+    remote.down = True
+    delays: list[float] = []
+    for attempt in range(1, 13):
+        wake = run_task_once(task_id=task.pk, holder_id=f"worker-{attempt}", connector=remote)
+        assert wake.wake_at is not None and "remote_unreachable" in wake.summary
+        delays.append((wake.wake_at - clock.now()).total_seconds())
+        row = TaskWakeUp.objects.get(task=task)
+        assert row.remote_down_tries == attempt and row.remote_next_ask_at == wake.wake_at
+        assert f"({attempt} tries)" in Task.objects.get(pk=task.pk).wake_up.remote_down_detail
+        # Not due yet: the scan leaves it alone and a wake-up that comes early asks nobody.
+        asked = remote.asked
+        assert task.pk not in set(tasks_needing_work().values_list("pk", flat=True))
+        assert wake_up_begin(task_id=task.pk, seen_version=None) == wake.wake_at
+        assert remote.asked == asked
+        clock.set(wake.wake_at)
+        assert task.pk in set(tasks_needing_work().values_list("pk", flat=True))
+
+    cap = settings.RECKON_BACKOFF_CAP.total_seconds()
+    base = settings.RECKON_BACKOFF_BASE.total_seconds()
+    raw = [min(cap, base * 2 ** (n - 1)) for n in range(1, 13)]
+    below_cap = [d for d, r in zip(delays, raw, strict=True) if r < cap]
+    assert len(below_cap) >= 8 and below_cap == sorted(below_cap) and len(set(below_cap)) == len(below_cap)
+    assert all(0.75 * r <= d <= 1.25 * r for d, r in zip(delays, raw, strict=True))  # jittered ±25%, capped
+    assert len({round(d / r, 4) for d, r in zip(delays, raw, strict=True)}) > 1  # not one fixed factor
+    assert delays[0] == backoff(now=clock.now(), attempt=1, seed=f"{task.uid}:remote_down").delay.total_seconds()
+
+    # The remote answers again: the task finishes, the call was carried out once, the outage is forgotten.
+    remote.down = False
+    wake = run_task_once(task_id=task.pk, holder_id="worker-last", connector=remote)
+    assert Task.objects.get(pk=task.pk).status == "completed", wake.summary
+    assert set(remote.effects.values()) == {1}
+    row = TaskWakeUp.objects.get(task=task)
+    assert (row.remote_down_tries, row.remote_next_ask_at, row.remote_down_detail) == (0, None, "")
+
+
+def _terminate_own_connection_once(remote: Remote) -> Callable[[], None]:
+    """Inside the remote call: have another session terminate this worker's database connection (as a failover or
+    an administrator would), once."""
+    done: list[int] = []
+
+    def terminate() -> None:
+        if done:
+            return
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            pid = cursor.fetchone()[0]
+        other = connections.create_connection("default")
+        try:
+            with other.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+        finally:
+            other.close()
+        done.append(pid)
+
+    return terminate
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="needs PostgreSQL (pg_terminate_backend)")
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_terminated_mid_wake_up_leaves_no_open_lease(remote: Remote) -> None:
+    task = waiting_task("a", "b")
+    remote.on_submit = _terminate_own_connection_once(remote)
+    with pytest.raises(OperationalError):
+        run_task_once(task_id=task.pk, holder_id="worker-1", connector=remote)
+    assert not Lease.objects.open().filter(task_id=task.pk).exists()  # given back at once, not after TTL + grace
+    [lease] = Lease.objects.filter(task_id=task.pk)
+    assert lease.released_at is not None and lease.release_reason == "released"
+
+    # The next wake-up reconciles the call in flight by op key and finishes: one effect per node.
+    run_task_once(task_id=task.pk, holder_id="worker-2", connector=remote)
+    assert Task.objects.get(pk=task.pk).status == "completed"
+    assert len(remote.effects) == 2 and set(remote.effects.values()) == {1}
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="needs PostgreSQL (pg_terminate_backend)")
+@pytest.mark.django_db(transaction=True)
+def test_a_wake_up_whose_connection_is_terminated_is_retried_and_finishes_with_no_duplicate(remote: Remote) -> None:
+    """drive_task run in place (eagerly): the interrupted try gives its lease back, the retry takes a new one."""
+    task = waiting_task("a", "b", "c")
+    remote.on_submit = _terminate_own_connection_once(remote)
+    drive_task.apply(args=(task.pk,))
+    assert Task.objects.get(pk=task.pk).status == "completed"
+    assert len(remote.effects) == 3 and set(remote.effects.values()) == {1}
+    leases = Lease.objects.filter(task_id=task.pk).order_by("epoch")
+    assert [lease.release_reason for lease in leases] == ["released", "released"]
+    assert not Lease.objects.open().filter(task_id=task.pk).exists()
