@@ -393,14 +393,3 @@ RECKON_ANCHOR_KEY = os.environ.get("RECKON_ANCHOR_KEY", "")
 RECKON_ANCHOR_PATH = os.environ.get("RECKON_ANCHOR_PATH", "")
 RECKON_ANCHOR_SECONDS = float(os.environ.get("RECKON_ANCHOR_SECONDS", "300"))
 CELERY_BEAT_SCHEDULE["anchor-heads"] = {"task": "audit.anchor_heads", "schedule": RECKON_ANCHOR_SECONDS}
-
-# Chain heads anchored outside the database (helper "anchor", issue 11; audit/anchors.py, tasks/anchors.py): every
-# RECKON_ANCHOR_SECONDS the beat appends a checkpoint of the audit chain's head and the tasks' log heads, signed with
-# HMAC-SHA256 under RECKON_ANCHOR_KEY (the base64 text of 32 random bytes; the database never holds it), to
-# RECKON_ANCHOR_PATH (default DATA_DIR/anchors/heads.log, created 0600, only appended to). verify_audit and
-# verify_log then find a chain whose tail was cut and head rolled back. UNSET, anchoring is off and both say
-# "not anchored". Keep the file where a database superuser cannot write (another host or volume, or shipped off).
-RECKON_ANCHOR_KEY = os.environ.get("RECKON_ANCHOR_KEY", "")
-RECKON_ANCHOR_PATH = os.environ.get("RECKON_ANCHOR_PATH", "")
-RECKON_ANCHOR_SECONDS = float(os.environ.get("RECKON_ANCHOR_SECONDS", "300"))
-CELERY_BEAT_SCHEDULE["anchor-heads"] = {"task": "audit.anchor_heads", "schedule": RECKON_ANCHOR_SECONDS}
