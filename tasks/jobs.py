@@ -13,7 +13,7 @@ from leases import clock
 from tasks.bulk import bulk_run_apply, bulk_runs_stalled
 from tasks.failures import backoff
 from tasks.models import Task as TaskRow
-from tasks.recovery import tasks_needing_work, wake_up_begin, wake_up_claim, wake_up_expiry
+from tasks.recovery import tasks_needing_work, wake_up_begin, wake_up_claim, wake_up_expiry, wake_up_unclaim
 from tasks.registry import connector_for, known_kinds
 from tasks.runner import run_task_once
 
@@ -64,8 +64,17 @@ def _drive(job: Task[Any, Any], task_id: int, seen_version: int | None) -> str:
             queue = str((job.request.delivery_info or {}).get("routing_key") or "")  # the queue this one came from
             expires = countdown + wake_up_expiry().total_seconds()
             options: dict[str, Any] = {"countdown": countdown, "expires": expires} | ({"queue": queue} if queue else {})
-            drive_task.apply_async((task_id, wake.version), **options)
+            _send_claimed(task_id, wake.version, options)
     return wake.summary
+
+
+def _send_claimed(task_id: int, version: int, options: dict[str, Any]) -> None:
+    """Send the wake-up just claimed; if the broker refuses it, forget the claim so that nothing waits for it."""
+    try:
+        drive_task.apply_async((task_id, version), **options)
+    except Exception:
+        wake_up_unclaim(task_id=task_id, version=version)
+        raise
 
 
 @shared_task(name="tasks.recovery_scan", ignore_result=True)
@@ -86,8 +95,7 @@ def recovery_scan(queue: str = "") -> int:
     for task_id, version in seen:
         if not wake_up_claim(task_id=task_id, version=version):
             continue
-        options: dict[str, Any] = {"expires": expires} | ({"queue": queue} if queue else {})
-        drive_task.apply_async((task_id, version), **options)
+        _send_claimed(task_id, version, {"expires": expires} | ({"queue": queue} if queue else {}))
         sent += 1
     # A confirmed bulk run whose message was lost would wait for ever: send it again (applying it twice is safe).
     for run_id in bulk_runs_stalled(clock.now()):

@@ -57,7 +57,8 @@ def wake_up_claim(*, task_id: int, version: int, at: datetime | None = None) -> 
 
 def wake_up_begin(*, task_id: int, seen_version: int | None) -> datetime | None:
     """A wake-up starts: clear the claim it was queued under (a later scan may queue the next one) and say until
-    when the task's remote is left alone (None: ask it now)."""
+    when the task's remote is left alone (None: go on). Only a wake-up naming a version — the scan's, or the one a
+    worker asked for itself — waits for the remote's backoff; one sent by a person's action (a hand-back) goes on."""
     row = TaskWakeUp.objects.filter(task_id=task_id).values_list("queued_version", "remote_next_ask_at").first()
     if row is None:
         return None
@@ -66,7 +67,7 @@ def wake_up_begin(*, task_id: int, seen_version: int | None) -> datetime | None:
         TaskWakeUp.objects.filter(task_id=task_id, queued_version=seen_version).update(
             queued_version=None, queued_until=None
         )
-    if next_ask_at is not None and next_ask_at > clock.now() + EARLY_TOLERANCE:
+    if seen_version is not None and next_ask_at is not None and next_ask_at > clock.now() + EARLY_TOLERANCE:
         return next_ask_at
     return None
 
@@ -91,3 +92,8 @@ def remote_down_record(*, task: Task, unreachable: bool) -> datetime | None:
             remote_next_ask_at=wait.not_before,
         )
     return wait.not_before
+
+
+def wake_up_unclaim(*, task_id: int, version: int) -> None:
+    """The message of a claim could not be sent (the broker refused it): forget the claim, so the next scan tries."""
+    TaskWakeUp.objects.filter(task_id=task_id, queued_version=version).update(queued_version=None, queued_until=None)

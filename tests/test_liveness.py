@@ -177,7 +177,8 @@ def test_a_remote_that_stays_down_is_asked_at_growing_jittered_capped_intervals_
         # Not due yet: the scan leaves it alone and a wake-up that comes early asks nobody.
         asked = remote.asked
         assert task.pk not in set(tasks_needing_work().values_list("pk", flat=True))
-        assert wake_up_begin(task_id=task.pk, seen_version=None) == wake.wake_at
+        assert wake.version is not None
+        assert wake_up_begin(task_id=task.pk, seen_version=wake.version) == wake.wake_at
         assert remote.asked == asked
         clock.set(wake.wake_at)
         assert task.pk in set(tasks_needing_work().values_list("pk", flat=True))
@@ -198,6 +199,40 @@ def test_a_remote_that_stays_down_is_asked_at_growing_jittered_capped_intervals_
     assert set(remote.effects.values()) == {1}
     row = TaskWakeUp.objects.get(task=task)
     assert (row.remote_down_tries, row.remote_next_ask_at, row.remote_down_detail) == (0, None, "")
+
+
+def test_while_the_remote_rests_a_versioned_wake_up_asks_nobody_but_a_persons_hand_back_goes_on(
+    db: None, clock: ControllableClock, remote: Remote
+) -> None:
+    task = waiting_task("a")
+    remote.down = True
+    wake = run_task_once(task_id=task.pk, holder_id="worker-1", connector=remote)
+    asked = remote.asked
+    early = drive_task.apply(args=(task.pk, wake.version)).get()  # a scan's or its own wake-up, come too early
+    assert str(early).startswith("skipped: remote down") and remote.asked == asked
+    assert not Lease.objects.open().filter(task_id=task.pk).exists()
+
+    remote.down = False
+    drive_task.apply(args=(task.pk,)).get()  # a person handed the task back: no version named, it goes on
+    assert Task.objects.get(pk=task.pk).status == "completed" and set(remote.effects.values()) == {1}
+
+
+def test_a_wake_up_the_broker_refused_is_not_claimed(
+    db: None, clock: ControllableClock, remote: Remote, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = waiting_task()
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise ConnectionRefusedError("broker down")
+
+    monkeypatch.setattr(drive_task, "apply_async", refuse)
+    with pytest.raises(ConnectionRefusedError):
+        recovery_scan(queue=private_queue("wake"))
+    assert not TaskWakeUp.objects.filter(task=task, queued_version__isnull=False).exists()
+    monkeypatch.undo()
+    queue = private_queue("wake")
+    assert recovery_scan(queue=queue) == 1  # the next scan sends it
+    assert [args for _, args in drained(queue)] == [[task.pk, task.version]]
 
 
 def _terminate_own_connection_once(remote: Remote) -> Callable[[], None]:
