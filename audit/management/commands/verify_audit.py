@@ -14,7 +14,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         verdict = verify_audit()
         if verdict.anchor:
-            self.stdout.write(f"verify_audit: {verdict.anchor}")
+            self.stdout.write(f"anchors: {verdict.anchor}")
         if verdict.problem:
             if verdict.broken_at is None:  # not a link: the append-only triggers or the anchor file
                 self.stdout.write(f"verify_audit: {verdict.checked} events, chain intact; PROBLEM: {verdict.problem}")

@@ -24,7 +24,7 @@ class Command(BaseCommand):
         if options["task"]:
             tasks = tasks.filter(pk__in=options["task"])
         anchors = read_anchors()
-        self.stdout.write(f"verify_log: {anchors.status()}")
+        self.stdout.write(f"anchors: {anchors.status()}")
         checked = failed = quarantined = 0
         events = Event.objects.filter(task__in=tasks).count()  # before any quarantine event is added
         for task_id in tasks.values_list("pk", flat=True):
