@@ -393,3 +393,8 @@ RECKON_ANCHOR_KEY = os.environ.get("RECKON_ANCHOR_KEY", "")
 RECKON_ANCHOR_PATH = os.environ.get("RECKON_ANCHOR_PATH", "")
 RECKON_ANCHOR_SECONDS = float(os.environ.get("RECKON_ANCHOR_SECONDS", "300"))
 CELERY_BEAT_SCHEDULE["anchor-heads"] = {"task": "audit.anchor_heads", "schedule": RECKON_ANCHOR_SECONDS}
+
+# Traces (observability/tracing.py): off unless RECKON_TRACES is console, file:<path> or otlp. The middleware opens a
+# span per request when on and costs one check when off.
+RECKON_TRACES = os.environ.get("RECKON_TRACES", "")
+MIDDLEWARE.insert(0, "observability.tracing.TracingMiddleware")

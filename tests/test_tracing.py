@@ -1,0 +1,98 @@
+"""Traces (observability/tracing.py): one trace from the code that queues a wake-up, through the worker's job, to
+each connector call, carrying the task id, the version and the op key. The worker is a real Celery process exporting
+its spans to a file (RECKON_TRACES=file:…); this process keeps its spans in memory."""
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import Client
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from agents.demo import migration_plan
+from api.tokens import api_token_issue
+from observability import tracing
+from tasks.jobs import drive_task
+from tasks.lifecycle import NodeStatus
+from tasks.models import Node, Operation
+from tasks.plans import task_create
+from tests.conftest import chain_plan, person
+from tests.simulator_fixture import Simulator
+from tests.workers import celery_worker
+
+EXPORTED = InMemorySpanExporter()
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """This process traced into memory (the global provider is set once per process: the first test sets it)."""
+    tracing.configure(SimpleSpanProcessor(EXPORTED))
+    if not tracing.enabled():
+        pytest.skip("another tracer provider was configured first")
+    EXPORTED.clear()
+    yield EXPORTED
+    EXPORTED.clear()
+
+
+def read_spans(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_wake_up_s_trace_carries_the_op_key_from_the_sender_to_the_connector(
+    store: Simulator, tmp_path: Path, spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    span_file = tmp_path / "spans.jsonl"
+    monkeypatch.setenv("RECKON_TRACES", f"file:{span_file}")
+    task = task_create(kind="migrate_project", title="Migrate acme", plan=migration_plan(), created_by="agent:m")
+    with celery_worker(store.url) as queue:
+        with tracing.tracer().start_as_current_span("operator asks for a wake-up") as sender:
+            drive_task.apply_async((task.pk, task.version), queue=queue)
+        trace_id = f"0x{sender.get_span_context().trace_id:032x}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            done = Node.objects.filter(task=task, status=NodeStatus.SUCCEEDED).count() >= 6
+            jobs = [s for s in read_spans(span_file) if s["name"] == "tasks.drive_task"]
+            if done and jobs:
+                break
+            time.sleep(0.2)
+    worker_spans = read_spans(span_file)
+    job = next(s for s in worker_spans if s["name"] == "tasks.drive_task")
+    # The worker's job continues the sender's trace, a child of the sender's span.
+    assert job["context"]["trace_id"] == trace_id
+    assert job["parent_id"] == f"0x{sender.get_span_context().span_id:016x}"
+    assert job["attributes"]["reckon.task_id"] == task.pk
+    assert job["attributes"]["reckon.task_version"] == task.version
+    # Each operation the wake-up sent is a connector span in the same trace, under the job, with its op key.
+    submits = [s for s in worker_spans if s["name"] == "connector.submit" and s["context"]["trace_id"] == trace_id]
+    op_keys = set(Operation.objects.filter(task=task).values_list("op_key", flat=True))
+    assert op_keys and {s["attributes"]["reckon.op_key"] for s in submits} == op_keys
+    assert all(s["attributes"]["reckon.task_id"] == task.pk for s in submits)
+    assert all(s["attributes"]["reckon.outcome"] == "Committed" for s in submits)
+    assert {s["parent_id"] for s in submits} <= {
+        s["context"]["span_id"] for s in worker_spans if s["context"]["trace_id"] == trace_id
+    }
+
+
+@pytest.mark.django_db
+def test_an_api_request_is_a_server_span_naming_its_task(client: Client, spans: InMemorySpanExporter) -> None:
+    task = task_create(kind="copy", title="t", plan=chain_plan("a"), created_by="agent:m")
+    token = api_token_issue(actor=person("root", "admin"), agent_id="agent-7", kinds=("copy",), projects=())[1]
+    response = client.get(f"/api/v1/tasks/{task.pk}", headers={"Authorization": f"Bearer {token}"})
+    assert response.status_code == 200
+    [span] = [s for s in spans.get_finished_spans() if s.name.startswith("GET ")]
+    assert span.attributes is not None
+    assert span.attributes["reckon.task_id"] == task.pk
+    assert span.attributes["http.response.status_code"] == 200
+
+
+def test_tracing_is_off_unless_asked() -> None:
+    assert tracing.processor_for("") is None
+    with pytest.raises(Exception, match="RECKON_TRACES"):
+        tracing.processor_for("zipkin")
