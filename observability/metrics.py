@@ -36,7 +36,7 @@ from prometheus_client.registry import Collector
 from audit.models import VerificationRun
 from leases.models import ForcedRelease, Lease
 from tasks.lifecycle import PauseReason, TaskStatus
-from tasks.models import Event, Operation, Task, TempResource, TempResourceStatus
+from tasks.models import Event, Operation, Task, TaskWakeUp, TempResource, TempResourceStatus
 
 # A step's settlement (commit 2 of tasks/protocol.py) appends exactly one of these events: the step's outcome.
 STEP_OUTCOME_EVENTS: dict[str, str] = {
@@ -263,6 +263,26 @@ def _chain_verification() -> Iterator[Metric]:
     )
 
 
+def _wake_ups() -> Iterator[Metric]:
+    """What tasks/recovery.py records of wake-ups: the claim taken when one is queued (at most one per task
+    version: a second is deduplicated at enqueue) and a remote that stays down."""
+    now = timezone.now()
+    rows = TaskWakeUp.objects.aggregate(
+        queued=Count("pk", filter=Q(queued_version__isnull=False, queued_until__gt=now)),
+        remote_down=Count("pk", filter=Q(remote_down_tries__gt=0)),
+    )
+    yield GaugeMetricFamily(
+        "reckon_wake_ups_queued",
+        "Tasks with a wake-up on the broker now (its claim not lapsed): another for the same version is not queued.",
+        value=rows["queued"],
+    )
+    yield GaugeMetricFamily(
+        "reckon_tasks_remote_down",
+        "Tasks whose remote could not be reached on the last try: asked again after a growing, jittered backoff.",
+        value=rows["remote_down"],
+    )
+
+
 # The readings, in exposition order. Each is a fixed number of grouped queries.
 QUERIES = (
     lambda: [_tasks_by_state()],
@@ -272,6 +292,7 @@ QUERIES = (
     lambda: [_retries_by_failure_class()],
     _leases,
     lambda: [_cleanup_backlog()],
+    _wake_ups,
     _chain_verification,
 )
 

@@ -18,6 +18,7 @@ from leases.services import lease_acquire, lease_release
 from tasks.connectors.objectstore import ObjectStoreConnector
 from tasks.models import Event, Operation, Task
 from tasks.plans import task_create
+from tasks.recovery import wake_up_claim
 from tasks.runner import run_steps
 from tests.conftest import person
 from tests.simulator_fixture import Simulator
@@ -82,6 +83,8 @@ def test_a_scrape_of_a_live_server_after_the_reference_task_shows_the_database_f
     assert value(found, "reckon_lease_releases_total", reason="released") == 1
     assert value(found, "reckon_leases_open", state="live") == 0
     assert value(found, "reckon_quarantines_total") == 0
+    assert value(found, "reckon_wake_ups_queued") == 0
+    assert value(found, "reckon_tasks_remote_down") == 0
 
     # And each is the database's own count.
     outcomes = dict(Event.objects.filter(task=task).order_by().values_list("type").annotate(n=Count("pk")))
@@ -106,6 +109,13 @@ def test_the_figures_follow_the_database_not_the_process(live_server: Any, metri
     make_task()
     second = samples(httpx.get(f"{live_server.url}/metrics", headers=headers).text)
     assert value(second, "reckon_tasks", status="pending", reason="") == 2 == Task.objects.count()
+    # A wake-up claimed (queued) and a second refused for the same version: one queued, as the database says.
+    task = Task.objects.first()
+    assert task is not None
+    assert wake_up_claim(task_id=task.pk, version=task.version)
+    assert not wake_up_claim(task_id=task.pk, version=task.version)
+    third = samples(httpx.get(f"{live_server.url}/metrics", headers=headers).text)
+    assert value(third, "reckon_wake_ups_queued") == 1
 
 
 @pytest.mark.django_db
