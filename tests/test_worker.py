@@ -12,7 +12,7 @@ import pytest
 from agents.demo import migration_plan
 from tasks.jobs import drive_task, recovery_scan
 from tasks.lifecycle import NodeStatus, OperationStatus
-from tasks.models import Node, Operation, Task
+from tasks.models import Node, Operation, Task, TaskWakeUp
 from tasks.plans import task_create
 from tests.simulator_fixture import Simulator
 from tests.workers import celery_worker
@@ -82,3 +82,19 @@ def test_a_refused_call_is_retried_after_its_backoff_by_the_worker_asking_for_it
     assert [op.failure_class for op in rejected] == ["dependency_unavailable"]
     effects = store.stats()["by_op_key"]
     assert len(effects) == EFFECT_NODES and set(effects.values()) == {1}
+
+
+def test_scans_run_back_to_back_beside_a_worker_queue_each_wake_up_once_and_each_run_clears_its_claim(
+    store: Simulator, queue: str
+) -> None:
+    """The random-kill run's flood (a wake-up per waiting task per scan) cannot happen: ten scans in a row queue one
+    wake-up per task version, the worker runs each, and each run clears the claim it was queued under."""
+    tasks = [demo_task(f"p{i}") for i in range(3)]
+    sent = [recovery_scan(queue=queue) for _ in range(10)]
+    assert sum(sent) == len(tasks) and sent[0] == len(tasks)
+    for task in tasks:
+        wait_for(task, EFFECT_NODES)
+    effects = store.stats()["by_op_key"]
+    assert len(effects) == EFFECT_NODES * len(tasks) and set(effects.values()) == {1}
+    claims = TaskWakeUp.objects.filter(task__in=tasks)
+    assert claims.count() == len(tasks) and not claims.filter(queued_version__isnull=False).exists()
