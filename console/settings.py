@@ -1,5 +1,13 @@
 """Reckon settings. Everything deployment-specific comes from the environment.
 
+RECKON_ENV         production (default) | development (./dev demo) | test (pytest, ./dev test); see below
+DJANGO_SECRET_KEY, DJANGO_ALLOWED_HOSTS, RECKON_RETENTION_KEY   required in production (start-up refuses without)
+DJANGO_DEBUG       1 turns DEBUG on (default: off in production, on in development and test)
+RECKON_HTTPS       1 when served over TLS (redirect, secure cookies, HSTS); each also on its own: RECKON_SSL_REDIRECT,
+                   RECKON_SECURE_COOKIES, RECKON_HSTS_SECONDS, RECKON_HSTS_INCLUDE_SUBDOMAINS, RECKON_HSTS_PRELOAD
+RECKON_PROXY_SSL_HEADER 1 behind a proxy that sets X-Forwarded-Proto; DJANGO_CSRF_TRUSTED_ORIGINS comma-separated
+RECKON_LOGIN_FAILURE_LIMIT, RECKON_LOGIN_COOLOFF_MINUTES   login throttling (django-axes)
+
 DATABASE_URL      default: SQLite file data/reckon.sqlite3 (WAL, IMMEDIATE transactions, busy timeout)
 RECKON_CONN_MAX_AGE seconds a database connection is kept (default 600: persistent)
 RECKON_PG_PREPARE  "off" stops psycopg preparing the step's statements (a pooler that cannot keep them)
