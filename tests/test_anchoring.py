@@ -309,3 +309,10 @@ def test_the_beat_writes_a_checkpoint_periodically(settings: SettingsWrapper) ->
     entry = settings.CELERY_BEAT_SCHEDULE["anchor-heads"]
     assert entry["task"] == "audit.anchor_heads" and entry["schedule"] == settings.RECKON_ANCHOR_SECONDS
     assert anchor_heads_job.name == "audit.anchor_heads"
+
+
+def test_the_worker_finds_the_job_where_celery_looks_for_jobs(db: None) -> None:
+    from console.celery import app
+
+    app.loader.import_default_modules()
+    assert "audit.anchor_heads" in app.tasks
