@@ -145,19 +145,26 @@ def _histogram(name: str, documentation: str, values: Iterable[float], bounds: t
     return family
 
 
-def _steps_by_outcome() -> Metric:
+def _events() -> Iterator[Metric]:
+    """Steps by outcome and quarantines: one grouped pass over the event log for both."""
     family = CounterMetricFamily(
         "reckon_steps",
         "Steps settled since the database began, by outcome (one settlement event each).",
         labels=["outcome"],
     )
     counts = dict.fromkeys(STEP_OUTCOME_EVENTS.values(), 0)
-    rows = Event.objects.filter(type__in=STEP_OUTCOME_EVENTS).order_by().values_list("type").annotate(n=Count("pk"))
-    for event_type, n in rows:
-        counts[STEP_OUTCOME_EVENTS[event_type]] += n
+    wanted = [*STEP_OUTCOME_EVENTS, "quarantined"]
+    rows = dict(Event.objects.filter(type__in=wanted).order_by().values_list("type").annotate(n=Count("pk")))
+    for event_type, outcome in STEP_OUTCOME_EVENTS.items():
+        counts[outcome] += rows.get(event_type, 0)
     for outcome, n in counts.items():
         family.add_metric([outcome], n)
-    return family
+    yield family
+    yield CounterMetricFamily(
+        "reckon_quarantines",
+        "Tasks quarantined (the log and the projection disagreed), one event each.",
+        value=rows.get("quarantined", 0),
+    )
 
 
 def _retries_by_failure_class() -> Metric:
@@ -180,7 +187,13 @@ def _leases() -> Iterator[Metric]:
         "reckon_lease_grants", "Leases granted (one lease row each), by holder kind.", labels=["holder_kind"]
     )
     by_kind = dict.fromkeys(("agent", "operator"), 0)
-    by_kind |= dict(Lease.objects.order_by().values_list("holder_kind").annotate(n=Count("pk")))
+    by_reason = dict.fromkeys(("released", "expired", "forced"), 0)
+    for kind, reason, n in (
+        Lease.objects.order_by().values_list("holder_kind", "release_reason").annotate(n=Count("pk"))
+    ):
+        by_kind[kind] = by_kind.get(kind, 0) + n
+        if reason:
+            by_reason[reason] = by_reason.get(reason, 0) + n
     for kind, n in by_kind.items():
         grants.add_metric([kind], n)
     yield grants
@@ -189,10 +202,6 @@ def _leases() -> Iterator[Metric]:
         "Leases closed, by reason: released by the holder, expired (closed by the next grant after TTL and grace), "
         "forced (an admin removed the holder).",
         labels=["reason"],
-    )
-    by_reason = dict.fromkeys(("released", "expired", "forced"), 0)
-    by_reason |= dict(
-        Lease.objects.filter(released_at__isnull=False).order_by().values_list("release_reason").annotate(n=Count("pk"))
     )
     for reason, n in by_reason.items():
         releases.add_metric([reason], n)
@@ -255,12 +264,6 @@ def _chain_verification() -> Iterator[Metric]:
     failures.add_metric(["audit"], runs["audit"])
     yield failures
     yield CounterMetricFamily("reckon_chain_verification_runs", "Log verification runs recorded.", value=runs["runs"])
-    quarantines = Event.objects.filter(type="quarantined").count()
-    yield CounterMetricFamily(
-        "reckon_quarantines",
-        "Tasks quarantined (the log and the projection disagreed), one event each.",
-        value=quarantines,
-    )
 
 
 def _wake_ups() -> Iterator[Metric]:
@@ -288,7 +291,7 @@ QUERIES = (
     lambda: [_tasks_by_state()],
     _operations_now,
     lambda: [_reconciliation_latency()],
-    lambda: [_steps_by_outcome()],
+    _events,
     lambda: [_retries_by_failure_class()],
     _leases,
     lambda: [_cleanup_backlog()],
