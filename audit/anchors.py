@@ -46,7 +46,7 @@ class AnchorKeyInvalid(Exception):
 class Checkpoint:
     """One verified line of the anchor file."""
 
-    line: int
+    line: int  # its number in the file; 0 when read alone (the line a new checkpoint follows, or the one written)
     at: str
     audit_seq: int
     audit_digest: str
@@ -112,6 +112,30 @@ def _mac(key: bytes, body: Mapping[str, Any]) -> str:
     return hmac.new(key, _canonical(body), hashlib.sha256).hexdigest()
 
 
+def _verified(key: bytes, raw: str) -> tuple[dict[str, Any], str] | None:
+    """The line's body and MAC if the MAC verifies under the key, else None."""
+    try:
+        body = json.loads(raw)
+        mac = body.pop("mac")
+    except (ValueError, TypeError, AttributeError, KeyError):
+        return None
+    if not isinstance(mac, str) or not hmac.compare_digest(mac, _mac(key, body)):
+        return None
+    return body, mac
+
+
+def _checkpoint(line: int, body: Mapping[str, Any], mac: str) -> Checkpoint:
+    audit = body.get("audit", {})
+    return Checkpoint(
+        line=line,
+        at=str(body.get("at", "")),
+        audit_seq=int(audit.get("seq", 0)),
+        audit_digest=str(audit.get("digest", "")),
+        sections={k: v for k, v in body.items() if k not in ("v", "at", "prev", "audit")},
+        mac=mac,
+    )
+
+
 def _parse(key: bytes, path: Path, text: str) -> tuple[list[Checkpoint], list[str]]:
     good: list[Checkpoint] = []
     bad: list[str] = []
@@ -119,28 +143,14 @@ def _parse(key: bytes, path: Path, text: str) -> tuple[list[Checkpoint], list[st
     for number, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue
-        try:
-            body = json.loads(raw)
-            mac = body.pop("mac")
-            trusted = isinstance(mac, str) and hmac.compare_digest(mac, _mac(key, body))
-        except (ValueError, TypeError, AttributeError, KeyError):
-            trusted, mac = False, ""
-        if not trusted:
+        verified = _verified(key, raw)
+        if verified is None:
             bad.append(f"anchor file {path} line {number} fails its HMAC: altered or not ours, not trusted")
             continue
+        body, mac = verified
         if body.get("prev", "") != prev:
             bad.append(f"anchor file {path} line {number} does not follow the line before it: a line was removed")
-        audit = body.get("audit", {})
-        good.append(
-            Checkpoint(
-                line=number,
-                at=str(body.get("at", "")),
-                audit_seq=int(audit.get("seq", 0)),
-                audit_digest=str(audit.get("digest", "")),
-                sections={k: v for k, v in body.items() if k not in ("v", "at", "prev", "audit")},
-                mac=mac,
-            )
-        )
+        good.append(_checkpoint(number, body, mac))
         prev = mac
     return good, bad
 
@@ -168,9 +178,37 @@ def read_anchors() -> AnchorFile:
 
 
 def _open_for_append(path: Path) -> int:
-    """The anchor file's own append-only place: private to the service's user, appended to, never rewritten."""
+    """The anchor file's own append-only place: private to the service's user, appended to (O_APPEND: every write
+    lands at the end), never rewritten; read only for the line a new checkpoint follows."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+
+
+def _last_line(fd: int) -> bytes:
+    """The file's last line, read backwards from its end: a checkpoint reads only the line it follows, not the file."""
+    end = os.lseek(fd, 0, os.SEEK_END)
+    tail = b""
+    position = end
+    while position > 0:
+        step = min(65536, position)
+        position -= step
+        tail = os.pread(fd, step, position) + tail
+        stripped = tail.rstrip(b"\n")
+        if b"\n" in stripped:
+            return stripped.rsplit(b"\n", 1)[1]
+    return tail.rstrip(b"\n")
+
+
+def _previous(fd: int, key: bytes) -> Checkpoint | None:
+    """The checkpoint a new one follows: the last line if it verifies, else (rare: a line not ours at the end) the
+    newest verified line of a full read."""
+    last = _last_line(fd).decode("utf-8", errors="replace")
+    if not last.strip():
+        return None
+    verified = _verified(key, last)
+    if verified is not None:
+        return _checkpoint(0, *verified)
+    return read_anchors().newest
 
 
 def anchor_heads(*, at: datetime | None = None) -> Checkpoint | None:
@@ -188,7 +226,7 @@ def anchor_heads(*, at: datetime | None = None) -> Checkpoint | None:
     fd = _open_for_append(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        previous = read_anchors().newest
+        previous = _previous(fd, key)
         head = AuditHead.objects.filter(pk=1).first()
         body: dict[str, Any] = {
             "v": FORMAT,
@@ -203,7 +241,7 @@ def anchor_heads(*, at: datetime | None = None) -> Checkpoint | None:
         os.fsync(fd)
     finally:
         os.close(fd)  # closing releases the lock
-    return read_anchors().newest
+    return _checkpoint(0, body, mac)
 
 
 @dataclass(frozen=True)

@@ -259,6 +259,19 @@ def test_a_line_taken_out_of_the_middle_is_reported(db: None, clock: Controllabl
     assert verdict.problem is not None and "does not follow the line before it" in verdict.problem
 
 
+def test_a_checkpoint_after_a_line_not_ours_follows_the_last_good_one(
+    db: None, clock: ControllableClock, anchoring: Path
+) -> None:
+    first = anchor_heads()
+    with anchoring.open("a") as file:
+        file.write('{"at": "forged", "audit": {"seq": 1}, "mac": "00"}\n')
+    anchor_heads()
+    anchors = read_anchors()
+    assert first is not None and [c.line for c in anchors.checkpoints] == [1, 3]
+    assert json.loads(anchoring.read_text().splitlines()[2])["prev"] == first.mac
+    assert len(anchors.bad_lines) == 1 and "line 2 fails its HMAC" in anchors.bad_lines[0]  # only the forged line
+
+
 def test_without_a_key_nothing_is_anchored_and_verify_says_so(
     db: None, clock: ControllableClock, settings: SettingsWrapper, tmp_path: Path
 ) -> None:
@@ -302,7 +315,7 @@ def test_the_anchor_file_is_private_and_only_appended_to(db: None, clock: Contro
     checkpoints = read_anchors().checkpoints
     assert [c.audit_seq for c in checkpoints] == [1, 2]
     assert json.loads(after.splitlines()[1])["prev"] == checkpoints[0].mac  # each line names the one before it
-    assert "checkpoint at line 2" in out.getvalue()
+    assert "checkpoint appended to" in out.getvalue() and "audit #2" in out.getvalue()
 
 
 def test_the_beat_writes_a_checkpoint_periodically(settings: SettingsWrapper) -> None:

@@ -19,6 +19,6 @@ class Command(BaseCommand):
         tasks = checkpoint.sections.get("tasks", {})
         heads = len(tasks.get("heads", {})) if isinstance(tasks, dict) else 0
         self.stdout.write(
-            f"anchor_heads: checkpoint at line {checkpoint.line} of {anchor_path()}: audit #{checkpoint.audit_seq}, "
+            f"anchor_heads: checkpoint appended to {anchor_path()}: audit #{checkpoint.audit_seq}, "
             f"{heads} task head(s) new since the one before"
         )
