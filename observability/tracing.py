@@ -41,6 +41,7 @@ from observability.logs import _BOUND
 TRACER_NAME = "reckon"
 TASK_ID, TASK_VERSION, OP_KEY = "reckon.task_id", "reckon.task_version", "reckon.op_key"
 _enabled = False
+_configured = False
 
 
 def enabled() -> bool:
@@ -75,15 +76,24 @@ def processor_for(setting: str) -> SpanProcessor | None:
 
 
 def configure(processor: SpanProcessor | None) -> None:
-    """Install a tracer provider with ``processor`` as the process's global one, once (the first wins)."""
-    global _enabled
-    if processor is None or _enabled:
+    """Install a tracer provider with ``processor`` as the process's global one (once: OpenTelemetry allows one
+    global provider, so a second processor is ignored) and make spans."""
+    global _enabled, _configured
+    if processor is None:
         return
-    service = os.environ.get("OTEL_SERVICE_NAME", "reckon")
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    provider.add_span_processor(processor)
-    trace.set_tracer_provider(provider)
+    if not _configured:
+        service = os.environ.get("OTEL_SERVICE_NAME", "reckon")
+        provider = TracerProvider(resource=Resource.create({"service.name": service}))
+        provider.add_span_processor(processor)
+        trace.set_tracer_provider(provider)
+        _configured = True
     _enabled = True
+
+
+def disable() -> None:
+    """Stop making spans (the provider stays): a test that traced leaves the next ones untraced."""
+    global _enabled
+    _enabled = False
 
 
 def tracer() -> trace.Tracer:
