@@ -13,11 +13,19 @@ from leases import clock
 from tasks.bulk import bulk_run_apply, bulk_runs_stalled
 from tasks.failures import backoff
 from tasks.models import Task as TaskRow
-from tasks.recovery import tasks_needing_work, wake_up_begin, wake_up_claim, wake_up_expiry, wake_up_unclaim
+from tasks.recovery import (
+    tasks_needing_work,
+    wake_up_begin,
+    wake_up_claim,
+    wake_up_defer,
+    wake_up_expiry,
+    wake_up_unclaim,
+)
 from tasks.registry import connector_for, known_kinds
 from tasks.runner import run_task_once
 
-# A wake-up asked for further away than this is left to the recovery scan (it finds the task from the database).
+# A wake-up asked for further away than this is left to the recovery scan (it finds the task from the database, and
+# not before it is due: tasks.recovery.wake_up_defer).
 MAX_COUNTDOWN_SECONDS = 300.0
 
 
@@ -60,7 +68,9 @@ def _drive(job: Task[Any, Any], task_id: int, seen_version: int | None) -> str:
         # version (tasks.recovery.wake_up_claim). Losing this message costs only latency (the scan finds the task
         # when its claim lapses); a duplicate finds nothing to do.
         countdown = max(0.0, (wake.wake_at - clock.now()).total_seconds())
-        if countdown <= MAX_COUNTDOWN_SECONDS and wake_up_claim(task_id=task_id, version=wake.version, at=wake.wake_at):
+        if countdown > MAX_COUNTDOWN_SECONDS:  # no message: the scan wakes it when due, not before
+            wake_up_defer(task_id=task_id, version=wake.version, until=wake.wake_at)
+        elif wake_up_claim(task_id=task_id, version=wake.version, at=wake.wake_at):
             queue = str((job.request.delivery_info or {}).get("routing_key") or "")  # the queue this one came from
             expires = countdown + wake_up_expiry().total_seconds()
             options: dict[str, Any] = {"countdown": countdown, "expires": expires} | ({"queue": queue} if queue else {})

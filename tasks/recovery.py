@@ -38,7 +38,17 @@ def wake_up_claim(*, task_id: int, version: int, at: datetime | None = None) -> 
     an insert that a racing claim makes fail. The claim lapses ``wake_up_expiry()`` after the wake-up is due — when
     the message itself expires — so a lost message blocks nobody for longer."""
     now = clock.now()
-    until = max(at or now, now) + wake_up_expiry()
+    return _claim(task_id=task_id, version=version, now=now, until=max(at or now, now) + wake_up_expiry())
+
+
+def wake_up_defer(*, task_id: int, version: int, until: datetime) -> bool:
+    """A wake-up is due too far ahead to be queued (tasks.jobs.MAX_COUNTDOWN_SECONDS): claim (task, version) until
+    then with no message, so the scan leaves the task alone until it is due and wakes it then — instead of waking
+    it at every scan to find it still waiting."""
+    return _claim(task_id=task_id, version=version, now=clock.now(), until=until)
+
+
+def _claim(*, task_id: int, version: int, now: datetime, until: datetime) -> bool:
     blocking = Q(queued_version=version) & Q(queued_until__gt=now)
     with transaction.atomic():
         if (

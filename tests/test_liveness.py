@@ -21,7 +21,7 @@ from leases.clock import ControllableClock
 from leases.models import Lease
 from tasks.connectors.base import Connector
 from tasks.failures import backoff
-from tasks.jobs import drive_task, recovery_scan
+from tasks.jobs import MAX_COUNTDOWN_SECONDS, drive_task, recovery_scan
 from tasks.lifecycle import FailureClass
 from tasks.models import Task, TaskWakeUp
 from tasks.outcomes import Committed, Failed, NotFound, Outcome
@@ -42,11 +42,15 @@ class Remote(Connector):
         self.effects: Counter[str] = Counter()
         self.asked = 0
         self.down = False
+        self.refuse = 0  # answer this many calls "dependency unavailable" (503)
         self.on_submit: Callable[[], None] = lambda: None
 
     def submit(self, op_key: str, request: dict[str, Any]) -> Outcome:
         if self.down:
             return Failed(FailureClass.CONNECTION_INTERRUPTED, "connection refused")
+        if self.refuse:
+            self.refuse -= 1
+            return Failed(FailureClass.DEPENDENCY_UNAVAILABLE, "503")
         self.effects[op_key] += 1
         self.on_submit()
         return Committed(remote_id=f"r-{op_key[-12:]}")
@@ -233,6 +237,25 @@ def test_a_wake_up_the_broker_refused_is_not_claimed(
     queue = private_queue("wake")
     assert recovery_scan(queue=queue) == 1  # the next scan sends it
     assert [args for _, args in drained(queue)] == [[task.pk, task.version]]
+
+
+def test_a_wake_up_due_too_far_ahead_to_queue_is_left_to_the_scan_which_wakes_the_task_when_due_not_before(
+    db: None, clock: ControllableClock, remote: Remote, settings: Any
+) -> None:
+    settings.RECKON_BACKOFF_BASE = timedelta(minutes=10)  # a refused call backs off 7.5 to 12.5 minutes
+    task = waiting_task("a")
+    remote.refuse = 1
+    drive_task.apply(args=(task.pk,)).get()  # run in place: a message it sent would land on the default queue
+    not_before = Task.objects.get(pk=task.pk).nodes.get(key="a").not_before
+    assert not_before is not None and (not_before - clock.now()).total_seconds() > MAX_COUNTDOWN_SECONDS
+    queue = private_queue("wake")
+    clock.advance(timedelta(minutes=1))
+    assert [recovery_scan(queue=queue) for _ in range(3)] == [0, 0, 0]  # waiting: no wake-up to find it waiting
+    clock.set(not_before + timedelta(seconds=1))
+    assert [recovery_scan(queue=queue) for _ in range(3)] == [1, 0, 0]  # due: woken once
+    [(_, args)] = drained(queue)
+    drive_task.apply(args=tuple(args)).get()
+    assert Task.objects.get(pk=task.pk).status == "completed" and set(remote.effects.values()) == {1}
 
 
 def _terminate_own_connection_once(remote: Remote) -> Callable[[], None]:
