@@ -185,6 +185,13 @@ def test_a_cut_task_log_with_its_row_rolled_back_is_found_only_with_an_anchor(
     assert f"task {task.pk}: the log was cut" in out.getvalue()
     assert Event.objects.filter(task=task).count() == anchored_version - 1  # dry run: nothing appended
 
+    with pytest.raises(CommandError, match="failed verification"):
+        call_command("verify_log", stdout=StringIO())
+    stopped = Task.objects.get(pk=task.pk)
+    assert stopped.status == "quarantined" and "the log was cut" in stopped.status_detail
+    # The quarantine's own event now sits at the anchored seq, with another digest: still found, the task stays put.
+    assert find_anchor_problem(stopped) is not None
+
 
 def test_only_the_tasks_that_moved_are_in_the_next_checkpoint_and_earlier_anchors_still_hold(
     make_task: Callable[..., Task], agent_lease: Callable[..., Any], clock: ControllableClock, anchoring: Path
