@@ -8,6 +8,8 @@ scrape of any one web process reports what the whole deployment did, and the fig
 Counters of events ("…_total") are counts of append-only or history rows, so they only grow (unless history is
 deleted, which the append-only triggers refuse for events). Gauges describe the state now.
 
+"Now" is the database's clock (leases.clock), the one leases and wake-up claims are written with.
+
 Cost: each scrape runs a fixed number of grouped counts (see ``QUERIES``). The open-operation counts use the partial
 index ``operation_open_idx``; tasks by status use ``task_status_idx``; the event, lease and operation histories are
 counted in full (one grouped scan each). A scrape result is kept for ``RECKON_METRICS_CACHE_SECONDS`` so that many
@@ -22,7 +24,6 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db.models import Count, Q, Sum
-from django.utils import timezone
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import (
@@ -34,6 +35,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 
 from audit.models import VerificationRun
+from leases import clock
 from leases.models import ForcedRelease, Lease
 from tasks.lifecycle import PauseReason, TaskStatus
 from tasks.models import Event, Operation, Task, TaskWakeUp, TempResource, TempResourceStatus
@@ -115,7 +117,7 @@ def _operations_now() -> Iterator[Metric]:
 
 
 def _age(moment: datetime | None) -> float:
-    return max(0.0, (timezone.now() - moment).total_seconds()) if moment is not None else 0.0
+    return max(0.0, (clock.now() - moment).total_seconds()) if moment is not None else 0.0
 
 
 def _reconciliation_latency() -> Metric:
@@ -206,7 +208,7 @@ def _leases() -> Iterator[Metric]:
     for reason, n in by_reason.items():
         releases.add_metric([reason], n)
     yield releases
-    now = timezone.now()
+    now = clock.now()
     grace = settings.RECKON_LEASE_GRACE
     open_leases = Lease.objects.open()
     held = GaugeMetricFamily(
@@ -269,7 +271,7 @@ def _chain_verification() -> Iterator[Metric]:
 def _wake_ups() -> Iterator[Metric]:
     """What tasks/recovery.py records of wake-ups: the claim taken when one is queued (at most one per task
     version: a second is deduplicated at enqueue) and a remote that stays down."""
-    now = timezone.now()
+    now = clock.now()
     rows = TaskWakeUp.objects.aggregate(
         queued=Count("pk", filter=Q(queued_version__isnull=False, queued_until__gt=now)),
         remote_down=Count("pk", filter=Q(remote_down_tries__gt=0)),

@@ -2,6 +2,7 @@
 database's; without the token nothing is read and nothing is shown."""
 
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -159,3 +160,25 @@ def test_a_logged_in_session_is_not_a_token(client: Client, metrics_on: None) ->
 @pytest.mark.django_db
 def test_only_get_is_answered(client: Client, metrics_on: None) -> None:
     assert client.post("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}").status_code == 405
+
+
+@pytest.mark.django_db
+def test_a_lease_is_live_then_in_grace_then_lapsed_on_the_database_clock(
+    client: Client, metrics_on: None, make_task, agent_lease, clock, settings: Any
+) -> None:
+    task = make_task()
+    agent_lease(task, ttl=timedelta(seconds=30))
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+
+    def states() -> tuple[float, float, float]:
+        found = samples(client.get("/metrics", headers=headers).content.decode())
+        return tuple(value(found, "reckon_leases_open", state=s) for s in ("live", "grace", "lapsed"))  # type: ignore[return-value]
+
+    assert states() == (1, 0, 0)
+    clock.advance(timedelta(seconds=31))
+    assert states() == (0, 1, 0)
+    clock.advance(settings.RECKON_LEASE_GRACE)
+    assert states() == (0, 0, 1)
+    found = samples(client.get("/metrics", headers=headers).content.decode())
+    assert value(found, "reckon_lease_grants_total", holder_kind="agent") == 1
+    assert value(found, "reckon_lease_releases_total", reason="expired") == 0  # closed only by the next grant
