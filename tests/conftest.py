@@ -65,6 +65,13 @@ hypothesis_settings.register_profile("ci", deadline=None, print_blob=True)
 hypothesis_settings.load_profile("ci")
 
 
+@pytest.fixture(autouse=True)
+def _no_anchor_key(settings: Any) -> None:
+    """A RECKON_ANCHOR_KEY in the developer's shell must not make the suite read a real anchor file: anchoring is
+    off unless a test turns it on with its own file (tests/test_anchoring.py)."""
+    settings.RECKON_ANCHOR_KEY = ""
+
+
 @pytest.fixture
 def clock() -> Iterator[ControllableClock]:
     """The database server's clock, under the test's control."""
