@@ -40,6 +40,8 @@ from observability.logs import _BOUND
 
 TRACER_NAME = "reckon"
 TASK_ID, TASK_VERSION, OP_KEY = "reckon.task_id", "reckon.task_version", "reckon.op_key"
+# A scrape every few seconds would bury the traces that matter.
+UNTRACED_PATHS = frozenset({"/metrics"})
 _enabled = False
 _configured = False
 
@@ -118,7 +120,7 @@ class TracingMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if not _enabled:
+        if not _enabled or request.path in UNTRACED_PATHS:
             return self.get_response(request)
         parent = propagate.extract(dict(request.headers))
         with tracer().start_as_current_span(

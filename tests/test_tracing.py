@@ -92,6 +92,9 @@ def test_an_api_request_is_a_server_span_naming_its_task(client: Client, spans: 
     assert span.attributes is not None
     assert span.attributes["reckon.task_id"] == task.pk
     assert span.attributes["http.response.status_code"] == 200
+    spans.clear()
+    assert client.get("/metrics").status_code == 404  # metrics off in this test; scrapes are never traced
+    assert not spans.get_finished_spans()
 
 
 def test_tracing_is_off_unless_asked() -> None:
