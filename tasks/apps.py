@@ -9,3 +9,4 @@ class TasksConfig(AppConfig):
         from tasks.lifecycle import AGENT_LEASABLE, TaskStatus
 
         bar_agents_in(frozenset(s.value for s in set(TaskStatus) - AGENT_LEASABLE))
+        from tasks import account_audit  # noqa: F401  # audits superuser/staff flag changes (createsuperuser, admin)
