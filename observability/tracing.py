@@ -178,7 +178,9 @@ def job_started(task_id: str, task: Any, args: Any) -> None:
     """``task_prerun``: a span for the job, a child of the request that queued it."""
     if not _enabled or task is None:
         return
-    parent = propagate.extract(task.request, getter=_RequestGetter())  # type: ignore[arg-type]
+    parent: otel_context.Context | None = propagate.extract(task.request, getter=_RequestGetter())  # type: ignore[arg-type]
+    if not trace.get_current_span(parent).get_span_context().is_valid:
+        parent = None  # no trace in the message (a job run in place, eagerly): the current one, if any, goes on
     span = tracer().start_span(str(getattr(task, "name", "celery.task")), context=parent, kind=SpanKind.CONSUMER)
     if getattr(task, "name", "") == "tasks.drive_task" and args:
         span.set_attribute(TASK_ID, args[0])

@@ -10,16 +10,23 @@ from typing import Any
 
 import pytest
 from django.test import Client
+from django.urls import reverse
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agents.demo import migration_plan
 from api.tokens import api_token_issue
+from leases.services import lease_acquire, lease_release
 from observability import tracing
+from tasks import registry
+from tasks.connectors.objectstore import ObjectStoreConnector
 from tasks.jobs import drive_task
 from tasks.lifecycle import NodeStatus
-from tasks.models import Node, Operation
+from tasks.models import Node, Operation, Task
+from tasks.permissions import permission_grant
 from tasks.plans import task_create
+from tasks.runner import run_steps
+from tasks.takeover import takeover_claim
 from tests.conftest import chain_plan, person
 from tests.simulator_fixture import Simulator
 from tests.workers import celery_worker
@@ -102,3 +109,53 @@ def test_tracing_is_off_unless_asked() -> None:
     assert not tracing.enabled()  # RECKON_TRACES is unset in the tests, and a traced test turns it off after
     with pytest.raises(Exception, match="RECKON_TRACES"):
         tracing.processor_for("zipkin")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_person_s_hand_back_in_the_console_is_one_trace_down_to_the_connector(
+    store: Simulator, client: Client, spans: InMemorySpanExporter, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The console's approve-and-hand-back wakes the agent after its commit; the wake-up runs in place here (Celery
+    eager: the message's trace headers are the other test's), so the request span, the job span and the connector
+    spans of the steps it ran are one trace in this process."""
+    settings.RECKON_OBJECTSTORE_URL = store.url
+    monkeypatch.setitem(drive_task.app.conf, "task_always_eager", True)
+    original = registry._KINDS["migrate_project"]
+    tracing.trace_registered_connectors()
+    try:
+        task = task_create(kind="migrate_project", title="Migrate acme", plan=migration_plan(), created_by="agent:m")
+        lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="worker-1")
+        report = run_steps(task_id=task.pk, lease=lease, connector=ObjectStoreConnector(store.url))
+        assert report.directive is not None and report.directive.reason == "awaiting_approval"
+        lease_release(lease=report.lease)
+        root = person("root", "admin")
+        ann = person("ann", "operator")
+        permission_grant(actor=root, user=ann.user, task=task)
+        assert takeover_claim(actor=ann, task_id=task.pk).granted
+        client.force_login(ann.user)
+        before = set(Operation.objects.filter(task=task).values_list("op_key", flat=True))
+        spans.clear()
+        response = client.post(
+            reverse("takeover-approve", args=[task.pk]),
+            {"node_key": "approve-cleanup", "expected_version": Task.objects.get(pk=task.pk).version, "resume": "on"},
+        )
+        assert response.status_code == 303
+    finally:
+        registry._KINDS["migrate_project"] = original
+    finished = spans.get_finished_spans()
+    [request] = [s for s in finished if s.name.startswith("POST ")]
+    [job] = [s for s in finished if s.name == "tasks.drive_task"]
+    calls = [
+        s for s in finished if s.name.startswith("connector.") and s.attributes and "reckon.op_key" in s.attributes
+    ]
+    trace_id = request.context.trace_id
+    assert request.attributes is not None and request.attributes["reckon.task_id"] == task.pk
+    assert job.context.trace_id == trace_id and job.parent is not None
+    assert job.parent.span_id == request.context.span_id
+    # Every operation a connector sent after the hand-back (effects and the temp copies' deletes; the approval is
+    # the person's own, sent by nobody).
+    sent = Operation.objects.filter(task=task).exclude(action="approval")
+    after = set(sent.values_list("op_key", flat=True)) - before
+    assert len(after) >= 2, "the hand-back ran no step"
+    assert {s.attributes["reckon.op_key"] for s in calls if s.attributes} == after
+    assert all(s.context.trace_id == trace_id for s in calls)
