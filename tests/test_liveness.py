@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.db import OperationalError, connection, connections
+from django.test.utils import CaptureQueriesContext
 
 from console.celery import app
 from leases.clock import ControllableClock
@@ -128,6 +129,22 @@ def test_scans_run_back_to_back_queue_one_wake_up_per_task_version_and_a_lost_on
     clock.advance(timedelta(seconds=2))
     assert [recovery_scan(queue=queue) for _ in range(3)] == [6, 0, 0]
     assert len(drained(queue)) == 6
+
+
+def test_a_scan_that_finds_every_waiting_task_claimed_costs_the_same_few_statements_however_many_wait(
+    db: None, clock: ControllableClock, remote: Remote
+) -> None:
+    costs = []
+    for count in (3, 30):
+        queue = private_queue("wake")
+        for _ in range(count):
+            waiting_task()
+        recovery_scan(queue=queue)
+        with CaptureQueriesContext(connection) as ctx:
+            assert recovery_scan(queue=queue) == 0
+        costs.append(len(ctx.captured_queries))
+        drained(queue)
+    assert costs[0] == costs[1] <= 3  # the tasks needing work, the stalled bulk runs; no statement per task
 
 
 def test_a_wake_up_that_runs_clears_its_claim_and_a_new_version_may_be_woken_again(
