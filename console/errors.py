@@ -63,7 +63,7 @@ SENTENCES: dict[str, str] = {
     "retention_corrupt": "The retained object fails its integrity check. Report it to an admin.",
     "retention_key_mismatch": "The retained object was sealed with another key. Report it to an admin.",
     "retention_key_invalid": "The retention key is not valid. Report it to an admin.",
-    "retention_key_missing": "No retention key is configured, so nothing can be sealed or opened. Report it to an admin.",
+    "retention_key_missing": "No retention key is configured: nothing can be sealed or opened. Report it to an admin.",
     "retention_extension_refused": "Retention cannot be extended.",
     "retention_extension_reason_missing": "Give a reason to extend retention.",
     "retention_extension_beyond_bound": "Retention cannot be extended that far (30 days from creation at most).",
