@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.conf import settings
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Exists, OuterRef, Q, Sum
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import (
@@ -169,19 +169,37 @@ def _events() -> Iterator[Metric]:
     )
 
 
-def _retries_by_failure_class() -> Metric:
-    """Each operation that failed is one attempt the failure class then decides on (DESIGN §6): retried after
-    backoff (dependency_unavailable), queried by op key and possibly re-sent (connection_interrupted), or handed
-    to a person or a re-plan (the others)."""
-    family = CounterMetricFamily(
+def _failures_and_retries() -> Iterator[Metric]:
+    """Each operation that failed is one attempt its failure class then decided on (DESIGN §6): retried after
+    backoff (dependency_unavailable), queried by op key (connection_interrupted), or handed to a person or a
+    re-plan (the others). A retry is a rejected operation after which its node was tried again under a new op key:
+    a later operation of the same node and purpose (found through the node's foreign-key index). An unknown one
+    settled by a query is not a retry: nothing was sent again."""
+    failures = CounterMetricFamily(
         "reckon_operation_failures",
-        "Operations that failed, by failure class: the retries (and the pauses) each class led to.",
+        "Operations that failed, by failure class (each then retried, queried, paused or failed by its class).",
         labels=["failure_class"],
     )
-    rows = Operation.objects.exclude(failure_class="").order_by().values_list("failure_class").annotate(n=Count("pk"))
+    failed = Operation.objects.exclude(failure_class="")
+    for failure_class, n in sorted(failed.order_by().values_list("failure_class").annotate(n=Count("pk"))):
+        failures.add_metric([failure_class], n)
+    yield failures
+    retries = CounterMetricFamily(
+        "reckon_retries",
+        "Nodes tried again after a failed operation, by the failure class of the one that failed.",
+        labels=["failure_class"],
+    )
+    tried_again = Operation.objects.filter(node=OuterRef("node"), purpose=OuterRef("purpose"), pk__gt=OuterRef("pk"))
+    rows = (
+        failed.filter(status="rejected")
+        .filter(Exists(tried_again))
+        .order_by()
+        .values_list("failure_class")
+        .annotate(n=Count("pk"))
+    )
     for failure_class, n in sorted(rows):
-        family.add_metric([failure_class], n)
-    return family
+        retries.add_metric([failure_class], n)
+    yield retries
 
 
 def _leases() -> Iterator[Metric]:
@@ -294,7 +312,7 @@ QUERIES = (
     _operations_now,
     lambda: [_reconciliation_latency()],
     _events,
-    lambda: [_retries_by_failure_class()],
+    _failures_and_retries,
     _leases,
     lambda: [_cleanup_backlog()],
     _wake_ups,

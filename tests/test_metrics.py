@@ -78,6 +78,8 @@ def test_a_scrape_of_a_live_server_after_the_reference_task_shows_the_database_f
     assert value(found, "reckon_steps_total", outcome="rejected") == 0
     assert value(found, "reckon_operation_failures_total", failure_class="connection_interrupted") == 1
     assert value(found, "reckon_operations_open", status="unknown") == 0
+    # Settled by a query by op key: nothing was sent again, so no retry.
+    assert not [labels for name, labels in found if name == "reckon_retries_total"]
     assert value(found, "reckon_operations_unprovable") == 0
     assert value(found, "reckon_reconciliation_seconds_count") == 1
     assert value(found, "reckon_lease_grants_total", holder_kind="agent") == 1
@@ -182,3 +184,24 @@ def test_a_lease_is_live_then_in_grace_then_lapsed_on_the_database_clock(
     found = samples(client.get("/metrics", headers=headers).content.decode())
     assert value(found, "reckon_lease_grants_total", holder_kind="agent") == 1
     assert value(found, "reckon_lease_releases_total", reason="expired") == 0  # closed only by the next grant
+
+
+@pytest.mark.django_db
+def test_a_refused_write_tried_again_is_one_retry_of_its_class(
+    store: Simulator, client: Client, metrics_on: None, clock
+) -> None:
+    task = task_create(kind="migrate_project", title="Migrate acme", plan=migration_plan(), created_by="agent:m")
+    lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="worker-1")
+    store.fault("dependency_unavailable", times=1, action="copy_batch")
+    first = run_steps(task_id=task.pk, lease=lease, connector=ObjectStoreConnector(store.url))
+    lease_release(lease=first.lease)
+    clock.advance(timedelta(minutes=15))  # past the node's backoff
+    lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="worker-1")
+    done = run_steps(task_id=task.pk, lease=lease, connector=ObjectStoreConnector(store.url))
+    assert done.directive is not None and done.directive.reason == "awaiting_approval"
+    found = samples(client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).content.decode())
+    assert value(found, "reckon_operation_failures_total", failure_class="dependency_unavailable") == 1
+    assert value(found, "reckon_retries_total", failure_class="dependency_unavailable") == 1
+    assert value(found, "reckon_steps_total", outcome="rejected") == 1
+    assert value(found, "reckon_steps_total", outcome="succeeded") == 6
+    assert value(found, "reckon_lease_grants_total", holder_kind="agent") == 2
