@@ -16,8 +16,9 @@ from tests.conftest import person
 
 pytestmark = pytest.mark.browser
 
-# Pages anyone may open, or every logged-in user (their own password), or Django's admin with its own login.
-NOT_CONSOLE_PAGES = {"login", "logout", "password_change", "password_change_done"}
+# Pages anyone may open, or every logged-in user (their own password), or Django's admin with its own login; and
+# the Prometheus endpoint, which checks its own bearer token (tests/test_metrics.py).
+NOT_CONSOLE_PAGES = {"login", "logout", "password_change", "password_change_done", "metrics"}
 SAMPLE_OP_KEY = "rk-0000-p1-copy-batch-1-0"
 
 
