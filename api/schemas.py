@@ -14,6 +14,7 @@ from tasks.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unpro
 from tasks.snapshot import Snapshot
 
 Name = Annotated[str, Field(min_length=1, max_length=100)]
+# Request integers are strict: JSON true is not 1, "5" is not 5 (pydantic's lax mode would take both).
 
 
 class NodeOut(Schema):
@@ -121,18 +122,18 @@ class TaskCreateIn(Schema):
     project: Annotated[str, Field(max_length=100)] = ""
     # The plan document: {"nodes": [{key, action, input, evidence, depends_on, …}]} (docs/design.md, "Plans").
     plan: dict[str, Any]
-    attempt_budget: Annotated[int, Field(ge=1, le=10_000)] | None = None
+    attempt_budget: Annotated[int, Field(strict=True, ge=1, le=10_000)] | None = None
 
 
 class LeaseIn(Schema):
     # How long the lease (and each renewal, and each write) lasts; default RECKON_LEASE_TTL_SECONDS.
-    ttl_seconds: Annotated[int, Field(ge=5, le=3600)] | None = None
+    ttl_seconds: Annotated[int, Field(strict=True, ge=5, le=3600)] | None = None
 
 
 class LeaseRenewIn(Schema):
     # The renewal_seq of the last lease answer: renewals are applied in order, once each.
-    renewal_seq: Annotated[int, Field(ge=0)]
-    ttl_seconds: Annotated[int, Field(ge=5, le=3600)] | None = None
+    renewal_seq: Annotated[int, Field(strict=True, ge=0)]
+    ttl_seconds: Annotated[int, Field(strict=True, ge=5, le=3600)] | None = None
 
 
 class OperationStartIn(Schema):
@@ -145,7 +146,7 @@ class OutcomeIn(Schema):
     result: Literal["committed", "accepted", "failed", "not_found", "unprovable"]
     remote_id: Annotated[str, Field(max_length=200)] = ""
     remote_version: Annotated[str, Field(max_length=100)] = ""
-    count: Annotated[int, Field(ge=0, le=2**62)] | None = None
+    count: Annotated[int, Field(strict=True, ge=0, le=2**62)] | None = None
     digest: Annotated[str, Field(max_length=200)] = ""
     data: dict[str, Any] = Field(default_factory=dict)
     failure_class: FailureClass | None = None

@@ -522,3 +522,14 @@ def test_a_renewal_replayed_with_its_key_answers_the_first_and_a_stale_one_says_
     assert Lease.objects.get(pk=lease["lease_id"]).renewal_seq == 1  # renewed once
     stale = problem_of(agent.call("post", path, {"renewal_seq": 0}, Reckon_Lease=held), 409, "renewal_out_of_order")
     assert stale["renewal_seq"] == 1
+
+
+@pytest.mark.parametrize("budget", [True, "5", 2.5])
+def test_a_number_field_takes_a_json_number_only(agent: Agent, budget: Any) -> None:
+    """Found by schemathesis: pydantic's lax mode took ``"attempt_budget": true`` as 1."""
+    created(agent)
+    before = snapshot()
+    response = agent.create(attempt_budget=budget)
+    body = problem_of(response, 422, "validation_error")
+    assert any(e["field"].endswith("attempt_budget") for e in body["errors"])
+    assert snapshot() == before
