@@ -1,12 +1,14 @@
 """The agent API, /api/v1/: the NinjaAPI, its error handlers (everything answers problem+json, api/errors.py) and
 its operations. Handlers are thin: the token (api/auth.py), one read or one service, the response."""
 
+import json
 from typing import Any
 
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.openapi.docs import Swagger
+from ninja.parser import Parser
 
 from api.auth import AgentToken
 from api.errors import CONTENT_TYPE, problem, problem_of, validation_errors
@@ -19,6 +21,17 @@ from hooks.errors import WebhookError
 from leases.errors import LeaseError, LeaseHeld, LeaseRefused, RenewalOutOfOrder
 from tasks.errors import TaskError, VersionConflict
 from tasks.models import Task
+
+
+class ObjectBody(Parser):
+    """Every request body of this API is one JSON object: ``true``, ``[]`` or ``"x"`` is malformed (400), never
+    read as an empty request."""
+
+    def parse_body(self, request: HttpRequest) -> dict[str, Any]:
+        document = json.loads(request.body)
+        if not isinstance(document, dict):
+            raise ValueError(f"the body is a JSON {type(document).__name__}, not an object")
+        return document
 
 
 class ReckonAPI(NinjaAPI):
@@ -41,6 +54,7 @@ api = ReckonAPI(
     description="Agents read and drive their tasks. Authenticate with `Authorization: Bearer <token>` "
     "(an admin issues tokens on the console's Agent tokens page). Every error is application/problem+json.",
     auth=AgentToken(),
+    parser=ObjectBody(),
     urls_namespace="api-v1",
     # The docs page: Swagger UI from Reckon's own static files ("ninja" is an installed app), no CDN. The validator
     # badge would send the document to validator.swagger.io: off.

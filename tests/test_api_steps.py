@@ -533,3 +533,18 @@ def test_a_number_field_takes_a_json_number_only(agent: Agent, budget: Any) -> N
     body = problem_of(response, 422, "validation_error")
     assert any(e["field"].endswith("attempt_budget") for e in body["errors"])
     assert snapshot() == before
+
+
+@pytest.mark.parametrize("raw", ["true", "[]", '"x"', "null", "3"])
+def test_a_body_that_is_not_a_json_object_is_malformed(agent: Agent, client: Client, raw: str) -> None:
+    """Found by schemathesis: a lease acquire with the body ``true`` was granted as if it were ``{}``."""
+    task = created(agent)
+    before = snapshot()
+    response = client.post(
+        f"/api/v1/tasks/{task['id']}/lease",
+        data=raw,
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {agent.token}"},
+    )
+    problem_of(response, 400, "malformed_body")
+    assert snapshot() == before
