@@ -3,6 +3,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from observability.health import healthz, readyz
 from observability.views import metrics
 
 urlpatterns = [
@@ -19,4 +20,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     # Prometheus scrape (observability/): its own bearer token, RECKON_METRICS_TOKEN; off when unset.
     path("metrics", metrics, name="metrics"),
+    # Liveness and readiness for a load balancer (observability/health.py): open, and they disclose nothing.
+    path("healthz", healthz, name="healthz"),
+    path("readyz", readyz, name="readyz"),
 ]

@@ -17,8 +17,9 @@ from tests.conftest import person
 pytestmark = pytest.mark.browser
 
 # Pages anyone may open, or every logged-in user (their own password), or Django's admin with its own login; and
-# the Prometheus endpoint, which checks its own bearer token (tests/test_metrics.py).
-NOT_CONSOLE_PAGES = {"login", "logout", "password_change", "password_change_done", "metrics"}
+# the Prometheus endpoint, which checks its own bearer token (tests/test_metrics.py); health and readiness, open and
+# saying nothing (tests/test_health.py).
+NOT_CONSOLE_PAGES = {"login", "logout", "password_change", "password_change_done", "metrics", "healthz", "readyz"}
 SAMPLE_OP_KEY = "rk-0000-p1-copy-batch-1-0"
 
 
