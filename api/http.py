@@ -1,7 +1,10 @@
 """What the agent API reads from a request's headers: the version a write is conditional on (``If-Match``), the
 lease it is made under (``Reckon-Lease``), and how answers carry the version back (``ETag``)."""
 
-from django.http import HttpRequest, HttpResponse
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from ninja import Schema
 
 from api.models import ApiToken
 from leases.models import HolderKind, Lease
@@ -81,3 +84,28 @@ def optional_lease(request: HttpRequest, token: ApiToken, task_id: int) -> Lease
 def with_version(response: HttpResponse, version: int) -> HttpResponse:
     response["ETag"] = f'"{version}"'
     return response
+
+
+def answer(body: Schema, status: int = 200, *, version: int | None = None) -> HttpResponse:
+    """``body`` as the JSON answer, with the task version as its ETag when given (the Idempotency-Key record keeps
+    exactly this response: api/idempotency.py)."""
+    response = JsonResponse(body.model_dump(mode="json"), status=status)
+    return with_version(response, version) if version is not None else response
+
+
+def header_parameter(name: str, description: str, *, required: bool) -> dict[str, Any]:
+    """A header the OpenAPI document names for an operation (read by the handler from ``request.headers``)."""
+    return {
+        "in": "header",
+        "name": name,
+        "required": required,
+        "description": description,
+        "schema": {"type": "string"},
+    }
+
+
+LEASE = header_parameter(LEASE_HEADER, "The lease_id of the lease this request is made under.", required=True)
+IF_MATCH = header_parameter(
+    "If-Match", 'The task version this write is conditional on (an ETag, e.g. "7").', required=True
+)
+IDEMPOTENCY = header_parameter("Idempotency-Key", "Replays the first answer to the same request.", required=False)

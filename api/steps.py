@@ -5,13 +5,12 @@ the lease, what the next step is, what a receipt proves — are the services'. E
 compare-and-set on ``If-Match`` and the lease's epoch, so a stale agent changes nothing."""
 
 from datetime import timedelta
-from typing import Any
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
-from ninja import Router, Schema
+from django.http import HttpRequest, HttpResponse
+from ninja import Router
 
 from api.auth import token_of
-from api.http import LEASE_HEADER, OperationNotFound, expected_version, held_lease, with_version
+from api.http import IDEMPOTENCY, IF_MATCH, LEASE, OperationNotFound, answer, expected_version, held_lease
 from api.idempotency import idempotent
 from api.models import ApiToken
 from api.schemas import (
@@ -44,26 +43,6 @@ router = Router(tags=["steps"])
 PROBLEMS: dict[int, type[Problem]] = {code: Problem for code in (400, 401, 404, 409, 412, 413, 422, 423, 428, 429)}
 
 
-def _header(name: str, description: str, *, required: bool) -> dict[str, Any]:
-    return {
-        "in": "header",
-        "name": name,
-        "required": required,
-        "description": description,
-        "schema": {"type": "string"},
-    }
-
-
-LEASE = _header(LEASE_HEADER, "The lease_id of the lease this request is made under.", required=True)
-IF_MATCH = _header("If-Match", 'The task version this write is conditional on (an ETag, e.g. "7").', required=True)
-IDEMPOTENCY = _header("Idempotency-Key", "Replays the first answer to the same request.", required=False)
-
-
-def _json(body: Schema, status: int = 200, *, version: int | None = None) -> HttpResponse:
-    response = JsonResponse(body.model_dump(mode="json"), status=status)
-    return with_version(response, version) if version is not None else response
-
-
 def _scoped_snapshot(token: ApiToken, task_id: int, lease: Lease, expected: int | None = None) -> Snapshot:
     """The task's snapshot (at ``expected`` when given), if the task is in the token's scope; else not found."""
     if expected is None:
@@ -83,7 +62,7 @@ def _lease_answer(lease: Lease, status: int) -> HttpResponse:
         cancel_requested=snap.task.cancel_requested_at is not None,
         takeover_requested=bool(snap.reserved_for) or snap.task.status == "human",
     )
-    return _json(body, status, version=snap.version)
+    return answer(body, status, version=snap.version)
 
 
 @router.post(
@@ -151,7 +130,9 @@ def directive_read(request: HttpRequest, task_id: int) -> HttpResponse:
     token = token_of(request)
     lease = held_lease(request, token, task_id)
     snap = _scoped_snapshot(token, task_id, lease)
-    return _json(directive_out(next_directive(task_id=task_id, lease=lease, snapshot=snap), snap), version=snap.version)
+    return answer(
+        directive_out(next_directive(task_id=task_id, lease=lease, snapshot=snap), snap), version=snap.version
+    )
 
 
 @router.post(
@@ -170,7 +151,7 @@ def operation_register(request: HttpRequest, task_id: int, payload: OperationSta
     def run() -> HttpResponse:
         snap = _scoped_snapshot(token, task_id, lease, version)
         op, new = step_start(snap, payload.node_key, lease=lease)
-        return _json(operation_detail(op, payload.node_key), 201, version=new.version)
+        return answer(operation_detail(op, payload.node_key), 201, version=new.version)
 
     return idempotent(request, token.agent_id, run)
 
@@ -195,7 +176,7 @@ def outcome_report(request: HttpRequest, task_id: int, op_key: str, payload: Out
         op, new = step_settle(snap, op_key, payload.outcome(), lease=lease)
         node = next((n.key for n in new.nodes if n.pk == op.node_id), "")
         body = OutcomeOut(operation=operation_detail(op, node), task=task_summary(new.task))
-        return _json(body, version=new.version)
+        return answer(body, version=new.version)
 
     return idempotent(request, token.agent_id, run)
 
@@ -216,7 +197,7 @@ def inputs_report(request: HttpRequest, task_id: int, payload: InputsIn) -> Http
     def run() -> HttpResponse:
         snap = _scoped_snapshot(token, task_id, lease, version)
         new = step_confirm_inputs(snap, dict(payload.current_versions), lease=lease)
-        return _json(task_summary(new.task), version=new.version)
+        return answer(task_summary(new.task), version=new.version)
 
     return idempotent(request, token.agent_id, run)
 

@@ -3,12 +3,22 @@ service, the answer. A task out of the token's scope is answered as one that doe
 
 from typing import Annotated, Any
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
-from ninja import Router, Schema
+from django.http import HttpRequest, HttpResponse
+from ninja import Router
 from pydantic import Field
 
 from api.auth import agent_principal, token_of
-from api.http import expected_version, held_lease, optional_lease, with_version
+from api.http import (
+    IDEMPOTENCY,
+    IF_MATCH,
+    LEASE,
+    LEASE_HEADER,
+    answer,
+    expected_version,
+    header_parameter,
+    held_lease,
+    optional_lease,
+)
 from api.idempotency import idempotent
 from api.models import ApiToken
 from api.schemas import (
@@ -23,7 +33,6 @@ from api.schemas import (
     task_out,
     task_summary,
 )
-from api.steps import IDEMPOTENCY, IF_MATCH, LEASE, _header
 from api.tokens import in_scope, token_tasks
 from tasks.cancel import task_request_cancel
 from tasks.errors import TaskNotFound
@@ -38,13 +47,8 @@ PAGE_DEFAULT, PAGE_MAX = 50, 200
 router = Router(tags=["tasks"])
 
 PROBLEMS: dict[int, type[Problem]] = {code: Problem for code in (400, 401, 403, 404, 409, 412, 413, 422, 423, 428, 429)}
-OPTIONAL_LEASE = _header("Reckon-Lease", "The lease held on the task, if any.", required=False)
-OPTIONAL_IF_MATCH = _header("If-Match", "Refuse (412) if the task moved past this version.", required=False)
-
-
-def _json(body: Schema, status: int = 200, *, version: int | None = None) -> HttpResponse:
-    response = JsonResponse(body.model_dump(mode="json"), status=status)
-    return with_version(response, version) if version is not None else response
+OPTIONAL_LEASE = header_parameter(LEASE_HEADER, "The lease held on the task, if any.", required=False)
+OPTIONAL_IF_MATCH = header_parameter("If-Match", "Refuse (412) if the task moved past this version.", required=False)
 
 
 def _scoped_task(token: ApiToken, task_id: int) -> Task:
@@ -81,7 +85,7 @@ def task_new(request: HttpRequest, payload: TaskCreateIn) -> HttpResponse:
             attempt_budget=payload.attempt_budget,
         )
         snap = task_snapshot(task_id=task.pk)
-        response = _json(task_out(snap), 201, version=snap.version)
+        response = answer(task_out(snap), 201, version=snap.version)
         response["Location"] = f"/api/v1/tasks/{task.pk}"
         return response
 
@@ -134,7 +138,7 @@ def task_cancel(request: HttpRequest, task_id: int, payload: CancelIn) -> HttpRe
             lease=lease,
             expected_version=version,
         )
-        return _json(task_summary(task), version=task.version)
+        return answer(task_summary(task), version=task.version)
 
     return idempotent(request, token.agent_id, run)
 
@@ -161,7 +165,7 @@ def plan_new(request: HttpRequest, task_id: int, payload: PlanIn) -> HttpRespons
             lease=lease,
         )
         body = PlanRevisionOut(revision=revision.number, status=revision.status, task_version=(version or 0) + 1)
-        return _json(body, 201, version=(version or 0) + 1)
+        return answer(body, 201, version=(version or 0) + 1)
 
     return idempotent(request, token.agent_id, run)
 
@@ -185,6 +189,6 @@ def plan_take(request: HttpRequest, task_id: int, revision: int) -> HttpResponse
         if row is None:
             raise TaskNotFound(f"task {task_id} has no plan revision {revision}", task_id=task_id)
         task = plan_accept(revision_id=row, expected_version=version or 0, lease=lease)
-        return _json(task_summary(task), version=task.version)
+        return answer(task_summary(task), version=task.version)
 
     return idempotent(request, token.agent_id, run)

@@ -9,6 +9,7 @@ from ninja import Router, Schema
 from pydantic import Field
 
 from api.auth import token_of
+from api.http import header_parameter
 from api.idempotency import idempotent
 from api.schemas import Problem
 from hooks.models import WEBHOOK_EVENTS, WebhookSubscription
@@ -17,13 +18,11 @@ from hooks.services import webhook_list, webhook_subscribe, webhook_unsubscribe
 router = Router(tags=["webhooks"])
 
 PROBLEMS: dict[int, type[Problem]] = {code: Problem for code in (400, 401, 404, 409, 413, 422, 429)}
-IDEMPOTENCY: dict[str, Any] = {
-    "in": "header",
-    "name": "Idempotency-Key",
-    "required": False,
-    "description": "Replays the first answer to the same request (with the same secret) for 24 hours.",
-    "schema": {"type": "string"},
-}
+IDEMPOTENCY = header_parameter(
+    "Idempotency-Key",
+    "Replays the first answer to the same request (with the same secret) for 24 hours.",
+    required=False,
+)
 
 
 class SubscriptionIn(Schema):
