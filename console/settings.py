@@ -33,9 +33,16 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 # for demo and test, and when the settings are imported by pytest or by mypy's Django plugin (development tools that
 # a deployment's processes never import) the mode is test unless RECKON_ENV says otherwise. The mode is exported to
 # the environment, so every process a test starts (workers, the kill matrix, manage.py) runs in the test's mode.
+# `manage.py makemigrations` is such a tool too: it reads the models and writes migration files into the source
+# tree — never run by a deployment (its migrations are committed), never serving, never reading a secret.
 _DEVELOPMENT_TOOLS = ("pytest", "mypy")
+_DEVELOPMENT_COMMANDS = ("makemigrations",)
 RECKON_ENV = os.environ.get("RECKON_ENV", "") or (
-    "test" if any(tool in sys.modules for tool in _DEVELOPMENT_TOOLS) else "production"
+    "test"
+    if any(tool in sys.modules for tool in _DEVELOPMENT_TOOLS)
+    else "development"
+    if Path(sys.argv[0]).name == "manage.py" and sys.argv[1:2] and sys.argv[1] in _DEVELOPMENT_COMMANDS
+    else "production"
 )
 if RECKON_ENV not in ("production", "development", "test"):
     raise ImproperlyConfigured(f"RECKON_ENV must be production, development or test, not {RECKON_ENV!r}")

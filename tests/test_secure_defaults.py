@@ -108,6 +108,20 @@ def test_a_deployment_process_refuses_to_start_without_a_secret_key(tmp_path: Pa
     assert "DJANGO_SECRET_KEY is not set" in done.stdout + done.stderr, done.stdout + done.stderr
 
 
+def test_makemigrations_is_a_development_tool_and_migrate_is_not(tmp_path: Path) -> None:
+    """``manage.py makemigrations --check`` (a source-tree check) runs with nothing set; ``migrate``, which a
+    deployment runs against its database, is still refused without the production variables."""
+    bare = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "RECKON_DATA_DIR": str(tmp_path / "d"),
+    }
+    checked = manage(bare, "makemigrations", "--check", "--dry-run")
+    assert checked.returncode == 0 and "No changes detected" in checked.stdout, checked.stderr
+    refused = manage(bare, "migrate")
+    assert refused.returncode != 0 and "DJANGO_SECRET_KEY is not set" in refused.stderr
+
+
 def test_an_unknown_mode_is_refused(tmp_path: Path) -> None:
     env = production_environment(tmp_path / "data") | {"RECKON_ENV": "prod"}
     done = manage(env, "check")
