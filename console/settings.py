@@ -1,7 +1,8 @@
 """Reckon settings. Everything deployment-specific comes from the environment.
 
 RECKON_ENV         production (default) | development (./dev demo) | test (pytest, ./dev test); see below
-DJANGO_SECRET_KEY, DJANGO_ALLOWED_HOSTS, RECKON_RETENTION_KEY   required in production (start-up refuses without)
+DJANGO_SECRET_KEY, DJANGO_ALLOWED_HOSTS, RECKON_RETENTION_KEY, RECKON_ANCHOR_KEY   required in production (start-up
+                   refuses without)
 DJANGO_DEBUG       1 turns DEBUG on (default: off in production, on in development and test)
 RECKON_HTTPS       1 when served over TLS (redirect, secure cookies, HSTS); each also on its own: RECKON_SSL_REDIRECT,
                    RECKON_SECURE_COOKIES, RECKON_HSTS_SECONDS, RECKON_HSTS_INCLUDE_SUBDOMAINS, RECKON_HSTS_PRELOAD
@@ -14,6 +15,8 @@ RECKON_PG_PREPARE  "off" stops psycopg preparing the step's statements (a pooler
 CELERY_BROKER_URL default: filesystem broker under data/broker (no server); redis://… or amqp://… to scale out
 """
 
+import base64
+import binascii
 import os
 import sys
 from datetime import timedelta
@@ -402,9 +405,29 @@ INSTALLED_APPS.append("observability")
 # RECKON_ANCHOR_SECONDS the beat appends a checkpoint of the audit chain's head and the tasks' log heads, signed with
 # HMAC-SHA256 under RECKON_ANCHOR_KEY (the base64 text of 32 random bytes; the database never holds it), to
 # RECKON_ANCHOR_PATH (default DATA_DIR/anchors/heads.log, created 0600, only appended to). verify_audit and
-# verify_log then find a chain whose tail was cut and head rolled back. UNSET, anchoring is off and both say
-# "not anchored". Keep the file where a database superuser cannot write (another host or volume, or shipped off).
-RECKON_ANCHOR_KEY = os.environ.get("RECKON_ANCHOR_KEY", "")
+# verify_log then find a chain whose tail was cut and head rolled back. Keep the file where a database superuser
+# cannot write (another host or volume, or shipped off). Required in production, like the retention key: a
+# deployment that forgot it would run with every chain's cut unseen (start-up refuses, naming it; a value that is
+# not the base64 text of 32 bytes is refused too). Unset (development and test only), anchoring is off and both
+# say "not anchored".
+if PRODUCTION:
+    RECKON_ANCHOR_KEY = _required(
+        "RECKON_ANCHOR_KEY",
+        "the base64 text of 32 random bytes, e.g. base64.b64encode(os.urandom(32)), the same for every process and "
+        "never stored with the database",
+    )
+    try:
+        _anchor_key_bytes = len(base64.b64decode(RECKON_ANCHOR_KEY, validate=True))
+    except (binascii.Error, ValueError):
+        _anchor_key_bytes = -1
+    if _anchor_key_bytes != 32:  # the value is a secret: named, never echoed
+        raise ImproperlyConfigured(
+            "RECKON_ANCHOR_KEY is not the base64 text of 32 bytes"
+            + (f" (it decodes to {_anchor_key_bytes})" if _anchor_key_bytes >= 0 else " (not valid base64)")
+            + ": set e.g. base64.b64encode(os.urandom(32))"
+        )
+else:
+    RECKON_ANCHOR_KEY = os.environ.get("RECKON_ANCHOR_KEY", "")
 RECKON_ANCHOR_PATH = os.environ.get("RECKON_ANCHOR_PATH", "")
 RECKON_ANCHOR_SECONDS = float(os.environ.get("RECKON_ANCHOR_SECONDS", "300"))
 CELERY_BEAT_SCHEDULE["anchor-heads"] = {"task": "audit.anchor_heads", "schedule": RECKON_ANCHOR_SECONDS}

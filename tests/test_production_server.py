@@ -102,6 +102,8 @@ def served(transactional_db: None, tmp_path: Path) -> Iterator[Served]:
         # ./dev serve runs in the production mode: everything a deployment must set (README, Secure defaults).
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
         "RECKON_RETENTION_KEY": base64.b64encode(os.urandom(32)).decode(),
+        "RECKON_ANCHOR_KEY": base64.b64encode(os.urandom(32)).decode(),
+        "RECKON_ANCHOR_PATH": str(tmp_path / "anchors" / "heads.log"),
         "GUNICORN_CMD_ARGS": "--worker-connections 1",
     }
     process, log = _serve(tmp_path, env)

@@ -40,6 +40,7 @@ def production_environment(data_dir: Path) -> dict[str, str]:
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
         "DJANGO_ALLOWED_HOSTS": "reckon.example.com",
         "RECKON_RETENTION_KEY": base64.b64encode(os.urandom(32)).decode(),
+        "RECKON_ANCHOR_KEY": base64.b64encode(os.urandom(32)).decode(),
         "RECKON_HTTPS": "1",
         "RECKON_HSTS_PRELOAD": "1",
         "DJANGO_CSRF_TRUSTED_ORIGINS": "https://reckon.example.com",
@@ -75,8 +76,23 @@ SHOW_SETTINGS = (
         ("DJANGO_ALLOWED_HOSTS", None),
         ("DJANGO_ALLOWED_HOSTS", " "),
         ("RECKON_RETENTION_KEY", None),
+        ("RECKON_ANCHOR_KEY", None),
+        ("RECKON_ANCHOR_KEY", " "),
+        ("RECKON_ANCHOR_KEY", "not base64: a passphrase"),
+        ("RECKON_ANCHOR_KEY", base64.b64encode(os.urandom(16)).decode()),
     ],
-    ids=["no-secret-key", "empty-secret-key", "development-secret-key", "no-hosts", "blank-hosts", "no-retention-key"],
+    ids=[
+        "no-secret-key",
+        "empty-secret-key",
+        "development-secret-key",
+        "no-hosts",
+        "blank-hosts",
+        "no-retention-key",
+        "no-anchor-key",
+        "blank-anchor-key",
+        "anchor-key-not-base64",
+        "anchor-key-of-16-bytes",
+    ],
 )
 def test_manage_py_refuses_to_start_without_each_variable(tmp_path: Path, missing: str, value: str | None) -> None:
     env = production_environment(tmp_path / "data")
@@ -87,6 +103,8 @@ def test_manage_py_refuses_to_start_without_each_variable(tmp_path: Path, missin
     assert done.returncode != 0
     assert "ImproperlyConfigured" in done.stderr and missing in done.stderr, done.stderr
     assert "System check identified" not in done.stdout
+    if value and value.strip() and "SECRET" not in missing:
+        assert value not in done.stderr  # a key refused is named, never echoed
 
 
 @pytest.mark.parametrize(
