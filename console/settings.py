@@ -436,3 +436,10 @@ CELERY_BEAT_SCHEDULE["anchor-heads"] = {"task": "audit.anchor_heads", "schedule"
 # span per request when on and costs one check when off.
 RECKON_TRACES = os.environ.get("RECKON_TRACES", "")
 MIDDLEWARE.insert(0, "observability.tracing.TracingMiddleware")
+
+# One beat (helper "topo", issue 11; leases/beat.py, README "Scale out"): any number of hosts may run `./dev beat`;
+# only the one holding the beat lease (a database row, timed by the database's clock) sends the periodic messages,
+# renewing it every third of RECKON_BEAT_LEASE_SECONDS. The others send nothing and try again as often: a holder
+# stopped by SIGTERM gives it back at once, one killed outright loses it when its TTL has passed.
+CELERY_BEAT_SCHEDULER = "leases.beat:LeasedScheduler"
+RECKON_BEAT_LEASE_TTL = timedelta(seconds=float(os.environ.get("RECKON_BEAT_LEASE_SECONDS", "30")))

@@ -3,7 +3,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from leases.models import Lease
+from leases.models import BeatLease, Lease
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -22,3 +22,8 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 @admin.register(Lease)
 class LeaseAdmin(ReadOnlyAdmin):
     list_display = ("task", "epoch", "holder_kind", "holder_id", "granted_at", "expires_at", "released_at")
+
+
+@admin.register(BeatLease)
+class BeatLeaseAdmin(ReadOnlyAdmin):
+    list_display = ("name", "holder", "epoch", "granted_at", "expires_at")

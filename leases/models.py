@@ -125,3 +125,18 @@ class ForcedRelease(models.Model):
 
     def __str__(self) -> str:
         return f"forced release of {self.removed_holder} on task {self.task_id} ({self.status})"
+
+
+class BeatLease(models.Model):
+    """The right to send the periodic messages (Celery beat): held by one beat process at a time, until
+    ``expires_at`` on the database's clock, renewed while it runs (leases/beat.py). ``holder`` is empty when the
+    last holder gave it back; ``epoch`` grows by one with every grant to a new holder."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    holder = models.CharField(max_length=200, blank=True)
+    epoch = models.PositiveBigIntegerField(default=0)
+    granted_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"beat lease {self.name}: {self.holder or 'free'} (epoch {self.epoch})"
