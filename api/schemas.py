@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from leases.models import Lease
 from tasks.decisions import Directive
+from tasks.detail import RemoteDown
 from tasks.lifecycle import FailureClass
 from tasks.models import Node, Operation, Task
 from tasks.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
@@ -46,10 +47,21 @@ class TaskSummary(Schema):
     updated_at: datetime
 
 
+class RemoteDownOut(Schema):
+    """The task's remote could not be reached ``tries`` wake-ups in a row since ``unreachable_since``; Reckon's
+    workers ask it again no earlier than ``next_ask_at`` (a growing, jittered, capped backoff; database clock)."""
+
+    unreachable_since: datetime
+    tries: int
+    next_ask_at: datetime
+
+
 class TaskOut(TaskSummary):
     nodes: list[NodeOut]
     # Unsettled operations (intent, dispatched, accepted, unknown), oldest first.
     open_operations: list[OperationOut]
+    # Set while the task's remote stays unreachable; null once it answers (and for a task that has ended).
+    remote_down: RemoteDownOut | None
 
 
 class TaskPage(Schema):
@@ -89,13 +101,19 @@ def task_summary(task: Task) -> TaskSummary:
     )
 
 
-def task_out(snap: Snapshot) -> TaskOut:
+def task_out(snap: Snapshot, remote: RemoteDown | None = None) -> TaskOut:
+    """``remote``: tasks.detail.remote_down(task), read by the caller (a new task has none)."""
     keys = {n.pk: n.key for n in snap.nodes}
     return TaskOut(
         **task_summary(snap.task).model_dump(),
         nodes=[_node(n) for n in snap.nodes],
         open_operations=[_operation(op, keys) for op in snap.unsettled],
+        remote_down=_remote_down(remote) if remote is not None else None,
     )
+
+
+def _remote_down(remote: RemoteDown) -> RemoteDownOut:
+    return RemoteDownOut(unreachable_since=remote.since, tries=remote.tries, next_ask_at=remote.next_ask_at)
 
 
 def _node(node: Node) -> NodeOut:

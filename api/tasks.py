@@ -35,6 +35,7 @@ from api.schemas import (
 )
 from api.tokens import in_scope, token_tasks
 from tasks.cancel import task_request_cancel
+from tasks.detail import remote_down
 from tasks.errors import TaskNotFound
 from tasks.models import PlanRevision, Task
 from tasks.permissions import PermissionDenied
@@ -94,14 +95,15 @@ def task_new(request: HttpRequest, payload: TaskCreateIn) -> HttpResponse:
 
 @router.get("/tasks/{task_id}", response={200: TaskOut, **PROBLEMS}, summary="Read a task")
 def task_read(request: HttpRequest, task_id: int, response: HttpResponse) -> Any:
-    """The task's status, version (also the ETag), plan version, current plan's nodes and unsettled operations.
+    """The task's status, version (also the ETag), plan version, current plan's nodes and unsettled operations,
+    and ``remote_down`` while its remote stays unreachable (since when, how many tries, when it is asked next).
     A task outside the token's scope is answered as one that does not exist."""
     token = token_of(request)
     snap = task_snapshot(task_id=task_id)
     if not in_scope(token, snap.task):
         raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
     response["ETag"] = f'"{snap.version}"'
-    return task_out(snap)
+    return task_out(snap, remote_down(snap.task))
 
 
 @router.get("/tasks", response={200: TaskPage, **PROBLEMS}, summary="List the tasks in the token's scope")

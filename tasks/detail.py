@@ -6,6 +6,8 @@ events (tests/test_detail_reads.py pins them). Reads only: nothing here writes.
 - ``lease_view(task)``: who holds the task now (or who held it last), on the database server's clock.
 - ``timeline_page(task, before=…)``: the task's events merged with its audit rows, newest first, by keyset.
 - ``chain_check(task)``: the task's hash chain verified now, or not checked on open when the log is long.
+- ``remote_down(task)``: whether the task's remote stays unreachable — since when, how many tries, when it is asked
+  next (also for the work queue's rows, read with the page, and the API's task).
 """
 
 import base64
@@ -29,7 +31,17 @@ from tasks.lifecycle import (
     PauseReason,
     TaskStatus,
 )
-from tasks.models import Event, Node, Operation, OperationPurpose, Receipt, Task, TempResource, TempResourceStatus
+from tasks.models import (
+    Event,
+    Node,
+    Operation,
+    OperationPurpose,
+    Receipt,
+    Task,
+    TaskWakeUp,
+    TempResource,
+    TempResourceStatus,
+)
 from tasks.querysets import UNPROVABLE
 from tasks.receipts import receipt_summary
 from tasks.takeover import takeover_package
@@ -464,6 +476,50 @@ def chain_check(task: Task, *, force: bool = False) -> ChainCheck:
     return ChainCheck(checked=True, events=task.version, problem=verdict.problem)
 
 
+# --- a remote that stays down -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RemoteDown:
+    """The task's remote could not be reached ``tries`` wake-ups in a row since ``since``; the next wake-up asks it
+    no earlier than ``next_ask_at`` (tasks.recovery.remote_down_record: growing, jittered, capped; the database
+    clock). What a person on call needs to see that the task is not stuck but waiting, and until when."""
+
+    since: datetime
+    tries: int
+    next_ask_at: datetime
+
+    def wait_seconds(self, now: datetime) -> int:
+        """Seconds until the next ask at ``now`` (database clock); 0 when it is due."""
+        return max(0, int((self.next_ask_at - now).total_seconds()))
+
+
+def remote_down(task: Task) -> RemoteDown | None:
+    """The outage of the task's remote, or None (it answered last, was never tried, or the task has ended): one
+    query, by primary key."""
+    if is_terminal(task):
+        return None
+    row = TaskWakeUp.objects.filter(task_id=task.pk, remote_down_tries__gt=0).first()
+    return _remote_down(row)
+
+
+def remote_down_of_row(task: Task) -> RemoteDown | None:
+    """As remote_down, from a task read with ``select_related("wake_up")`` (a page of the work queue): no query."""
+    if is_terminal(task):
+        return None
+    try:
+        row: TaskWakeUp | None = task.wake_up
+    except TaskWakeUp.DoesNotExist:
+        row = None
+    return _remote_down(row)
+
+
+def _remote_down(row: TaskWakeUp | None) -> RemoteDown | None:
+    if row is None or not row.remote_down_tries or row.remote_down_since is None or row.remote_next_ask_at is None:
+        return None
+    return RemoteDown(since=row.remote_down_since, tries=row.remote_down_tries, next_ask_at=row.remote_next_ask_at)
+
+
 def shows_takeover_package(task: Task, lease: LeaseView) -> bool:
     """A person needs the package when the task waits for one: held or last held by a person, paused, stopped with
     operations to reconcile, or a person waiting to take it over."""
@@ -484,11 +540,12 @@ class DetailPage:
     check: ChainCheck
     package: dict[str, Any] | None
     takeover_possible: bool
+    remote: RemoteDown | None = None
 
 
 def detail_page(task: Task, *, force_check: bool = False) -> DetailPage:
-    """task_detail, lease_view, chain_check and, when a person is needed, the takeover package: a fixed number of
-    queries (tests/test_console_detail.py pins the page's)."""
+    """task_detail, lease_view, chain_check, remote_down and, when a person is needed, the takeover package: a fixed
+    number of queries (tests/test_console_detail.py pins the page's)."""
     lease = lease_view(task)
     return DetailPage(
         detail=task_detail(task),
@@ -496,4 +553,5 @@ def detail_page(task: Task, *, force_check: bool = False) -> DetailPage:
         check=chain_check(task, force=force_check),
         package=takeover_package(task.pk) if shows_takeover_package(task, lease) else None,
         takeover_possible=takeover_possible(task),
+        remote=remote_down(task),
     )

@@ -261,8 +261,9 @@ def test_reading_a_task_costs_the_same_with_3_or_30_nodes(client: Client, make_t
     token = issue()
     small = make_task(kind="copy", plan=chain_plan(*(f"n{i}" for i in range(3))))
     large = make_task(kind="copy", plan=chain_plan(*(f"n{i}" for i in range(30))))
-    assert _count(client, f"/api/v1/tasks/{small.pk}", token) == 4  # the token, the snapshot's three
-    assert _count(client, f"/api/v1/tasks/{large.pk}", token) == 4
+    # The token, the snapshot's three, the task's wake-up row (remote_down, by primary key).
+    assert _count(client, f"/api/v1/tasks/{small.pk}", token) == 5
+    assert _count(client, f"/api/v1/tasks/{large.pk}", token) == 5
 
 
 def test_listing_tasks_costs_the_same_with_3_or_30_tasks(client: Client, make_task, issue) -> None:

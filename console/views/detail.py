@@ -78,6 +78,8 @@ def _page_context(request: HttpRequest, task: Task, *, force_check: bool = False
         "may_operate": may_operate,
         "may_take_over": may_operate and shown.takeover_possible,
         "poll_seconds": LEASE_POLL_SECONDS,
+        "remote": shown.remote,
+        "remote_wait_seconds": shown.remote.wait_seconds(shown.lease.now) if shown.remote else None,
     }
 
 

@@ -23,6 +23,7 @@ from console.saved_views import (
     saved_view_save,
     saved_views_of,
 )
+from tasks.detail import RemoteDown, remote_down_of_row
 from tasks.models import Task
 from tasks.notes import with_note_count
 from tasks.queries import InvalidCursor, Order, TaskFilter, attention_queue, attention_reasons, page, task_queue
@@ -70,6 +71,8 @@ class TaskRow:
     task: Task
     badge: present.Badge
     attention: list[Reason]
+    # The task's remote stays unreachable (read with the page: a join, no query per row).
+    remote: RemoteDown | None = None
 
 
 @require_safe
@@ -94,7 +97,7 @@ def _queue(request: HttpRequest, queue: Queue) -> HttpResponse:
     after = request.GET.get("after") or None
     try:
         tasks, next_cursor = page(
-            with_note_count(queue.select(task_filter).viewable_by(request.user)),
+            with_note_count(queue.select(task_filter).viewable_by(request.user)).select_related("wake_up"),
             after=after,
             size=PAGE_SIZE,
             order=queue.order,
@@ -132,7 +135,7 @@ def _render(
 
 def _row(task: Task) -> TaskRow:
     reasons = [Reason(reason.value, present.attention(reason)) for reason in attention_reasons(task)]
-    return TaskRow(task=task, badge=present.task_badge(task), attention=reasons)
+    return TaskRow(task=task, badge=present.task_badge(task), attention=reasons, remote=remote_down_of_row(task))
 
 
 @require_POST
