@@ -114,3 +114,29 @@ class VerificationRun(models.Model):
     @property
     def sound(self) -> bool:
         return not (self.audit_problem or self.tasks_with_problems or self.event_triggers_missing)
+
+
+class AccountChange(models.Model):
+    """A change of who may do what, as the database itself saw it: written by triggers (audit/migrations/0006) on
+    the account tables — a flag of auth_user (superuser, staff, active), a group membership (Reckon's roles are
+    groups), a user's or a group's permission, an object permission (django-guardian: scope grants), a group
+    renamed or deleted — whatever made it: a service, the Django admin, a shell, a bulk ``update()``, raw SQL.
+
+    audit/account_changes.py folds each row into the audit chain and sets ``audit_seq`` once; nothing else may
+    change or remove a row (triggers again), so a change cannot leave the database without its audit entry.
+    """
+
+    at = models.DateTimeField()
+    table_name = models.CharField(max_length=60)
+    operation = models.CharField(max_length=10)
+    # What changed, built by the trigger while the names still exist (a deleted group's name, say).
+    change = models.JSONField(default=dict)
+    audit_seq = models.PositiveBigIntegerField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["id"], condition=Q(audit_seq__isnull=True), name="audit_account_change_unfolded"),
+        ]
+
+    def __str__(self) -> str:
+        return f"account change #{self.pk} ({self.operation} on {self.table_name})"

@@ -11,7 +11,7 @@ from django.db import transaction
 
 from audit.anchors import AnchorFile, anchored_audit_head, read_anchors
 from audit.append_only import AUDIT_TRIGGERS, missing_triggers
-from audit.models import AuditEvent, AuditHead
+from audit.models import AccountChange, AuditEvent, AuditHead
 from audit.principals import Principal
 
 GENESIS = "0" * 64
@@ -58,7 +58,7 @@ def audit_append(
     """Append one event. Call it inside the transaction of the change it records: it shares its fate."""
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("audit_append must run inside the transaction of the change it records")
-    head, _ = AuditHead.objects.select_for_update().get_or_create(pk=1, defaults={"seq": 0, "digest": GENESIS})
+    head = audit_lock()
     event = AuditEvent(
         seq=head.seq + 1,
         at=at,
@@ -80,6 +80,12 @@ def audit_append(
     return event
 
 
+def audit_lock() -> AuditHead:
+    """Lock the chain's head until the transaction ends: appends happen one at a time, in one order."""
+    head, _ = AuditHead.objects.select_for_update().get_or_create(pk=1, defaults={"seq": 0, "digest": GENESIS})
+    return head
+
+
 @dataclass(frozen=True)
 class AuditVerdict:
     checked: int
@@ -87,6 +93,9 @@ class AuditVerdict:
     problem: str | None
     # What the anchor file vouches for (audit/anchors.py): "not anchored …" when there is no key or no checkpoint.
     anchor: str = ""
+    # Account changes the database captured that are not on the chain yet (audit/account_changes.py): the beat
+    # puts them there within RECKON_ACCOUNT_FOLD_SECONDS; a count that stays up means the fold is not running.
+    account_changes_pending: int = 0
 
 
 def verify_audit() -> AuditVerdict:
@@ -96,7 +105,8 @@ def verify_audit() -> AuditVerdict:
     append-only trigger that is missing or disabled."""
     anchors = read_anchors()
     verdict = _verify_chain(anchors)
-    return AuditVerdict(verdict.checked, verdict.broken_at, verdict.problem, anchors.status())
+    pending = AccountChange.objects.filter(audit_seq__isnull=True).count()
+    return AuditVerdict(verdict.checked, verdict.broken_at, verdict.problem, anchors.status(), pending)
 
 
 def _verify_chain(anchors: AnchorFile) -> AuditVerdict:

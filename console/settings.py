@@ -431,6 +431,13 @@ else:
 RECKON_ANCHOR_PATH = os.environ.get("RECKON_ANCHOR_PATH", "")
 RECKON_ANCHOR_SECONDS = float(os.environ.get("RECKON_ANCHOR_SECONDS", "300"))
 CELERY_BEAT_SCHEDULE["anchor-heads"] = {"task": "audit.anchor_heads", "schedule": RECKON_ANCHOR_SECONDS}
+# Every change of access the database captured (audit/account_changes.py: triggers on the account tables, whatever
+# made the change) is put on the audit chain this often.
+RECKON_ACCOUNT_FOLD_SECONDS = float(os.environ.get("RECKON_ACCOUNT_FOLD_SECONDS", "60"))
+CELERY_BEAT_SCHEDULE["account-changes-fold"] = {
+    "task": "audit.fold_account_changes",
+    "schedule": RECKON_ACCOUNT_FOLD_SECONDS,
+}
 
 # Traces (observability/tracing.py): off unless RECKON_TRACES is console, file:<path> or otlp. The middleware opens a
 # span per request when on and costs one check when off.

@@ -17,13 +17,15 @@ from tasks.models import Task
 from tasks.plans import task_create
 from tests.simulator_fixture import Simulator
 
-# The append-only triggers on SQLite (tasks/migrations/0009, audit/migrations/0002-0003): how to drop and re-make them.
+# The append-only and capture triggers on SQLite (tasks/migrations/0009, audit/migrations/0002, 0003 and 0006): how to
+# drop and re-make them.
 _TRIGGER_MIGRATIONS = [
     importlib.import_module(name)
     for name in (
         "tasks.migrations.0009_event_append_only",
         "audit.migrations.0002_append_only_triggers",
         "audit.migrations.0003_truncate_and_head",
+        "audit.migrations.0006_account_changes",
     )
 ]
 _SQLITE_TRIGGER_DROPS: list[str] = [sql for m in _TRIGGER_MIGRATIONS for sql in m.SQLITE_DROP]
