@@ -3,9 +3,10 @@
 Each scenario starts its own simulator (a fresh state file), its own queue and its own Celery worker processes
 (``--pool=solo``: a failpoint's SIGKILL takes the whole worker down), creates tasks of the reference agent's kind,
 wakes them, and then acts as the deployment would: a worker that died is replaced by a fresh one, and a recovery
-scan is sent every ``SCAN_EVERY`` seconds, as Celery beat would. When every task has ended (or the deadline passed)
-it checks the facts — the simulator's side-effect counts against the database's operations and receipts — and
-reports one row. ``manage.py verify_matrix`` prints the table and exits non-zero on any failure.
+scan is sent every ``SCAN_EVERY`` seconds, as Celery beat would — on a queue of its own (``scan_queue``) that the
+workers also consume, so that it never waits behind the wake-ups it queued. When every task has ended (or the
+deadline passed) it checks the facts — the simulator's side-effect counts against the database's operations and
+receipts — and reports one row. ``manage.py verify_matrix`` prints the table and exits non-zero on any failure.
 """
 
 import json
@@ -173,8 +174,22 @@ class StoreProcess:
             self.process.stdout.close()
 
 
+def scan_queue(queue: str) -> str:
+    """The queue the recovery scans of a run on ``queue`` are sent on: a queue of its own, as beat's
+    RECKON_SCAN_QUEUE, so that a scan never waits behind the wake-ups it queued (they go on ``queue``)."""
+    return f"{queue}-scan"
+
+
+def send_scan(queue: str, *, copies: int = 1) -> None:
+    """Send a recovery scan as beat would: on the scan queue, waking tasks on ``queue``, expiring when the next
+    one is due (a scan that waited that long is dropped; the next one does its work)."""
+    for _ in range(copies):
+        recovery_scan.apply_async((queue,), queue=scan_queue(queue), expires=SCAN_EVERY)
+
+
 class Workers:
-    """``count`` Celery worker processes on ``queue``; a dead one is replaced by a fresh one (``replace_dead``)."""
+    """``count`` Celery worker processes on ``queue`` and its scan queue; a dead one is replaced by a fresh one
+    (``replace_dead``)."""
 
     def __init__(self, count: int, queue: str, env: dict[str, str], log: Path) -> None:
         self.queue, self.env, self.log = queue, env, log
@@ -182,7 +197,8 @@ class Workers:
         self.processes = [self._start(n) for n in range(count)]
 
     def _start(self, n: int) -> subprocess.Popen[bytes]:
-        command = [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool=solo", "-Q", self.queue]
+        queues = f"{self.queue},{scan_queue(self.queue)}"
+        command = [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool=solo", "-Q", queues]
         command += ["-n", f"w{n}-{uuid.uuid4().hex[:6]}@%h", "--without-heartbeat", "--without-mingle"]
         command += ["--without-gossip", "--loglevel=WARNING"]
         with self.log.open("ab") as out:
@@ -297,8 +313,7 @@ def run_scenario(scenario: Scenario, tasks: int, *, timeout: float, log: Callabl
             if _finished(ids, scenario):
                 break
             if time.monotonic() - last_scan >= SCAN_EVERY:
-                for _ in range(scenario.copies_per_message):
-                    recovery_scan.apply_async((queue,), queue=queue)
+                send_scan(queue, copies=scenario.copies_per_message)
                 last_scan = time.monotonic()
             time.sleep(0.25)
         workers.replace_dead()

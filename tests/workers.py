@@ -13,12 +13,18 @@ from tests.simulator_fixture import ROOT
 
 
 @contextmanager
-def celery_worker(store_url: str, *, prefix: str = "test", drop_env: tuple[str, ...] = ()) -> Iterator[str]:
-    """Start a solo-pool worker consuming a fresh queue; yield the queue's name; stop the worker (TERM, then KILL)."""
+def celery_worker(
+    store_url: str, *, prefix: str = "test", drop_env: tuple[str, ...] = (), also: tuple[str, ...] = ()
+) -> Iterator[str]:
+    """Start a solo-pool worker consuming a fresh queue; yield the queue's name; stop the worker (TERM, then KILL).
+
+    ``also``: suffixes of more queues the worker consumes, each named ``<queue>-<suffix>`` — e.g. ``("scan",)``
+    for harness.killmatrix.scan_queue(queue), where recovery scans go so that they never wait behind wake-ups."""
     queue = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    queues = ",".join([queue, *(f"{queue}-{suffix}" for suffix in also)])
     env = {k: v for k, v in os.environ.items() if k not in drop_env}
     env |= {"DATABASE_URL": database_url(), "RECKON_OBJECTSTORE_URL": store_url}
-    command = [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool=solo", "-Q", queue]
+    command = [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool=solo", "-Q", queues]
     command += ["--without-heartbeat", "--without-mingle", "--without-gossip", "--loglevel=WARNING"]
     process = subprocess.Popen(command, cwd=ROOT, env=env)  # noqa: S603
     try:
