@@ -12,12 +12,15 @@ class ObservabilityConfig(AppConfig):
         """Hooks into Celery's signals, so the jobs need not know: every record logged during a wake-up of a task
         (``tasks.drive_task(task_id, seen_version)``) carries the task's id and the version the sender saw; and,
         when traces are on (RECKON_TRACES), a job continues the trace of whoever queued it and the connectors of
-        the registered task kinds are traced."""
+        the registered task kinds are traced; every state change the event log records is logged once
+        (observability.logs.log_state_change)."""
         from celery.signals import before_task_publish, task_postrun, task_prerun
 
         from observability import tracing
-        from observability.logs import bind, unbind
+        from observability.logs import STATE_EVENTS, bind, log_state_change, unbind
+        from tasks.events import listen
 
+        listen(STATE_EVENTS, log_state_change, on_finish=True)  # one line per state change
         tracing.configure(tracing.processor_for(getattr(settings, "RECKON_TRACES", "")))
         if tracing.enabled():
             tracing.trace_registered_connectors()

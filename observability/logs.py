@@ -8,6 +8,11 @@ fields when known and nothing otherwise.
 The format is chosen by ``RECKON_LOG_FORMAT``: ``text`` (the default: ``./dev demo`` and a developer's terminal are read
 by people) or ``json`` (one JSON object per line, for a log shipper). This module is loaded while settings are
 configured: it imports nothing of Django's models.
+
+State changes are logged from the event log, not from the domain code: ``log_state_change`` listens to the events
+every change appends (tasks.events.listen, inside the change's transaction) and prints one line per event — an intent
+registered (its op key), an outcome recorded (op key, outcome; the node advanced with it), the task's other changes —
+with the task id, the version the change made and the op key as fields.
 """
 
 import json
@@ -16,9 +21,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tasks.models import Event, Task
 
 CONTEXT_FIELDS = ("task_id", "task_version", "op_key")
+# What a state change's line says besides the task fields (JSON keys when present; in the text format they are in
+# the message already).
+DOMAIN_FIELDS = ("event", "outcome", "failure_class", "node", "node_status", "task_status", "op_keys", "refusal")
 _BOUND: ContextVar[dict[str, Any]] = ContextVar("reckon_log_context", default={})  # noqa: B039  (never mutated)
 
 
@@ -67,6 +78,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
             **_context(record),
+            **{name: getattr(record, name) for name in DOMAIN_FIELDS if getattr(record, name, None) is not None},
             "process": record.process,
         }
         if record.exc_info:
@@ -115,3 +127,112 @@ def logging_config(*, log_format: str, level: str) -> dict[str, Any]:
             "django.server": {"handlers": [], "level": level, "propagate": True},
         },
     }
+
+
+# --- state changes, from the event log ----------------------------------------------------------------------------
+
+STATE_LOGGER = "reckon.state"
+# Commit 1 of a step (and of a compensation or a temp resource's delete): the operation registered, "may have been
+# sent" from here on; its op key is what a reconciler asks the remote by.
+INTENT_EVENTS = frozenset(
+    {"operation_dispatched", "compensation_registered", "cleanup_registered", "cleanup_dispatched"}
+)
+# Commit 2: what the remote said (from the call, or from a query by op key), and the node it moved.
+OUTCOME_EVENTS = frozenset(
+    {
+        "node_succeeded",
+        "evidence_insufficient",
+        "operation_accepted",
+        "operation_rejected",
+        "operation_unknown",
+        "operation_unprovable",
+        "operation_not_found",
+        "operation_resolved_not_done",
+        "operation_cancelled",
+        "compensation_committed",
+        "compensation_rejected",
+        "cleanup_committed",
+        "cleanup_not_found",
+        "cleanup_unprovable",
+        "cleanup_unknown",
+        "cleanup_rejected",
+        "cleanup_accepted",
+    }
+)
+# The task's other changes: made by people, plans, verification.
+OTHER_EVENTS = frozenset(
+    {
+        "task_created",
+        "plan_proposed",
+        "plan_accepted",
+        "inputs_confirmed",
+        "cancel_requested",
+        "node_approved",
+        "takeover_requested",
+        "takeover_granted",
+        "takeover_result_submitted",
+        "lease_forced_release",
+        "receipts_contradicted",
+        "quarantined",
+        "temp_resource_reset",
+        "cleanup_needs_person",
+    }
+)
+STATE_EVENTS = INTENT_EVENTS | OUTCOME_EVENTS | OTHER_EVENTS
+
+
+def state_change_line(
+    *, task_id: int, version: int, event_type: str, payload: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    """The message and the fields of one event's line. Pure: what the event's payload says, nothing read."""
+    operations: dict[str, dict[str, Any]] = payload.get("operations") or {}
+    nodes: dict[str, dict[str, Any]] = payload.get("nodes") or {}
+    data: dict[str, Any] = payload.get("data") or {}
+    task_status = (payload.get("task") or {}).get("status")
+    op_keys = list(operations) or ([data["op_key"]] if isinstance(data.get("op_key"), str) else [])
+    op_key = op_keys[0] if len(op_keys) == 1 else None
+    op = operations.get(op_key, {}) if op_key else {}
+    node = next(iter(nodes), None) if len(nodes) == 1 else op.get("node") or data.get("node")
+    node_status = nodes[node].get("status") if node in nodes else None
+    fields: dict[str, Any] = {
+        "task_id": task_id,
+        "task_version": version,
+        "op_key": op_key,
+        "event": event_type,
+        "outcome": op.get("status") if event_type in OUTCOME_EVENTS else None,
+        "failure_class": op.get("failure_class") or None,
+        "node": node,
+        "node_status": node_status,
+        "task_status": task_status,
+        "op_keys": op_keys if len(op_keys) > 1 else None,
+    }
+    if event_type in INTENT_EVENTS:
+        message = f"intent registered: {op_key or ', '.join(op_keys)}" + (f" for node {node}" if node else "")
+    elif event_type in OUTCOME_EVENTS:
+        message = f"outcome recorded: {op_key or ', '.join(op_keys)} {fields['outcome'] or event_type}"
+        if fields["failure_class"]:
+            message += f" ({fields['failure_class']})"
+        if node and node_status:
+            message += f"; node advanced: {node} {node_status}"
+    else:
+        message = f"task changed: {event_type}"
+    if task_status:
+        message += f"; task {task_status}"
+    return message, {k: v for k, v in fields.items() if v is not None}
+
+
+def log_state_change(task: "Task", event: "Event") -> None:
+    """tasks.events listener: one line for ``event``, printed as the change is written (inside its transaction).
+
+    Not deferred to the commit (transaction.on_commit): the wake-ups a change sends are on_commit callbacks, and
+    callers and tests rely on those being the only ones. So a change whose transaction fails after its event was
+    written (a database error at commit, an outer transaction rolled back: rare) leaves a line with no event behind
+    it — the event log is the record; these lines are its echo, and the next change reuses the version. Costs
+    nothing when the logger is off (RECKON_LOG_LEVEL above INFO)."""
+    logger = logging.getLogger(STATE_LOGGER)
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    message, fields = state_change_line(
+        task_id=task.pk, version=event.seq, event_type=event.type, payload=event.payload
+    )
+    logger.info(message, extra=fields)

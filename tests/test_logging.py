@@ -7,8 +7,10 @@ propagated to the root's handler. Checked in a fresh process, as the settings co
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -16,8 +18,26 @@ from typing import Any
 import pytest
 from celery.signals import task_postrun, task_prerun
 
-from observability.logs import ContextFilter, JsonFormatter, TextFormatter, bound, logging_config
+from agents.demo import migration_plan
+from leases.services import lease_acquire
+from observability.logs import (
+    STATE_EVENTS,
+    STATE_LOGGER,
+    ContextFilter,
+    JsonFormatter,
+    TextFormatter,
+    bound,
+    logging_config,
+)
+from tasks.connectors.objectstore import ObjectStoreConnector
+from tasks.errors import VersionConflict
 from tasks.jobs import drive_task, recovery_scan
+from tasks.models import Event, Operation
+from tasks.plans import task_create
+from tasks.protocol import operation_start
+from tasks.runner import run_steps
+from tests.conftest import chain_plan
+from tests.simulator_fixture import Simulator
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -138,3 +158,87 @@ def test_a_multi_line_message_stays_one_json_line_and_one_text_record() -> None:
     text_logger, text = capture(TextFormatter())
     text_logger.info("first\nsecond", extra={"task_id": 1})
     assert text.getvalue().splitlines()[0].endswith("first [task_id=1]")
+
+
+# --- state changes, from the event log ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def json_lines() -> Iterator[StringIO]:
+    """Every record the root logger prints, as the JSON lines RECKON_LOG_FORMAT=json prints (the settings' filter and
+    formatter on a handler of the test's own)."""
+    stream = StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    handler.addFilter(ContextFilter())
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield stream
+    finally:
+        root.removeHandler(handler)
+
+
+def state_lines(stream: StringIO) -> list[dict[str, Any]]:
+    return [r for r in parsed(stream) if r["logger"] == STATE_LOGGER]
+
+
+@pytest.mark.django_db
+def test_a_step_run_logs_each_state_change_once_with_its_task_version_and_op_key(
+    store: Simulator, json_lines: StringIO
+) -> None:
+    """The reference task up to its approval point, one answer dropped on the way: every event the run appended is one
+    JSON line — task id, the version it made, the event — and each operation's op key is on the line of its intent
+    and on the line of its outcome."""
+    task = task_create(kind="migrate_project", title="Migrate acme", plan=migration_plan(), created_by="agent:m")
+    lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="worker-1")
+    store.fault("accept_then_drop", times=1)
+    report = run_steps(task_id=task.pk, lease=lease, connector=ObjectStoreConnector(store.url))
+    assert report.directive is not None and report.directive.reason == "awaiting_approval"
+    lines = state_lines(json_lines)
+    events = list(Event.objects.filter(task=task).order_by("seq").values_list("seq", "type"))
+    assert [(r["task_id"], r["task_version"], r["event"]) for r in lines] == [(task.pk, s, t) for s, t in events]
+
+    operations = list(Operation.objects.filter(task=task).order_by("pk"))
+    assert len(operations) == 6  # six effects up to the approval point
+    for op in operations:
+        mine = [r for r in lines if r.get("op_key") == op.op_key]
+        intents = [r for r in mine if r["message"].startswith("intent registered: ")]
+        outcomes = [r for r in mine if r["message"].startswith("outcome recorded: ")]
+        assert intents and {r["node"] for r in intents} == {f"p1/{op.node.key}"}, mine
+        assert outcomes and outcomes[-1]["outcome"] == "committed", mine
+        assert outcomes[-1]["node_status"] == "succeeded" and "node advanced" in outcomes[-1]["message"]
+    # The dropped answer: recorded unknown (connection_interrupted), then settled once asked by op key (committed, or
+    # not found and sent again under the same op key if the remote had not finished it yet).
+    [dropped] = [op for op in operations if op.failure_class == "connection_interrupted"]
+    settled = [
+        (r["outcome"], r.get("failure_class"))
+        for r in lines
+        if r.get("op_key") == dropped.op_key and r["message"].startswith("outcome recorded: ")
+    ]
+    assert settled[0] == ("unknown", "connection_interrupted") and settled[-1] == ("committed", None), settled
+
+
+@pytest.mark.django_db
+def test_a_refused_change_logs_nothing_and_a_task_s_creation_logs_its_events(json_lines: StringIO) -> None:
+    """A change refused by the compare-and-set (a stale version) wrote no event and prints no line; the lines of a
+    new task are its events, version by version."""
+    task = task_create(kind="copy", title="kept", plan=chain_plan("a"), created_by="agent:m")
+    events = list(Event.objects.filter(task=task).order_by("seq").values_list("seq", "type"))
+    lines = state_lines(json_lines)
+    assert [(r["task_id"], r["task_version"], r["event"]) for r in lines] == [(task.pk, s, t) for s, t in events]
+    assert lines[0]["event"] == "task_created" and lines[0]["message"] == "task changed: task_created; task pending"
+    lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="worker-1")
+    with pytest.raises(VersionConflict):
+        operation_start(task_id=task.pk, node_key="a", expected_version=task.version - 1, lease=lease)
+    assert len(state_lines(json_lines)) == len(lines)
+
+
+def test_every_event_type_the_domain_appends_has_a_line() -> None:
+    """An event type added to tasks/ without a line here would be a state change nobody sees in the logs."""
+    sources = "\n".join(p.read_text() for p in (ROOT / "tasks").glob("*.py"))
+    appended = set(re.findall(r'\bevent(?:, fields)?\s*=\s*\(?\s*"([a-z_]+)"', sources))
+    appended |= set(re.findall(r'\btype="([a-z_]+)"', sources))
+    appended |= set(re.findall(r'^[A-Z_]*EVENT = "([a-z_]+)"', sources, re.MULTILINE))
+    assert len(appended) > 30
+    assert appended <= STATE_EVENTS, appended - STATE_EVENTS
