@@ -215,6 +215,8 @@ class Operation(models.Model):
                 condition=Q(status__in=["dispatched", "accepted", "unknown"]),
                 name="operation_open_idx",
             ),
+            # Serves the metrics' failures and retries by class (observability/metrics.py): failed operations only.
+            models.Index(fields=["failure_class"], condition=~Q(failure_class=""), name="operation_failure_idx"),
         ]
 
     def __str__(self) -> str:
@@ -278,6 +280,10 @@ class Event(models.Model):
             models.UniqueConstraint(fields=["task", "seq"], name="event_seq_unique_per_task"),
             models.CheckConstraint(condition=Q(seq__gte=1), name="event_seq_positive"),
         ]
+        indexes = [
+            # Serves the metrics' steps by outcome and quarantines (observability/metrics.py): events of a few types.
+            models.Index(fields=["type"], name="event_type_idx"),
+        ]
         ordering = ["task", "seq"]
 
     def __str__(self) -> str:
@@ -328,6 +334,11 @@ class TempResource(models.Model):
             models.CheckConstraint(
                 condition=Q(retention_until__gte=models.F("created_at")), name="temp_resource_retention_after_creation"
             ),
+        ]
+        indexes = [
+            # Serves the recovery scan (ended tasks with resources left) and the metrics' cleanup backlog: the few
+            # resources not deleted, found without reading the deleted ones of every finished task.
+            models.Index(fields=["status", "task"], name="temp_resource_status_idx"),
         ]
 
     def __str__(self) -> str:
@@ -456,6 +467,21 @@ class TaskWakeUp(models.Model):
     remote_down_tries = models.PositiveIntegerField(default=0)
     remote_down_since = models.DateTimeField(null=True, blank=True)
     remote_next_ask_at = models.DateTimeField(null=True, blank=True)
+    # Counters for the metrics (observability/metrics.py: read from the database, as every process writes here):
+    # wake-ups queued for this task (claims taken for a message) and wake-ups refused at enqueue because one for
+    # the same version was on the broker already (deduplicated). Bumped in the claim's own statement.
+    queued_count = models.PositiveBigIntegerField(default=0)
+    deduplicated_count = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        indexes = [
+            # Serve the recovery scan's "a wake-up is queued" and "its remote is resting" (tasks.recovery): the few
+            # live claims and outages, not a row per task ever woken.
+            models.Index(fields=["queued_until"], condition=Q(queued_until__isnull=False), name="wake_up_queued_idx"),
+            models.Index(
+                fields=["remote_next_ask_at"], condition=Q(remote_next_ask_at__isnull=False), name="wake_up_resting_idx"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"wake-ups of task {self.task_id}"
