@@ -25,13 +25,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from django.conf import settings
 from django.utils import timezone
 from django.utils.module_loading import autodiscover_modules
 
-from audit.models import AuditHead
+from audit.models import AuditEvent, AuditHead
 
 FORMAT = 1
 
@@ -257,3 +257,121 @@ def anchored_audit_head(anchors: AnchorFile) -> AnchoredHead | None:
     if best is None or best.audit_seq == 0:
         return None
     return AnchoredHead(best.audit_seq, best.audit_digest, best.at)
+
+
+def audit_anchor_problem(anchors: AnchorFile) -> str | None:
+    """The audit chain against the furthest head a checkpoint anchored, without walking it (verify_audit walks it):
+    the head still at or past the anchored seq, the event there still the anchored one. Two queries."""
+    anchored = anchored_audit_head(anchors)
+    if anchored is None:
+        return None
+    head = AuditHead.objects.filter(pk=1).values_list("seq", flat=True).first() or 0
+    digest = AuditEvent.objects.filter(seq=anchored.seq).values_list("digest", flat=True).first()
+    if head < anchored.seq or digest is None:
+        return (
+            f"the audit chain ends at #{head} but the checkpoint of {anchored.at} anchored it at #{anchored.seq}: "
+            "its tail was cut and its head rolled back"
+        )
+    if digest != anchored.digest:
+        return (
+            f"audit event #{anchored.seq} is not the one the checkpoint of {anchored.at} anchored: the chain was "
+            "rewritten from there back"
+        )
+    return None
+
+
+# --- the verdict: what the anchors say of every chain now ---------------------------------------------------------
+
+# name → a function given the verified anchor file that returns one sentence per chain of its app that no longer
+# reaches the head a checkpoint vouched for (tasks/anchors.py: a task's log cut, rewritten, or the task gone).
+type HeadChecker = Callable[[AnchorFile], list[str]]
+_CHECKERS: dict[str, HeadChecker] = {}
+
+MAX_LISTED_FINDINGS = 50  # sentences kept; the count is always complete
+
+type AnchorState = Literal["consistent", "cut", "untrusted", "not_anchored"]
+
+
+def register_head_checker(name: str, checker: HeadChecker) -> None:
+    """An app's ``anchors`` module checks its chains against the checkpoints under ``name``."""
+    _CHECKERS[name] = checker
+
+
+@dataclass(frozen=True)
+class AnchorVerdict:
+    """What the anchor file says of the chains now, in plain words for a person (the console's "Verify now").
+
+    ``consistent``: every chain still reaches the heads the signed checkpoints vouch for. ``cut``: one does not —
+    its tail was cut and its head rolled back, it was rewritten, or an anchored task is gone — even though the
+    database may read consistently. ``untrusted``: nothing found cut, but lines of the anchor file fail their HMAC
+    or a line was taken out. ``not_anchored``: no key, or no checkpoint yet: a cut would not be found."""
+
+    state: AnchorState
+    summary: str
+    findings: tuple[str, ...] = ()
+    found: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        return {"state": self.state, "summary": self.summary, "findings": list(self.findings), "found": self.found}
+
+    @classmethod
+    def from_json(cls, data: Any) -> "AnchorVerdict | None":
+        """A verdict stored with as_json; None for anything else (a run recorded before verdicts were kept)."""
+        if not isinstance(data, Mapping) or data.get("state") not in ("consistent", "cut", "untrusted", "not_anchored"):
+            return None
+        findings = data.get("findings")
+        return cls(
+            state=data["state"],
+            summary=str(data.get("summary", "")),
+            findings=tuple(str(f) for f in findings) if isinstance(findings, list) else (),
+            found=int(data.get("found") or 0),
+        )
+
+
+def anchors_verify() -> AnchorVerdict:
+    """Every chain against the anchor file: the audit chain (audit_anchor_problem) and each app's chains (their
+    registered checkers), and the file's own lines. Reads the file once; what it costs beyond is the checkers'."""
+    anchors = read_anchors()
+    if not anchors.enabled:
+        return AnchorVerdict(
+            "not_anchored",
+            "Not anchored: RECKON_ANCHOR_KEY is not set, so a chain whose tail was cut and whose head was rolled back "
+            "would not be found.",
+        )
+    autodiscover_modules("anchors")
+    cuts = [problem for problem in [audit_anchor_problem(anchors)] if problem]
+    for _name, checker in sorted(_CHECKERS.items()):
+        cuts += checker(anchors)
+    untrusted = list(anchors.bad_lines)
+    findings = cuts + untrusted
+    listed = tuple(findings[:MAX_LISTED_FINDINGS])
+    if cuts:
+        return AnchorVerdict(
+            "cut",
+            f"A cut found: {len(cuts)} chain{'s' if len(cuts) != 1 else ''} no longer reach the head a signed "
+            "checkpoint outside the database vouched for (a tail cut and a head rolled back, a rewrite, or a task "
+            "deleted), however consistent the database reads.",
+            listed,
+            len(findings),
+        )
+    if untrusted:
+        return AnchorVerdict(
+            "untrusted",
+            f"Anchor file not trusted in part: {len(untrusted)} line{'s' if len(untrusted) != 1 else ''} altered, "
+            "not ours or taken out; the other checkpoints hold and found no cut.",
+            listed,
+            len(findings),
+        )
+    newest = anchors.newest
+    if newest is None:
+        return AnchorVerdict(
+            "not_anchored",
+            f"Not anchored yet: no checkpoint in {anchors.path} (the beat writes one every RECKON_ANCHOR_SECONDS), "
+            "so a cut would not be found.",
+        )
+    count = len(anchors.checkpoints)
+    return AnchorVerdict(
+        "consistent",
+        f"Anchored and consistent: the audit chain and every anchored task's log still reach the heads {count} signed "
+        f"checkpoint{'s' if count != 1 else ''} vouch for (the newest of {newest.at}, in {anchors.path}).",
+    )
