@@ -38,29 +38,37 @@ def wake_up_claim(*, task_id: int, version: int, at: datetime | None = None) -> 
     an insert that a racing claim makes fail. The claim lapses ``wake_up_expiry()`` after the wake-up is due — when
     the message itself expires — so a lost message blocks nobody for longer."""
     now = clock.now()
-    return _claim(task_id=task_id, version=version, now=now, until=max(at or now, now) + wake_up_expiry())
+    until = max(at or now, now) + wake_up_expiry()
+    return _claim(task_id=task_id, version=version, now=now, until=until, counted=True)
 
 
 def wake_up_defer(*, task_id: int, version: int, until: datetime) -> bool:
     """A wake-up is due too far ahead to be queued (tasks.jobs.MAX_COUNTDOWN_SECONDS): claim (task, version) until
     then with no message, so the scan leaves the task alone until it is due and wakes it then — instead of waking
     it at every scan to find it still waiting."""
-    return _claim(task_id=task_id, version=version, now=clock.now(), until=until)
+    return _claim(task_id=task_id, version=version, now=clock.now(), until=until, counted=False)
 
 
-def _claim(*, task_id: int, version: int, now: datetime, until: datetime) -> bool:
+def _claim(*, task_id: int, version: int, now: datetime, until: datetime, counted: bool) -> bool:
+    """``counted``: a message is to be sent under this claim — the claim bumps ``queued_count``, a refusal bumps
+    ``deduplicated_count`` (the metrics' wake-ups queued and deduplicated; a refusal costs one more UPDATE)."""
     blocking = Q(queued_version=version) & Q(queued_until__gt=now)
+    bump = {"queued_count": F("queued_count") + 1} if counted else {}
     with transaction.atomic():
         if (
             TaskWakeUp.objects.filter(task_id=task_id)
             .exclude(blocking)
-            .update(queued_version=version, queued_until=until)
+            .update(queued_version=version, queued_until=until, **bump)
         ):
             return True
         try:
             with transaction.atomic():
-                TaskWakeUp.objects.create(task_id=task_id, queued_version=version, queued_until=until)
+                TaskWakeUp.objects.create(
+                    task_id=task_id, queued_version=version, queued_until=until, queued_count=int(counted)
+                )
         except IntegrityError:  # a row exists and blocks (or the task is gone): nothing to send
+            if counted:
+                TaskWakeUp.objects.filter(task_id=task_id).update(deduplicated_count=F("deduplicated_count") + 1)
             return False
     return True
 
@@ -106,4 +114,7 @@ def remote_down_record(*, task: Task, unreachable: bool) -> datetime | None:
 
 def wake_up_unclaim(*, task_id: int, version: int) -> None:
     """The message of a claim could not be sent (the broker refused it): forget the claim, so the next scan tries."""
-    TaskWakeUp.objects.filter(task_id=task_id, queued_version=version).update(queued_version=None, queued_until=None)
+    never_queued = F("queued_count") - 1
+    TaskWakeUp.objects.filter(task_id=task_id, queued_version=version).update(
+        queued_version=None, queued_until=None, queued_count=never_queued
+    )

@@ -6,6 +6,7 @@ op keys already registered are for the reconciler, never for a blind retry.
 """
 
 import contextlib
+import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -29,6 +30,8 @@ from tasks.recovery import remote_down_record
 from tasks.snapshot import Snapshot, task_snapshot
 from tasks.verification import input_refs_verified
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class RunReport:
@@ -51,12 +54,17 @@ def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: in
     directive: Directive | None = None
     snap: Snapshot | None = None
     for step in range(max_steps):
+        in_hand = ""  # the op key this step sends or settles, for the line logged if the step is refused
         try:
             if snap is None:
                 snap = task_snapshot(task_id=task_id, lease=lease)
             directive = d = next_directive(task_id=task_id, lease=lease, snapshot=snap)
             if d.kind == "reconcile" and d.op_key:
+                in_hand = d.op_key
                 outcome = connector.lookup(d.op_key)
+                answer = type(outcome).__name__.lower()
+                extra = {"task_id": task_id, "task_version": snap.version, "op_key": d.op_key, "outcome": answer}
+                log.info("reconcile: asked the remote by op key: %s", answer, extra=extra)
                 if isinstance(outcome, Failed) and outcome.failure_class == FailureClass.CONNECTION_INTERRUPTED:
                     return RunReport(step, d, lease, "remote_unreachable", wake_at=_later(OBSERVE_EVERY))
                 before = snap
@@ -73,6 +81,7 @@ def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: in
             elif d.kind == "execute":
                 failpoint("before_intent", task_id=task_id)
                 op, snap = step_start(snap, d.node_key, lease=lease)
+                in_hand = op.op_key
                 failpoint("before_call", task_id=task_id)
                 if op.purpose == OperationPurpose.COMPENSATION:
                     outcome = connector.compensate(op.op_key, op.request)
@@ -86,6 +95,11 @@ def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: in
             else:
                 return RunReport(step, d, lease)
         except (TaskError, LeaseError) as refusal:
+            # One line per refusal that ends a run (lease lost or expired, a version moved by someone else): the
+            # domain's other state changes are logged from the event log (observability/logs.py, an event listener).
+            version = snap.version if snap is not None else None
+            extra = {"task_id": task_id, "task_version": version, "op_key": in_hand or None, "refusal": refusal.code}
+            log.info("run stopped: %s", refusal.code, extra=extra)
             return RunReport(step, directive, lease, stopped_by=refusal.code)
         except ConnectionError as exc:  # current_version could not reach the source: nothing was written
             return RunReport(step, directive, lease, f"remote_unreachable: {exc}"[:200], wake_at=_later(OBSERVE_EVERY))
