@@ -34,7 +34,7 @@ def _with_capture(vendor: str) -> dict[str, Sequence[str]]:
         **_CHAINS[vendor],
         "audit_accountchange": capture_sql.GUARD_TRIGGERS[vendor],
         "auth_user": capture_sql.USER_FLAG_TRIGGERS[vendor],
-        **capture_sql.capture_trigger_names(capture_sql.ACCOUNT_TABLES, vendor),
+        **capture_sql.capture_trigger_names([*capture_sql.ACCOUNT_TABLES, *capture_sql.APP_TABLES], vendor),
     }
 
 

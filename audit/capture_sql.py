@@ -33,6 +33,8 @@ class Captured:
     watched: Sequence[str]
     # Whether a new row is a change of access (a new group grants nothing until it has members or permissions).
     inserts: bool = True
+    # Keys whose column holds JSON (jsonb on PostgreSQL, text on SQLite, where it is parsed so it nests).
+    json_keys: Sequence[str] = ()
 
 
 ACCOUNT_TABLES: Sequence[Captured] = (
@@ -69,18 +71,51 @@ ACCOUNT_TABLES: Sequence[Captured] = (
     ),
 )
 
+# Reckon's own grants, captured by their apps' migrations (api/migrations/0003, tasks/migrations/0015): an agent's API
+# token (its scope of kinds and projects, its revocation) and an operator's scope grant (every task of a project or
+# kind). A token's last use is not a change of access; its hash is never copied.
+API_TOKENS = Captured(
+    "api_apitoken",
+    (
+        ("token_id", "{r}.id"),
+        ("agent", "{r}.agent_id"),
+        ("name", "{r}.name"),
+        ("kinds", "{r}.kinds"),
+        ("projects", "{r}.projects"),
+        ("created_by", "{r}.created_by"),
+        ("revoked_by", "NULLIF({r}.revoked_by, '')"),
+    ),
+    ("agent_id", "token_hash", "kinds", "projects", "revoked_at"),
+    json_keys=("kinds", "projects"),
+)
+SCOPE_GRANTS = Captured(
+    "tasks_scopegrant",
+    (
+        ("user", _USER),
+        ("user_id", "{r}.user_id"),
+        ("project", "{r}.project"),
+        ("kind", "{r}.kind"),
+        ("granted_by", "{r}.granted_by"),
+    ),
+    ("user_id", "project", "kind"),
+)
+APP_TABLES: Sequence[Captured] = (API_TOKENS, SCOPE_GRANTS)
+
 # auth_user itself: only its flags are access (superuser passes every Django permission check; staff opens the
 # Django admin; an inactive account can do nothing). Creating an ordinary account, a login, a password change: not.
 _FLAGS = ("is_superuser", "is_staff", "is_active")
 
 
-def _pg_object(describe: Sequence[tuple[str, str]], r: str) -> str:
-    pairs = ", ".join(f"'{key}', {expression.format(r=r)}" for key, expression in describe)
+def _pg_object(t: Captured, r: str) -> str:
+    pairs = ", ".join(f"'{key}', {expression.format(r=r)}" for key, expression in t.describe)
     return f"jsonb_strip_nulls(jsonb_build_object({pairs}))"
 
 
-def _sqlite_object(describe: Sequence[tuple[str, str]], r: str) -> str:
-    pairs = ", ".join(f"'{key}', {expression.format(r=r)}" for key, expression in describe)
+def _sqlite_object(t: Captured, r: str) -> str:
+    pairs = ", ".join(
+        f"'{key}', {f'json({expression})' if key in t.json_keys else expression}".format(r=r)
+        for key, expression in t.describe
+    )
     return f"json_patch('{{}}', json_object({pairs}))"  # json_patch drops the keys whose value is null
 
 
@@ -112,12 +147,12 @@ BEGIN
     IF TG_OP = 'TRUNCATE' THEN
         change := jsonb_build_object('truncated', TG_TABLE_NAME);
     ELSIF TG_OP = 'INSERT' THEN
-        change := {_pg_object(t.describe, "NEW")};
+        change := {_pg_object(t, "NEW")};
     ELSIF TG_OP = 'DELETE' THEN
-        change := {_pg_object(t.describe, "OLD")};
+        change := {_pg_object(t, "OLD")};
     ELSE
-        change := jsonb_build_object('before', {_pg_object(t.describe, "OLD")},
-                                     'after', {_pg_object(t.describe, "NEW")});
+        change := jsonb_build_object('before', {_pg_object(t, "OLD")},
+                                     'after', {_pg_object(t, "NEW")});
     END IF;
     {insert}
     RETURN NULL;
@@ -138,12 +173,11 @@ def sqlite_capture(tables: Sequence[Captured]) -> list[str]:
     for t in tables:
         name = f"audit_capture_{t.table}"
         for operation, change, when in (
-            ("insert", _sqlite_object(t.describe, "NEW"), ""),
-            ("delete", _sqlite_object(t.describe, "OLD"), ""),
+            ("insert", _sqlite_object(t, "NEW"), ""),
+            ("delete", _sqlite_object(t, "OLD"), ""),
             (
                 "update",
-                f"json_object('before', {_sqlite_object(t.describe, 'OLD')}, "
-                f"'after', {_sqlite_object(t.describe, 'NEW')})",
+                f"json_object('before', {_sqlite_object(t, 'OLD')}, 'after', {_sqlite_object(t, 'NEW')})",
                 f" WHEN {_differs(t.watched, 'sqlite')}",
             ),
         ):

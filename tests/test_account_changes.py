@@ -227,3 +227,48 @@ def test_folds_racing_each_other_put_each_change_on_the_chain_once() -> None:
     assert len(captures) == len(set(captures)) == pending
     assert not AccountChange.objects.filter(audit_seq__isnull=True).exists()
     assert verify_audit().problem is None
+
+
+def test_reckon_s_own_grants_are_captured_whatever_path_scope_grants_and_agent_tokens(clean_slate: None) -> None:
+    from api.models import ApiToken
+    from api.tokens import api_token_issue, api_token_revoke
+    from tasks.models import ScopeGrant
+    from tasks.permissions import permission_grant
+
+    admin = person("ann", ADMIN)
+    hal = User.objects.create_user("hal")
+    account_changes_fold_all()
+    before = len(captured_on_chain())
+    permission_grant(actor=admin, user=hal, project="acme")  # through the service (audited by it too)
+    ScopeGrant.objects.filter(user=hal).update(project="*", kind="migrate")  # past it: widened by hand
+    token, _ = api_token_issue(actor=admin, agent_id="agent-7", kinds=["migrate"], projects=[])
+    ApiToken.objects.filter(pk=token.pk).update(last_used_at=token.created_at)  # a use: not a change of access
+    ApiToken.objects.filter(pk=token.pk).update(kinds=["migrate", "sync"])  # scope widened past the service
+    api_token_revoke(actor=admin, token_id=token.pk, reason="rotated after the incident review")
+    account_changes_fold_all()
+    found = only_new(before)
+    hal_grant = {"user": "hal", "user_id": hal.pk, "granted_by": str(admin)}
+    token_row = {"token_id": token.pk, "agent": "agent-7", "created_by": str(admin)}
+    assert found == [
+        {"table": "tasks_scopegrant", "operation": "insert", "project": "acme", "kind": "*"} | hal_grant,
+        {
+            "table": "tasks_scopegrant",
+            "operation": "update",
+            "before": {"project": "acme", "kind": "*"} | hal_grant,
+            "after": {"project": "*", "kind": "migrate"} | hal_grant,
+        },
+        {"table": "api_apitoken", "operation": "insert", "name": "", "kinds": ["migrate"], "projects": []} | token_row,
+        {
+            "table": "api_apitoken",
+            "operation": "update",
+            "before": {"name": "", "kinds": ["migrate"], "projects": []} | token_row,
+            "after": {"name": "", "kinds": ["migrate", "sync"], "projects": []} | token_row,
+        },
+        {
+            "table": "api_apitoken",
+            "operation": "update",
+            "before": {"name": "", "kinds": ["migrate", "sync"], "projects": []} | token_row,
+            "after": {"name": "", "kinds": ["migrate", "sync"], "projects": [], "revoked_by": str(admin)} | token_row,
+        },
+    ]
+    assert "token_hash" not in str(found) and token.token_hash not in str(found)
