@@ -7,7 +7,10 @@ and this costs one attribute check per request. On:
     RECKON_TRACES=console      spans as JSON lines on stderr (a developer's look)
     RECKON_TRACES=file:<path>  spans as JSON lines appended to <path> (the tests read it)
     RECKON_TRACES=otlp         spans to an OTLP/HTTP collector (OTEL_EXPORTER_OTLP_ENDPOINT, the standard
-                               variables), with the package opentelemetry-exporter-otlp-proto-http installed
+                               variables), with the package opentelemetry-exporter-otlp-proto-http installed (the
+                               optional extra "otlp": ``uv sync --frozen --extra otlp``; not installed by default).
+                               Without it the process refuses to start (ImproperlyConfigured naming the package),
+                               never a failure mid-request.
 
 How the pieces join, without the domain knowing: a middleware opens a server span per request (the task id from
 the URL); Celery's ``before_task_publish`` puts the current trace context in the message headers (W3C traceparent)
@@ -70,7 +73,8 @@ def processor_for(setting: str) -> SpanProcessor | None:
             )
         except ImportError as missing:
             raise ImproperlyConfigured(
-                "RECKON_TRACES=otlp needs the package opentelemetry-exporter-otlp-proto-http"
+                "RECKON_TRACES=otlp needs the package opentelemetry-exporter-otlp-proto-http, which is not installed:"
+                " install the optional extra (uv sync --frozen --extra otlp), or unset RECKON_TRACES"
             ) from missing
         exporter: SpanExporter = OTLPSpanExporter()
         return BatchSpanProcessor(exporter)
