@@ -287,17 +287,32 @@ def _chain_verification() -> Iterator[Metric]:
 
 
 def _wake_ups() -> Iterator[Metric]:
-    """What tasks/recovery.py records of wake-ups: the claim taken when one is queued (at most one per task
-    version: a second is deduplicated at enqueue) and a remote that stays down."""
+    """What tasks/recovery.py records of wake-ups, in one pass over its rows: the claim taken when one is queued
+    (at most one per task version), the counts of claims taken and refused (a second wake-up for a version already
+    queued is deduplicated at enqueue: tasks.recovery.wake_up_claim returned False and nothing was sent), and a
+    remote that stays down. The counts live on the task's row (``TaskWakeUp.queued_count`` /
+    ``deduplicated_count``), bumped by the claim's own statement, so every process's wake-ups are counted."""
     now = clock.now()
     rows = TaskWakeUp.objects.aggregate(
-        queued=Count("pk", filter=Q(queued_version__isnull=False, queued_until__gt=now)),
+        pending=Count("pk", filter=Q(queued_version__isnull=False, queued_until__gt=now)),
         remote_down=Count("pk", filter=Q(remote_down_tries__gt=0)),
+        queued=Sum("queued_count"),
+        deduplicated=Sum("deduplicated_count"),
+    )
+    yield CounterMetricFamily(
+        "reckon_wake_ups_queued",
+        "Wake-ups queued for a worker (a claim taken and its message sent), since the database began.",
+        value=rows["queued"] or 0,
+    )
+    yield CounterMetricFamily(
+        "reckon_wake_ups_deduplicated",
+        "Wake-ups not queued because one for the same task version was queued already (refused at enqueue).",
+        value=rows["deduplicated"] or 0,
     )
     yield GaugeMetricFamily(
-        "reckon_wake_ups_queued",
+        "reckon_wake_ups_pending",
         "Tasks with a wake-up on the broker now (its claim not lapsed): another for the same version is not queued.",
-        value=rows["queued"],
+        value=rows["pending"],
     )
     yield GaugeMetricFamily(
         "reckon_tasks_remote_down",
