@@ -272,3 +272,32 @@ def test_reckon_s_own_grants_are_captured_whatever_path_scope_grants_and_agent_t
         },
     ]
     assert "token_hash" not in str(found) and token.token_hash not in str(found)
+
+
+def test_the_django_admin_shows_access_but_does_not_change_it(clean_slate: None, client: Any) -> None:
+    """The Django admin's account forms would change roles past tasks.permissions (its last-admin rule, its audit
+    of who and why): the access fields are read-only there, groups cannot be edited, accounts not added."""
+    root = User.objects.create_superuser("root", password="a long enough password 1")
+    ivy = User.objects.create_user("ivy", email="ivy@example.com")
+    admin_group = Group.objects.get_or_create(name=ADMIN)[0]
+    client.force_login(root)
+    page = client.get(f"/admin/auth/user/{ivy.pk}/change/")
+    assert page.status_code == 200
+    assert 'name="groups"' not in page.content.decode() and 'name="is_superuser"' not in page.content.decode()
+    form = {
+        "username": "ivy",
+        "email": "ivy2@example.com",
+        "groups": [admin_group.pk],
+        "is_superuser": "on",
+        "is_staff": "on",
+        "is_active": "on",
+    }
+    saved = client.post(f"/admin/auth/user/{ivy.pk}/change/", form)
+    assert saved.status_code == 302, saved.content.decode()[:2000]
+    ivy.refresh_from_db()
+    assert ivy.email == "ivy2@example.com"  # what the admin may still change
+    assert (ivy.is_superuser, ivy.is_staff, list(ivy.groups.all())) == (False, False, [])
+    assert client.get("/admin/auth/user/add/").status_code == 403
+    assert client.post(f"/admin/auth/user/{ivy.pk}/delete/", {"post": "yes"}).status_code == 403
+    assert client.post(f"/admin/auth/group/{admin_group.pk}/change/", {"name": "x"}).status_code == 403
+    assert Group.objects.filter(name=ADMIN).exists()
