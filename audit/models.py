@@ -100,6 +100,9 @@ class VerificationRun(models.Model):
     # The first problems found (task id, sentence, quarantined now), capped: the count above is the full figure.
     task_problems = models.JSONField(default=list, blank=True)
     event_triggers_missing = models.JSONField(default=list, blank=True)
+    # What the anchor file outside the database says of the chains (audit.anchors.AnchorVerdict.as_json): anchored
+    # and consistent, a cut found, lines not trusted, or not anchored. Empty for a run recorded before it was kept.
+    anchor_verdict = models.JSONField(default=dict, blank=True)
 
     class Meta:
         constraints = [
@@ -113,7 +116,9 @@ class VerificationRun(models.Model):
 
     @property
     def sound(self) -> bool:
-        return not (self.audit_problem or self.tasks_with_problems or self.event_triggers_missing)
+        verdict = self.anchor_verdict if isinstance(self.anchor_verdict, dict) else {}
+        anchors_found = verdict.get("state") in ("cut", "untrusted")  # audit.anchors.AnchorVerdict
+        return not (self.audit_problem or self.tasks_with_problems or self.event_triggers_missing or anchors_found)
 
 
 class AccountChange(models.Model):

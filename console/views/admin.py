@@ -15,6 +15,7 @@ from django.urls import path
 from django.utils.cache import add_never_cache_headers, patch_vary_headers
 from django.views.decorators.http import require_POST, require_safe
 
+from audit.anchors import AnchorVerdict
 from audit.models import AuditEvent
 from audit.queries import AuditFilter, audit_export, audit_page, latest_verification
 from console.access import request_roles, require_admin_role, require_audit_reader
@@ -239,6 +240,7 @@ def audit_log(request: HttpRequest) -> HttpResponse:
     next_before = None
     if form.is_valid():
         rows, next_before = audit_page(form.to_filter(), before=before, size=AUDIT_PAGE_SIZE)
+    verification = latest_verification()
     context = {
         "form": form,
         "rows": rows,
@@ -246,7 +248,8 @@ def audit_log(request: HttpRequest) -> HttpResponse:
         "first_query": _query(request, before=None) if before is not None else None,
         "export_query": _query(request, before=None),
         "known_actions": KNOWN_ACTIONS,
-        "verification": latest_verification(),
+        "verification": verification,
+        "anchors": AnchorVerdict.from_json(verification.anchor_verdict) if verification else None,
         "may_verify": ADMIN in request_roles(request),
     }
     # A filter or a page asked by HTMX gets the results only; a history restore, the whole page.
