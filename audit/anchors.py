@@ -23,7 +23,7 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -348,8 +348,8 @@ def anchors_verify() -> AnchorVerdict:
     if cuts:
         return AnchorVerdict(
             "cut",
-            f"A cut found: {len(cuts)} chain{'s' if len(cuts) != 1 else ''} no longer reach the head a signed "
-            "checkpoint outside the database vouched for (a tail cut and a head rolled back, a rewrite, or a task "
+            f"A cut found in {len(cuts)} chain{'s' if len(cuts) != 1 else ''}: the head a signed checkpoint outside "
+            "the database vouched for is no longer there (a tail cut and a head rolled back, a rewrite, or a task "
             "deleted), however consistent the database reads.",
             listed,
             len(findings),
@@ -372,6 +372,17 @@ def anchors_verify() -> AnchorVerdict:
     count = len(anchors.checkpoints)
     return AnchorVerdict(
         "consistent",
-        f"Anchored and consistent: the audit chain and every anchored task's log still reach the heads {count} signed "
-        f"checkpoint{'s' if count != 1 else ''} vouch for (the newest of {newest.at}, in {anchors.path}).",
+        "Anchored and consistent: the audit chain and every anchored task's log still reach the heads vouched for by "
+        f"{count} signed checkpoint{'s' if count != 1 else ''} (the newest of {_when(newest.at)}, in {anchors.path}).",
     )
+
+
+def _when(at: str) -> str:
+    """A checkpoint's time as a person reads it (UTC, to the second); the stored text if it is not a time."""
+    try:
+        moment = datetime.fromisoformat(at)
+    except ValueError:
+        return at
+    if moment.tzinfo is None:
+        return at
+    return f"{moment.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"

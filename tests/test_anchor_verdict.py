@@ -4,6 +4,7 @@ the database reading consistently), lines of the anchor file not trusted, or not
 file, and cuts made as a database superuser would make them (tests/test_anchoring.py)."""
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,8 @@ def test_chains_that_moved_on_past_their_checkpoint_are_anchored_and_consistent(
     verdict = anchors_verify()
     assert verdict.state == "consistent", verdict
     assert verdict.summary.startswith("Anchored and consistent: the audit chain and every anchored task's log")
-    assert f"1 signed checkpoint vouch for (the newest of {checkpoint.at}" in verdict.summary
+    newest = datetime.fromisoformat(checkpoint.at).astimezone(UTC)
+    assert f"vouched for by 1 signed checkpoint (the newest of {newest:%Y-%m-%d %H:%M:%S} UTC" in verdict.summary
 
 
 def test_an_audit_chain_cut_and_rolled_back_is_a_cut_naming_the_anchored_seq(
@@ -68,7 +70,7 @@ def test_an_audit_chain_cut_and_rolled_back_is_a_cut_naming_the_anchored_seq(
     assert checkpoint is not None
     cut_the_audit_chain(keep=checkpoint.audit_seq - 2)
     verdict = anchors_verify()
-    assert verdict.state == "cut" and verdict.summary.startswith("A cut found: 1 chain no longer reach")
+    assert verdict.state == "cut" and verdict.summary.startswith("A cut found in 1 chain: the head a signed checkpoint")
     assert verdict.findings == (
         f"the audit chain ends at #{checkpoint.audit_seq - 2} but the checkpoint of {checkpoint.at} anchored it at "
         f"#{checkpoint.audit_seq}: its tail was cut and its head rolled back",

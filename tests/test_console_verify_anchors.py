@@ -7,6 +7,7 @@ import html as html_text
 import re
 import types
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +73,11 @@ def test_chains_that_reach_their_checkpoints_are_shown_anchored_and_consistent(
     audited(1, clock)  # the chain moved on after the checkpoint: nothing wrong
     text = verify_now()
     assert "Both logs verified." in text
+    newest = datetime.fromisoformat(checkpoint.at).astimezone(UTC)
     assert (
         "Anchors outside the database: ✓ Anchored and consistent: the audit chain and every anchored task's log "
-        f"still reach the heads 1 signed checkpoint vouch for (the newest of {checkpoint.at}, in {anchoring})."
+        f"still reach the heads vouched for by 1 signed checkpoint (the newest of {newest:%Y-%m-%d %H:%M:%S} UTC, "
+        f"in {anchoring})."
     ) in text
     run = VerificationRun.objects.get()
     assert run.anchor_verdict["state"] == "consistent" and run.sound
@@ -101,8 +104,8 @@ def test_a_chain_cut_and_rolled_back_is_shown_as_a_cut_beside_the_chains_verdict
     assert "Problems found." in text
     line = anchors_line(text)
     assert line.startswith(
-        "Anchors outside the database: ✕ A cut found: 2 chains no longer reach the head a signed checkpoint outside "
-        "the database vouched for"
+        "Anchors outside the database: ✕ A cut found in 2 chains: the head a signed checkpoint outside the database "
+        "vouched for is no longer there"
     ), line
     assert (
         f"the audit chain ends at #{checkpoint.audit_seq - 2} but the checkpoint of {checkpoint.at} anchored it at "
