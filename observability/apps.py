@@ -21,6 +21,7 @@ class ObservabilityConfig(AppConfig):
         from tasks.events import listen
 
         listen(STATE_EVENTS, log_state_change, on_finish=True)  # one line per state change
+        listen(STATE_EVENTS, tracing.record_state_change, on_finish=True)  # and an event on its span, traced
         tracing.configure(tracing.processor_for(getattr(settings, "RECKON_TRACES", "")))
         if tracing.enabled():
             tracing.trace_registered_connectors()

@@ -221,6 +221,15 @@ def state_change_line(
     return message, {k: v for k, v in fields.items() if v is not None}
 
 
+def _follow(task_id: int, version: int) -> None:
+    """The bound task version moves with the bound task's changes. Only where a wake-up bound this task (Celery's
+    prerun; its postrun resets the binding, so nothing outlives the job); a request thread binds nothing and is left
+    alone."""
+    fields = _BOUND.get()
+    if fields.get("task_id") == task_id:
+        _BOUND.set(fields | {"task_version": version})
+
+
 def log_state_change(task: "Task", event: "Event") -> None:
     """tasks.events listener: one line for ``event``, printed as the change is written (inside its transaction).
 
@@ -228,7 +237,12 @@ def log_state_change(task: "Task", event: "Event") -> None:
     callers and tests rely on those being the only ones. So a change whose transaction fails after its event was
     written (a database error at commit, an outer transaction rolled back: rare) leaves a line with no event behind
     it — the event log is the record; these lines are its echo, and the next change reuses the version. Costs
-    nothing when the logger is off (RECKON_LOG_LEVEL above INFO)."""
+    nothing when the logger is off (RECKON_LOG_LEVEL above INFO).
+
+    Inside a wake-up bound to this task, the bound version follows the change (``_follow``): what is logged and
+    traced after it (a connector's call, the runner's lines) carries the version the task is at, not the one the
+    wake-up was sent for."""
+    _follow(task.pk, event.seq)
     logger = logging.getLogger(STATE_LOGGER)
     if not logger.isEnabledFor(logging.INFO):
         return

@@ -16,7 +16,8 @@ How the pieces join, without the domain knowing: a middleware opens a server spa
 the URL); Celery's ``before_task_publish`` puts the current trace context in the message headers (W3C traceparent)
 and ``task_prerun`` continues it in the worker as the span of ``tasks.drive_task(task_id, seen_version)``; every
 connector a registered task kind builds is wrapped (``TracedConnector``), one span per remote call, carrying the
-op key. Spans carry ``reckon.task_id``, ``reckon.task_version``, ``reckon.op_key``.
+op key. Spans carry ``reckon.task_id``, ``reckon.task_version``, ``reckon.op_key``; each state change a span's code
+made (an event appended to the task's log) is an event on that span with the version it made and its op key.
 """
 
 import os
@@ -39,7 +40,7 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from observability.logs import _BOUND
+from observability.logs import _BOUND, state_change_line
 
 TRACER_NAME = "reckon"
 TASK_ID, TASK_VERSION, OP_KEY = "reckon.task_id", "reckon.task_version", "reckon.op_key"
@@ -204,6 +205,24 @@ def job_finished(task_id: str, state: str | None) -> None:
         span.set_status(Status(StatusCode.ERROR, state))
     otel_context.detach(token)  # type: ignore[arg-type]
     span.end()
+
+
+# --- state changes ------------------------------------------------------------------------------------------------
+
+
+def record_state_change(task: Any, event: Any) -> None:
+    """tasks.events listener: each state change is an event on the span that made it (the request's or the job's),
+    named as its log line, with the task id, the version the change made and the op key — so the trace shows which
+    versions a request or a wake-up wrote, and which op keys it registered and settled."""
+    if not _enabled:
+        return
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    message, fields = state_change_line(
+        task_id=task.pk, version=event.seq, event_type=event.type, payload=event.payload
+    )
+    span.add_event(message, {f"reckon.{name}": value for name, value in fields.items()})
 
 
 # --- connectors ---------------------------------------------------------------------------------------------------

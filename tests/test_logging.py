@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import timedelta
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import pytest
 from celery.signals import task_postrun, task_prerun
 
 from agents.demo import migration_plan
-from leases.services import lease_acquire
+from leases.services import lease_acquire, lease_grace, lease_ttl
 from observability.logs import (
     STATE_EVENTS,
     STATE_LOGGER,
@@ -217,6 +218,51 @@ def test_a_step_run_logs_each_state_change_once_with_its_task_version_and_op_key
         if r.get("op_key") == dropped.op_key and r["message"].startswith("outcome recorded: ")
     ]
     assert settled[0] == ("unknown", "connection_interrupted") and settled[-1] == ("committed", None), settled
+    # And the reconcile itself: the runner asked the remote by that op key (tasks/runner.py).
+    asked = [r for r in parsed(json_lines) if r["logger"] == "tasks.runner" and r.get("op_key") == dropped.op_key]
+    assert asked and all(r["message"].startswith("reconcile: asked the remote by op key") for r in asked)
+    assert asked[0]["task_id"] == task.pk and isinstance(asked[0]["task_version"], int)
+
+
+class LosesItsLease:
+    """The object store, except that the worker's first call outlasts its lease: past its TTL and grace another
+    worker takes the task."""
+
+    def __init__(self, inner: ObjectStoreConnector, task_id: int, clock: Any) -> None:
+        self.inner, self.task_id, self.clock, self.calls = inner, task_id, clock, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def submit(self, op_key: str, request: dict[str, Any]) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            self.clock.advance(lease_ttl() + lease_grace() + timedelta(seconds=1))
+            lease_acquire(task_id=self.task_id, holder_kind="agent", holder_id="worker-2")
+        return self.inner.submit(op_key, request)
+
+
+@pytest.mark.django_db
+def test_a_lease_lost_mid_step_is_one_line_with_the_op_key_in_flight(
+    store: Simulator, json_lines: StringIO, clock: Any
+) -> None:
+    task = task_create(kind="migrate_project", title="Migrate acme", plan=migration_plan(), created_by="agent:m")
+    lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="worker-1")
+    connector = LosesItsLease(ObjectStoreConnector(store.url), task.pk, clock)
+    report = run_steps(task_id=task.pk, lease=lease, connector=connector)
+    assert report.stopped_by == "lease_lost"
+    [sent] = Operation.objects.filter(task=task)
+    [stopped] = [r for r in parsed(json_lines) if r["message"].startswith("run stopped: ")]
+    assert (stopped["logger"], stopped["refusal"], stopped["task_id"], stopped["op_key"]) == (
+        "tasks.runner",
+        "lease_lost",
+        task.pk,
+        sent.op_key,
+    )
+    intent = next(r for r in state_lines(json_lines) if r.get("op_key") == sent.op_key)
+    assert stopped["task_version"] == intent["task_version"]  # the version the run last wrote: its intent
+    # The call's outcome was not recorded: no line claims it was (the next holder reconciles it by op key).
+    assert [r["event"] for r in state_lines(json_lines) if r.get("op_key") == sent.op_key] == ["operation_dispatched"]
 
 
 @pytest.mark.django_db

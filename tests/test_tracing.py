@@ -21,8 +21,7 @@ from observability import tracing
 from tasks import registry
 from tasks.connectors.objectstore import ObjectStoreConnector
 from tasks.jobs import drive_task
-from tasks.lifecycle import NodeStatus
-from tasks.models import Node, Operation, Task
+from tasks.models import Event, Operation, Task
 from tasks.permissions import permission_grant
 from tasks.plans import task_create
 from tasks.runner import run_steps
@@ -53,40 +52,77 @@ def read_spans(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def to_approval(store: Simulator) -> tuple[Task, Any]:
+    """The reference task run up to its approval point, then taken over by ann (an operator): the task and ann."""
+    task = task_create(kind="migrate_project", title="Migrate acme", plan=migration_plan(), created_by="agent:m")
+    lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="worker-1")
+    report = run_steps(task_id=task.pk, lease=lease, connector=ObjectStoreConnector(store.url))
+    assert report.directive is not None and report.directive.reason == "awaiting_approval"
+    lease_release(lease=report.lease)
+    ann = person("ann", "operator")
+    permission_grant(actor=person("root", "admin"), user=ann.user, task=task)
+    assert takeover_claim(actor=ann, task_id=task.pk).granted
+    return Task.objects.get(pk=task.pk), ann
+
+
 @pytest.mark.django_db(transaction=True)
-def test_a_wake_up_s_trace_carries_the_op_key_from_the_sender_to_the_connector(
-    store: Simulator, tmp_path: Path, spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+def test_a_console_request_a_real_worker_and_its_connector_calls_are_one_trace_with_versions_and_op_keys(
+    store: Simulator, client: Client, tmp_path: Path, spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """ann approves and hands the task back in the console (a server span, in this process); the wake-up it queues
+    after the commit runs in a real Celery worker process (its spans exported to a file): the worker's job is a
+    child of the request, each connector call a child of the job carrying the task id, the version the task was at
+    when the call was made and the op key; the job's events are the state changes it wrote, version by version."""
     span_file = tmp_path / "spans.jsonl"
     monkeypatch.setenv("RECKON_TRACES", f"file:{span_file}")
-    task = task_create(kind="migrate_project", title="Migrate acme", plan=migration_plan(), created_by="agent:m")
+    task, ann = to_approval(store)
+    before = set(Operation.objects.filter(task=task).values_list("op_key", flat=True))
     with celery_worker(store.url) as queue:
-        with tracing.tracer().start_as_current_span("operator asks for a wake-up") as sender:
-            drive_task.apply_async((task.pk, task.version), queue=queue)
-        trace_id = f"0x{sender.get_span_context().trace_id:032x}"
+        # The console queues drive_task on the default queue; this test's worker listens on a queue of its own.
+        options = drive_task._get_exec_options()  # type: ignore[attr-defined]
+        monkeypatch.setattr(drive_task, "_exec_options", options | {"queue": queue})
+        client.force_login(ann.user)
+        spans.clear()
+        response = client.post(
+            reverse("takeover-approve", args=[task.pk]),
+            {"node_key": "approve-cleanup", "expected_version": task.version, "resume": "on"},
+        )
+        assert response.status_code == 303
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            done = Node.objects.filter(task=task, status=NodeStatus.SUCCEEDED).count() >= 6
-            jobs = [s for s in read_spans(span_file) if s["name"] == "tasks.drive_task"]
-            if done and jobs:
+            ended = Task.objects.filter(pk=task.pk, status="completed").exists()
+            if ended and any(s["name"] == "tasks.drive_task" for s in read_spans(span_file)):
                 break
             time.sleep(0.2)
+    [request] = [s for s in spans.get_finished_spans() if s.name.startswith("POST ")]
+    trace_id = f"0x{request.context.trace_id:032x}"
     worker_spans = read_spans(span_file)
-    job = next(s for s in worker_spans if s["name"] == "tasks.drive_task")
-    # The worker's job continues the sender's trace, a child of the sender's span.
+    [job] = [s for s in worker_spans if s["name"] == "tasks.drive_task"]
     assert job["context"]["trace_id"] == trace_id
-    assert job["parent_id"] == f"0x{sender.get_span_context().span_id:016x}"
+    assert job["parent_id"] == f"0x{request.context.span_id:016x}"
     assert job["attributes"]["reckon.task_id"] == task.pk
-    assert job["attributes"]["reckon.task_version"] == task.version
-    # Each operation the wake-up sent is a connector span in the same trace, under the job, with its op key.
-    submits = [s for s in worker_spans if s["name"] == "connector.submit" and s["context"]["trace_id"] == trace_id]
-    op_keys = set(Operation.objects.filter(task=task).values_list("op_key", flat=True))
-    assert op_keys and {s["attributes"]["reckon.op_key"] for s in submits} == op_keys
-    assert all(s["attributes"]["reckon.task_id"] == task.pk for s in submits)
-    assert all(s["attributes"]["reckon.outcome"] == "Committed" for s in submits)
-    assert {s["parent_id"] for s in submits} <= {
-        s["context"]["span_id"] for s in worker_spans if s["context"]["trace_id"] == trace_id
+    # The request's events are the person's changes; the job's, every change the wake-up wrote next, version by
+    # version, as the task's log has them.
+    assert request.events and request.events[-1].attributes is not None
+    handed_back = int(str(request.events[-1].attributes["reckon.task_version"]))
+    assert request.events[-1].attributes["reckon.event"] == "takeover_result_submitted"
+    written = [e["attributes"] for e in job["events"]]
+    log = dict(Event.objects.filter(task=task).values_list("seq", "type"))
+    assert [w["reckon.task_version"] for w in written] == list(range(handed_back + 1, handed_back + 1 + len(written)))
+    assert all(log[w["reckon.task_version"]] == w["reckon.event"] for w in written)
+    # Each operation the wake-up sent is one connector call in the same trace, under the job, with its op key and
+    # the version the task was at when it was sent: the version its intent made.
+    intents = {
+        w["reckon.op_key"]: w["reckon.task_version"] for w in written if w["reckon.event"].endswith("_dispatched")
     }
+    sends = [s for s in worker_spans if s["name"] in ("connector.submit", "connector.delete", "connector.compensate")]
+    assert len(intents) >= 2 and sorted(s["attributes"]["reckon.op_key"] for s in sends) == sorted(intents)
+    assert set(intents) <= set(Operation.objects.filter(task=task).values_list("op_key", flat=True)) - before
+    for call in sends:
+        attributes = call["attributes"]
+        assert call["context"]["trace_id"] == trace_id and call["parent_id"] == job["context"]["span_id"]
+        assert attributes["reckon.task_id"] == task.pk
+        assert attributes["reckon.task_version"] == intents[attributes["reckon.op_key"]], attributes
 
 
 @pytest.mark.django_db
