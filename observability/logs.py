@@ -206,7 +206,9 @@ def state_change_line(
         "task_status": task_status,
         "op_keys": op_keys if len(op_keys) > 1 else None,
     }
-    if event_type in INTENT_EVENTS:
+    if event_type == "cleanup_dispatched":  # a temp resource's delete: registered, then marked sent on its own
+        message = f"intent marked sent: {op_key or ', '.join(op_keys)}"
+    elif event_type in INTENT_EVENTS:
         message = f"intent registered: {op_key or ', '.join(op_keys)}" + (f" for node {node}" if node else "")
     elif event_type in OUTCOME_EVENTS:
         message = f"outcome recorded: {op_key or ', '.join(op_keys)} {fields['outcome'] or event_type}"
