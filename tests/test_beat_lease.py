@@ -196,9 +196,10 @@ def test_two_beats_one_sends_sigkill_hands_over_after_the_ttl_sigterm_at_once(
     assert beat_lease_holder() == a.holder_id() != ""
 
     # SIGKILL: a cannot give the lease back. b takes it only once a's expiry has passed on the database's clock.
-    a_row = BeatLease.objects.get(name=BEAT_LEASE)
     a.process.send_signal(signal.SIGKILL)
     a.process.wait(10)
+    a_row = BeatLease.objects.get(name=BEAT_LEASE)  # as a left it: its last renewal (b cannot have taken it yet)
+    assert a_row.holder == a.holder_id()
     a_total = a.sent()
     killed_at = time.monotonic()
     _wait(lambda: b.sent() >= 1, BEAT_TTL * 4, "b taking over after a's TTL")
