@@ -18,12 +18,13 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import connection
+from django.db import OperationalError, connection
 from kombu import Connection
 
 from harness.killmatrix import database_url
 from harness.wait_for import alive
-from leases.beat import BEAT_LEASE, beat_lease_hold, beat_lease_holder, beat_lease_release
+from leases import clock as db_clock
+from leases.beat import BEAT_LEASE, LeasedScheduler, beat_lease_hold, beat_lease_holder, beat_lease_release
 from leases.clock import ControllableClock
 from leases.models import BeatLease
 from tests.simulator_fixture import ROOT
@@ -229,3 +230,99 @@ def test_two_beats_one_sends_sigkill_hands_over_after_the_ttl_sigterm_at_once(
     # (a killed between logging a send and making it would leave one line without its message)
     assert _queued(queue) in (a_total + b.sent() + c.sent(), a_total - 1 + b.sent() + c.sent())
     assert beat_lease_holder() == ""
+
+
+# -- the scheduler, in process --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def scheduler(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[LeasedScheduler, list[str]]]:
+    """A LeasedScheduler with one entry due every 10 ms, whose sends are recorded instead of published (lazy: no
+    signal handlers are installed in the test process)."""
+    from console.celery import app
+
+    sched = LeasedScheduler(app=app, lazy=True)
+    sched.update_from_dict({"probe": {"task": "tasks.recovery_scan", "schedule": 0.01}})
+    sent: list[str] = []
+    monkeypatch.setattr(sched, "apply_entry", lambda entry, producer=None: sent.append(entry.name))
+    sched.__dict__["producer"] = None  # never connects to the broker
+    yield sched, sent
+    sched.epoch = None  # nothing to give back: the test's transaction is rolled back
+
+
+def now_plus(delta: timedelta) -> object:
+    return db_clock.now() + delta
+
+
+def _tick_for(sched: LeasedScheduler, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(max(0.0, min(0.02, sched.tick())))  # as Celery's loop: no sleep for 0 or less
+
+
+@pytest.mark.django_db
+def test_the_scheduler_sends_only_while_it_holds_the_lease(
+    scheduler: tuple[LeasedScheduler, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sched, sent = scheduler
+    _tick_for(sched, 0.2)
+    assert sched.holds() and sent, "the first beat takes the free row and sends"
+    assert beat_lease_holder() == sched.holder_id
+
+    # Another beat holds the row (ours lapsed during a pause, say): at its next try ours stops sending at once.
+    BeatLease.objects.filter(name=BEAT_LEASE).update(holder="beat:other", expires_at=now_plus(TTL))
+    sched._next_try = 0.0
+    sent.clear()
+    _tick_for(sched, 0.2)
+    assert sent == [] and not sched.holds()
+
+    # The database does not answer: a beat that cannot renew sends nothing.
+    BeatLease.objects.filter(name=BEAT_LEASE).update(holder="")  # given back: ours takes it at its next try
+    sched._next_try = 0.0
+    _tick_for(sched, 0.1)
+    assert sched.holds()
+
+    def unreachable(**kwargs: object) -> None:
+        raise OperationalError("the server closed the connection")
+
+    monkeypatch.setattr("leases.beat.beat_lease_hold", unreachable)
+    sched._next_try = 0.0
+    sent.clear()
+    _tick_for(sched, 0.2)
+    assert sent == [] and not sched.holds()
+
+
+@pytest.mark.django_db
+def test_past_its_own_bound_a_holder_sends_nothing_before_it_has_renewed(
+    scheduler: tuple[LeasedScheduler, list[str]],
+) -> None:
+    """The local bound: the TTL on the monotonic clock from the start of the last successful renewal. A process
+    whose bound passed (frozen, or its renewals slow) sends nothing until a renewal succeeds again."""
+    sched, sent = scheduler
+    _tick_for(sched, 0.1)
+    assert sent
+    sched._valid_until = time.monotonic() - 0.01  # as if the TTL had passed since the last renewal
+    sched._next_try = time.monotonic() + 60  # and no renewal due yet
+    sent.clear()
+    _tick_for(sched, 0.1)
+    assert sent == []
+
+
+@pytest.mark.django_db
+def test_a_stop_signal_ends_the_tick_first_and_closing_gives_the_lease_back(
+    scheduler: tuple[LeasedScheduler, list[str]],
+) -> None:
+    """SIGTERM in the middle of a tick (possibly of a statement) only asks to stop; the tick ends, then SystemExit;
+    Celery's loop closes the scheduler, which releases the row. Outside a tick (sleeping) it stops at once."""
+    sched, _ = scheduler
+    sched._ticking = True
+    sched._stop_signal(signal.SIGTERM, None)  # no exception here: a statement may be running
+    sched._ticking = False
+    with pytest.raises(SystemExit):
+        sched.tick()
+    assert beat_lease_holder() == sched.holder_id  # the tick's renewal ran to its end
+    with pytest.raises(SystemExit):
+        sched._stop_signal(signal.SIGTERM, None)
+    sched.close()
+    assert beat_lease_holder() == "" and BeatLease.objects.get(name=BEAT_LEASE).holder == ""
+    sched.close()  # twice (Celery may): nothing more to give back
