@@ -46,7 +46,14 @@ EFFECTS_PER_TASK = 5
 RUN_SECONDS = 240  # a bound that turns a hang into a failure; no assertion is about time
 RABBITMQ = ("127.0.0.1", 5672)
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        connection.vendor != "postgresql",
+        reason="the production topology runs on PostgreSQL (CI's PostgreSQL pass); DATABASE_URL is SQLite",
+    ),
+]
 
 
 def _rabbitmq_answers() -> bool:
@@ -64,8 +71,6 @@ def _rabbitmqctl(*args: str) -> None:
 @pytest.fixture
 def vhost() -> Iterator[str]:
     """A RabbitMQ virtual host of this run's own (its queues, exchanges and messages), deleted afterwards."""
-    if connection.vendor != "postgresql":
-        pytest.skip("the production topology runs on PostgreSQL (CI's PostgreSQL pass); DATABASE_URL is SQLite")
     if not _rabbitmq_answers():
         if os.environ.get("CI"):
             pytest.fail("RabbitMQ does not answer on 127.0.0.1:5672 (.ci/run starts it)")
@@ -310,10 +315,8 @@ def test_a_worker_stopped_with_sigterm_in_the_middle_of_a_call_finishes_its_wake
 ) -> None:
     """``./dev worker`` (production mode, a pool of one process) is sent SIGTERM while its wake-up waits on a copy
     the store holds for 3 s: the call's answer is recorded, the wake-up goes on to the end of the task, its lease is
-    released (not left to lapse), and the worker exits 0. The test's broker; PostgreSQL only, like the topology: it
-    costs 20 s and nothing in it depends on the database."""
-    if connection.vendor != "postgresql":
-        pytest.skip("runs in CI's PostgreSQL pass (20 s; a worker's shutdown does not depend on the database)")
+    released (not left to lapse), and the worker exits 0. The test's broker; PostgreSQL only, like the topology
+    (15-20 s; nothing in it depends on the database)."""
     queue = f"graceful-{uuid.uuid4().hex[:10]}"
     env = {k: v for k, v in os.environ.items() if k not in ("RECKON_ENV", "DJANGO_DEBUG", "RECKON_FAILPOINTS")}
     env |= {
