@@ -1,4 +1,6 @@
-"""The bench at tiny sizes, on the backend the suite runs on: every figure there, positive and consistent.
+"""The bench at tiny sizes, on the backend the suite runs on: every figure there, positive and consistent; the
+recovery bench's invariants (every worker killed mid-run, every task done, no duplicate side effect) and the scan
+bench's (every pending task found, the finished history written with its constraints, plans that use indexes).
 
 No timing thresholds: only what holds by construction (the raw limit's 2 commits and 3 statements per step) and
 what the counts must satisfy whatever the speed.
@@ -8,12 +10,15 @@ import io
 import json
 import statistics
 
+import pytest
 from django.core.management import call_command
 from django.db import connection
 
 from harness.bench import FIGURES, PG_ONLY
 
 TASKS, NODES, WORKERS = 1, 2, (1, 2)
+RECOVERY_TASKS = 8
+SCAN_PENDING, SCAN_SMALL, SCAN_LARGE = 20, 200, 2_000
 # Figures that may be 0 in a short window: commits elsewhere on the server, full-page images.
 ZERO_OK = {"other_db_commits", "wal_fpi_per_step"}
 
@@ -97,3 +102,75 @@ def test_bench_reports_every_figure_positive_and_consistent(tmp_path, django_db_
     profile = tmp_path / "bench.profile.txt"
     assert report["profile"] == str(profile)
     assert "run_steps" in profile.read_text()
+
+
+def test_recovery_bench_kills_every_worker_mid_run_and_counts_no_duplicate(tmp_path, django_db_blocker):
+    """``bench recovery`` small, the crashed phase alone: every worker SIGKILLed once half the side effects are
+    counted, fresh workers and the scans (on their own queue) finish the work; the simulator counts every effect
+    once. No time is asserted."""
+    out = io.StringIO()
+    with django_db_blocker.unblock():
+        call_command(
+            "bench",
+            "recovery",
+            recovery_tasks=RECOVERY_TASKS,
+            recovery_workers=2,
+            crashed_only=True,
+            json=str(tmp_path / "bench.json"),
+            stdout=out,
+            stderr=io.StringIO(),
+        )
+    report = json.loads((tmp_path / "bench-recovery.json").read_text())
+    assert report["vendor"] == connection.vendor
+    [crashed] = report["phases"]
+    expected = RECOVERY_TASKS * report["effects_per_task"]
+    assert crashed["name"] == "crashed" and crashed["ok"], crashed["problems"]
+    assert crashed["tasks"] == RECOVERY_TASKS
+    assert crashed["effects_expected"] == crashed["effects_counted"] == expected
+    assert crashed["duplicates"] == crashed["unknowns"] == crashed["skipped"] == crashed["wrong"] == 0
+    assert crashed["kills"] == 2  # every worker, by SIGKILL
+    assert 0 < crashed["killed_at_effects"] < expected  # mid-run: effects before the kill and after it
+    assert report["ratio"] is None
+    assert "duplicate side effects counted by the simulator: 0" in out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def scan_report(tmp_path_factory, django_db_blocker):
+    """``bench scan`` small, once for the module: its report and its printed table."""
+    path, out = tmp_path_factory.mktemp("scan") / "bench.json", io.StringIO()
+    with django_db_blocker.unblock():
+        call_command(
+            "bench",
+            "scan",
+            pending=SCAN_PENDING,
+            small=SCAN_SMALL,
+            large=SCAN_LARGE,
+            repeat=1,
+            json=str(path),
+            stdout=out,
+            stderr=io.StringIO(),
+        )
+    return json.loads(path.with_name("bench-scan.json").read_text()), out.getvalue()
+
+
+def test_scan_bench_finds_every_pending_task_beside_the_finished_history(scan_report):
+    """The finished rows are written by SQL with every constraint holding; the scan finds exactly the pending tasks
+    beside few and more finished ones; the plans are printed and use the scan's indexes."""
+    report, out = scan_report
+    assert report["small"]["found"] == report["large"]["found"] == SCAN_PENDING
+    assert report["rows"]["tasks_task"] == SCAN_PENDING + SCAN_LARGE
+    for table in ("leases_lease", "tasks_taskwakeup", "tasks_tempresource", "tasks_operation"):
+        assert report["rows"][table] == SCAN_LARGE, table
+    plan = report["large"]["plans_no_seqscan"]["tasks_needing_work"]  # SQLite: the plan as it is
+    assert "temp_resource_status_idx" in plan, plan
+    if connection.vendor == "postgresql":
+        assert "wake_up_queued_idx" in plan and "wake_up_resting_idx" in plan, plan
+    assert "plan of tasks_needing_work" in out and "ratio:" in out
+
+
+def test_the_scan_reads_no_history_table_whole(scan_report):
+    """With the planner free of sequential scans (PostgreSQL; SQLite's plan as it is), no node of the scan's plan
+    reads a table that grows with finished tasks whole: not by a Seq Scan, not by an index walk that filters them
+    all out (as the primary key's did under the OR with an EXISTS that workable() had before its UNION)."""
+    report, _ = scan_report
+    assert report["large"]["full_scans"] == [], report["large"]["plans"]

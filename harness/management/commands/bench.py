@@ -1,5 +1,8 @@
-"""./dev manage bench — Reckon's step protocol against the raw limit of its two commits (harness/bench.py)."""
+"""./dev manage bench — Reckon's step protocol against the raw limit of its two commits (harness/bench.py); ``bench
+recovery`` and ``bench scan`` — a crash of every worker, and the recovery scan beside a large history
+(harness/bench_recovery.py)."""
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -7,6 +10,18 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from harness.bench import BenchConfig, BenchError, format_report, run_bench
+from harness.bench_recovery import (
+    RecoveryBenchError,
+    RecoveryConfig,
+    ScanConfig,
+    format_recovery,
+    format_scan,
+    recovery_failures,
+    run_recovery,
+    run_scan,
+)
+
+PARTS = ("steps", "recovery", "scan")
 
 
 def _workers(text: str) -> tuple[int, ...]:
@@ -21,11 +36,15 @@ def _workers(text: str) -> tuple[int, ...]:
 
 class Command(BaseCommand):
     help = (
-        "Steps/s, client CPU, statements, commits, WAL and rows per step of the step protocol against the raw limit "
-        "of its two commits, with 1 and 8 workers, on the configured backend (in a throw-away database)."
+        "steps (default): steps/s, client CPU, statements, commits, WAL and rows per step of the step protocol "
+        "against the raw limit of its two commits, with 1 and 8 workers. recovery: seconds until every reference "
+        "task is done after every worker was SIGKILLed mid-run, against the same work uncrashed (and duplicate side "
+        "effects counted by the simulator: the run fails on any). scan: the recovery scan's time with pending tasks "
+        "beside few and many finished ones, and its plans. On the configured backend, in a throw-away database."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("parts", nargs="*", metavar="part", help=f"one or more of {', '.join(PARTS)} (steps)")
         parser.add_argument("--tasks", type=int, default=20, help="tasks per worker and run (default 20)")
         parser.add_argument("--nodes", type=int, default=10, help="nodes per task, a chain (default 10)")
         parser.add_argument("--rounds", type=int, default=3, help="rounds; every figure is their median (default 3)")
@@ -37,8 +56,62 @@ class Command(BaseCommand):
         parser.add_argument(
             "--allow-nondurable", action="store_true", help="measure even with fsync or synchronous_commit off"
         )
+        recovery = parser.add_argument_group("recovery")
+        recovery.add_argument("--recovery-tasks", type=int, default=1000, help="tasks per phase (default 1000)")
+        recovery.add_argument("--recovery-workers", type=int, default=4, help="Celery solo workers (default 4)")
+        recovery.add_argument("--objects", type=int, default=10, help="objects each task copies (default 10)")
+        recovery.add_argument(
+            "--crashed-only", action="store_true", help="the crashed phase alone: its invariants, no ratio (tests)"
+        )
+        scan = parser.add_argument_group("scan")
+        scan.add_argument("--pending", type=int, default=1000, help="pending tasks (default 1000)")
+        scan.add_argument("--small", type=int, default=1000, help="finished tasks, first (default 1000)")
+        scan.add_argument("--large", type=int, default=1_000_000, help="finished tasks, then (default 1000000)")
+        scan.add_argument("--repeat", type=int, default=7, help="scans timed at each size; the median (default 7)")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        parts = options["parts"] or ["steps"]
+        unknown = [p for p in parts if p not in PARTS]
+        if unknown:
+            raise CommandError(f"unknown part(s) {', '.join(unknown)}; known: {', '.join(PARTS)}")
+        json_dir = Path(options["json"]).parent if options["json"] else Path(settings.DATA_DIR)
+        if "steps" in parts:
+            self._steps(options)
+        if "recovery" in parts:
+            self._recovery(options, json_dir / "bench-recovery.json")
+        if "scan" in parts:
+            self._scan(options, json_dir / "bench-scan.json")
+
+    def _recovery(self, options: dict[str, Any], path: Path) -> None:
+        config = RecoveryConfig(
+            tasks=options["recovery_tasks"],
+            workers=options["recovery_workers"],
+            objects=options["objects"],
+            uncrashed=not options["crashed_only"],
+        )
+        try:
+            report = run_recovery(config, log=lambda line: self.stderr.write(line))
+        except (RecoveryBenchError, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
+        _write(path, report)
+        self.stdout.write(format_recovery(report))
+        self.stdout.write(f"report: {path}")
+        if failures := recovery_failures(report):
+            raise CommandError("recovery bench: " + "; ".join(failures))
+
+    def _scan(self, options: dict[str, Any], path: Path) -> None:
+        config = ScanConfig(
+            pending=options["pending"], small=options["small"], large=options["large"], repeat=options["repeat"]
+        )
+        try:
+            report = run_scan(config, log=lambda line: self.stderr.write(line))
+        except (RecoveryBenchError, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
+        _write(path, report)
+        self.stdout.write(format_scan(report))
+        self.stdout.write(f"report: {path}")
+
+    def _steps(self, options: dict[str, Any]) -> None:
         json_path = Path(options["json"]) if options["json"] else Path(settings.DATA_DIR) / "bench.json"
         config = BenchConfig(
             tasks=options["tasks"],
@@ -56,3 +129,8 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         self.stdout.write(format_report(report))
         self.stdout.write(f"report: {json_path}")
+
+
+def _write(path: Path, report: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
