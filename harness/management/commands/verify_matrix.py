@@ -14,7 +14,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
-from harness import killmatrix
+from harness import killmatrix, partitions
 
 
 class Command(BaseCommand):
@@ -34,12 +34,22 @@ class Command(BaseCommand):
             help="run only this scenario (repeatable): "
             + ", ".join(s.name.replace(" ", "_") for s in killmatrix.SCENARIOS),
         )
+        parser.add_argument(
+            "--partitions",
+            action="store_true",
+            help="run the partition scenarios (harness/partitions.py; --scenario then names one of "
+            + ", ".join(p.name.replace(" ", "_") for p in partitions.PARTITIONS)
+            + ") instead of the kill matrix",
+        )
         parser.add_argument("--timeout", type=float, default=0, help="seconds per scenario (default 90 + 3 per task)")
         parser.add_argument("--here", action="store_true", help="use the configured database as it is (internal)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            scenarios = killmatrix.choose(options["scenario"])
+            if options["partitions"]:
+                chosen = partitions.choose(options["scenario"])
+            else:
+                scenarios = killmatrix.choose(options["scenario"])
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         if options["tasks"] < 1:
@@ -51,6 +61,9 @@ class Command(BaseCommand):
         tasks = options["tasks"]
         timeout = options["timeout"] or 90 + 3 * tasks
         broker = settings.CELERY_BROKER_URL.split("://")[0]
+        if options["partitions"]:
+            self._partitions(chosen, tasks, timeout, broker)
+            return
         self.stdout.write(
             f"kill matrix: {len(scenarios)} scenarios x {tasks} tasks, {connection.vendor}, broker {broker}"
         )
@@ -66,6 +79,24 @@ class Command(BaseCommand):
         )
         if failed:
             raise CommandError(f"kill matrix failed: {', '.join(failed)}")
+
+    def _partitions(self, chosen: list[partitions.Partition], tasks: int, timeout: float, broker: str) -> None:
+        self.stdout.write(f"partitions: {len(chosen)} scenarios x {tasks} tasks, {connection.vendor}, broker {broker}")
+        self.stdout.write(killmatrix.HEADER)
+        started = time.monotonic()
+        try:
+            rows = [partitions.run_partition(p, tasks, timeout=timeout, log=self.stdout.write) for p in chosen]
+        except partitions.NeedsPostgres as exc:
+            raise CommandError(str(exc)) from exc
+        for row in rows:
+            for problem in row.problems[:10]:
+                self.stderr.write(f"  {row.scenario}: {problem}")
+        failed = [row.scenario for row in rows if not row.ok]
+        self.stdout.write(
+            f"{len(rows) - len(failed)}/{len(rows)} scenarios clean in {time.monotonic() - started:.0f} s"
+        )
+        if failed:
+            raise CommandError(f"partitions failed: {', '.join(failed)}")
 
     def _in_throwaway_database(self, argv: list[str]) -> None:
         """Run this command again in a child process whose DATABASE_URL names a fresh database; drop it after."""

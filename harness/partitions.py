@@ -1,0 +1,441 @@
+"""Partition scenarios (issue 12): a worker cut off from the database or from the remote in the middle of a step, by
+the fault proxy (harness/faultproxy.py), with the kill matrix's processes, counts and judgement (harness/killmatrix.py).
+
+Each scenario starts the simulator, two *direct* Celery workers (their own connections to the database and the
+remote) and a few *lanes*: a lane is one more worker whose connection to the database — or to the remote — goes
+through a fault proxy of its own, with its own queue, and with a short pause after each dispatch commit
+(``before_call=sleep(…)``, tasks/failpoints.py) so that the controller (this process) can cut it off right there.
+Every task is sent to a lane first; the lane's worker runs it until its k-th dispatch (k = the task's number mod 6:
+prepare, each copy batch, verify, the irreversible switch), where the controller partitions it:
+
+- **database lost mid-step** (``db_lost_mid_step``): the lane's database link is blackholed right after its dispatch
+  commit. The worker makes its call (the remote commits), and its write of the outcome hangs. Its lease expires on
+  the database clock; a direct worker takes the task over (reconciles the dispatched operation by op key) and goes on.
+  The partition then heals and the held writes reach the database late: every one must be refused by the fencing
+  (the lease's epoch moved). Counted from the lane worker's own log lines: refusals, and state changes it committed
+  after the heal (must be none).
+- **remote lost in call** (``remote_lost_in_call``): the lane's link to the remote is blackholed in the answer's
+  direction while its call is in flight: the remote commits, the answer never arrives, the connector times out and
+  the operation is recorded unknown. The partition heals; the operation is reconciled by op key (the remote's
+  count says it committed once) and the task goes on.
+
+A partition counts (the row's ``fired`` figure, which must equal the tasks) only if it happened as described: the
+operation was still dispatched when the lease lapsed, or went unknown with the remote's commit counted. When every
+task has been through its lane, recovery scans (as beat would send them) finish what is left; then the row is judged
+as the kill matrix judges it: duplicates, skips, unknowns left, wrong final states.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Literal
+
+from django.db import connection
+
+from agents import migrate_project
+from harness import killmatrix
+from harness.faultproxy import FaultProxy
+from harness.killmatrix import MAX_BATCH, OBJECTS, SCAN_EVERY, Row, Scenario, StoreProcess, Workers
+from leases import clock
+from leases.models import Lease
+from observability.logs import STATE_LOGGER
+from tasks.connectors.objectstore import ObjectStoreConnector
+from tasks.jobs import drive_task
+from tasks.lifecycle import OperationStatus
+from tasks.models import Operation
+
+PAUSE_MS = 500  # a lane worker's pause after each dispatch commit: the controller's window to partition it
+STEPS = 6  # effect nodes of a migrate_project task (prepare, three copy batches, verify, switch)
+KEEP_ENV = "RECKON_PARTITIONS_KEEP"
+LANE_TIMEOUT = 40.0  # seconds one task may spend in its lane before it is given up (a problem on the row)
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    what: str
+    link: Literal["database", "remote"]
+    lanes: int = 3
+    direct_workers: int = 2
+    lease_ttl: int = 3
+    lease_grace: int = 1
+
+    @property
+    def scenario(self) -> Scenario:
+        """The kill matrix's view of it, for the judgement (every task completes)."""
+        return Scenario(self.name, self.what, workers=self.direct_workers, lease_ttl=self.lease_ttl)
+
+
+PARTITIONS = [
+    Partition(
+        "db lost mid step",
+        "database blackholed after the dispatch commit; lease lapses; a direct worker takes over; late writes refused",
+        link="database",
+    ),
+    Partition(
+        "remote lost in call",
+        "the remote commits, its answer never arrives; unknown, reconciled by op key after the heal",
+        link="remote",
+        lease_ttl=10,  # outlasts the connector's 5 s timeout: the worker that lost the answer records it unknown
+    ),
+]
+
+
+def choose(names: list[str]) -> list[Partition]:
+    if not names:
+        return list(PARTITIONS)
+    known = {p.name.replace(" ", "_"): p for p in PARTITIONS}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown partition scenario(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return [known[n] for n in names]
+
+
+class NeedsPostgres(RuntimeError):
+    """A database partition needs a database reached over TCP: PostgreSQL."""
+
+
+@dataclass
+class Tally:
+    """What the partitions did, beside the row's columns."""
+
+    partitioned: int = 0  # tasks cut off exactly as the scenario says
+    retried: int = 0  # a partition that came too late for its dispatch (the step had settled): tried at the next one
+    takeovers: int = 0
+    refused: int = 0  # late writes refused by the fencing (lane worker's log lines)
+    late_commits: int = 0  # state changes a lane worker committed after its partition healed (must be 0)
+    reconciled: int = 0  # unknown operations settled by op key after the heal
+    problems: list[str] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds: processes started, lanes, the rest finished
+
+    def line(self, link: str) -> str:
+        return self._what(link) + " (" + ", ".join(f"{k} {v:.0f} s" for k, v in self.phases.items()) + ")"
+
+    def _what(self, link: str) -> str:
+        if link == "database":
+            return (
+                f"  partitions: {self.partitioned} tasks cut off after a dispatch commit ({self.retried} retried at a "
+                f"later step), {self.takeovers} taken over, {self.refused} late writes refused by the fencing, "
+                f"{self.late_commits} committed late"
+            )
+        return (
+            f"  partitions: {self.partitioned} calls committed remotely with the answer lost ({self.retried} retried "
+            f"at a later step), {self.reconciled} unknown operations reconciled by op key after the heal"
+        )
+
+
+@dataclass
+class PartitionRow(Row):
+    """A kill matrix row, and the partitions' own verdict: each task cut off as intended, every late write refused."""
+
+    tally: Tally = field(default_factory=Tally)
+    link: str = "database"
+
+    @property
+    def ok(self) -> bool:
+        refused = self.link != "database" or self.tally.refused >= self.tally.partitioned
+        return super().ok and refused and not self.tally.late_commits and not self.tally.problems
+
+
+@dataclass
+class Lane:
+    n: int
+    proxy: FaultProxy
+    queue: str
+    workers: Workers
+    log: Path
+    task: int = 0
+    target: int = 0  # partition at this dispatch of the task (0-based)
+    state: Literal["idle", "running", "confirming", "partitioned", "healing", "reconciling"] = "idle"
+    op: int = 0
+    since: float = 0.0
+    log_offset: int = 0
+    taken_over: bool = False
+
+
+# -- processes -------------------------------------------------------------------------------------------------
+
+
+class LaneWorker(Workers):
+    """One worker of a lane: the kill matrix's worker, logging at INFO (Celery's --loglevel sets the root logger's
+    level), so its refusals and the state changes it commits are in its log, as JSON lines."""
+
+    def _start(self, n: int) -> subprocess.Popen[bytes]:
+        queues = f"{self.queue},{killmatrix.scan_queue(self.queue)}"
+        command = [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool=solo", "-Q", queues]
+        command += ["-n", f"lane{n}-{uuid.uuid4().hex[:6]}@%h", "--without-heartbeat", "--without-mingle"]
+        command += ["--without-gossip", "--loglevel=INFO"]
+        with self.log.open("ab") as out:
+            return subprocess.Popen(command, cwd=killmatrix.ROOT, env=self.env, stdout=out, stderr=out)  # noqa: S603
+
+
+@contextmanager
+def _running(partition: Partition, workdir: Path) -> Iterator[tuple[StoreProcess, Workers, str, list[Lane]]]:
+    if partition.link == "database" and connection.vendor != "postgresql":
+        raise NeedsPostgres(
+            f"{partition.name!r} needs PostgreSQL (the lane workers reach it through the fault proxy); "
+            f"the database is {connection.vendor}"
+        )
+    with ExitStack() as stack:
+        store = StoreProcess(workdir / "store.json")
+        stack.callback(store.stop)
+        queue = f"partition-{uuid.uuid4().hex[:10]}"
+        env = os.environ | {
+            "DATABASE_URL": killmatrix.database_url(),
+            "RECKON_OBJECTSTORE_URL": store.url,
+            "RECKON_FAILPOINTS": "",
+            "RECKON_LEASE_TTL_SECONDS": str(partition.lease_ttl),
+            "RECKON_LEASE_GRACE_SECONDS": str(partition.lease_grace),
+            "RECKON_LOG_LEVEL": "WARNING",
+        }
+        direct = Workers(partition.direct_workers, queue, env, workdir / "direct.log")
+        stack.callback(direct.stop)
+        lanes = []
+        for n in range(partition.lanes):
+            proxy = stack.enter_context(FaultProxy(_upstream(partition, store)))
+            lane_env = env | {
+                "RECKON_FAILPOINTS": f"before_call=sleep({PAUSE_MS})",
+                "RECKON_LOG_LEVEL": "INFO",  # its refusals and state changes, counted from its log
+                "RECKON_LOG_FORMAT": "json",
+            }
+            if partition.link == "database":
+                db = connection.settings_dict
+                lane_env["DATABASE_URL"] = f"postgres://{db['USER']}@127.0.0.1:{proxy.port}/{db['NAME']}"
+            else:
+                lane_env["RECKON_OBJECTSTORE_URL"] = f"http://127.0.0.1:{proxy.port}"
+            lane_queue = f"{queue}-lane{n}"
+            log = workdir / f"lane{n}.log"
+            workers = LaneWorker(1, lane_queue, lane_env, log)
+            stack.callback(workers.stop)
+            lanes.append(Lane(n, proxy, lane_queue, workers, log))
+        yield store, direct, queue, lanes
+
+
+def _upstream(partition: Partition, store: StoreProcess) -> tuple[str, int]:
+    if partition.link == "database":
+        db = connection.settings_dict
+        return db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)
+    host, _, port = store.url.removeprefix("http://").partition(":")
+    return host, int(port)
+
+
+# -- a scenario ------------------------------------------------------------------------------------------------
+
+
+def run_partition(
+    partition: Partition, tasks: int, *, timeout: float, log: Callable[[str], None] = print
+) -> PartitionRow:
+    started = time.monotonic()
+    row = PartitionRow(partition.name, tasks, link=partition.link)
+    tally = row.tally
+    keep = bool(os.environ.get(KEEP_ENV))  # keep the workers' logs and the store's state to read after the run
+    with (
+        tempfile.TemporaryDirectory(prefix="reckon-partition-", delete=not keep) as tmp,
+        _running(partition, Path(tmp)) as running,
+    ):
+        if keep:
+            log(f"  workdir kept: {tmp}")
+        store, direct, queue, lanes = running
+        ids = _create(store, tasks)
+        deadline = time.monotonic() + timeout
+        tally.phases["start"] = time.monotonic() - started
+        _drive_lanes(partition, ids, store, queue, lanes, tally, deadline)
+        tally.phases["lanes"] = time.monotonic() - started - tally.phases["start"]
+        last_scan = 0.0
+        while time.monotonic() < deadline and not killmatrix._finished(ids, partition.scenario):
+            direct.replace_dead()
+            if time.monotonic() - last_scan >= SCAN_EVERY:
+                killmatrix.send_scan(queue)
+                last_scan = time.monotonic()
+            time.sleep(0.25)
+        tally.phases["finish"] = time.monotonic() - started - tally.phases["start"] - tally.phases["lanes"]
+        row.fired = tally.partitioned
+        if tally.partitioned != tasks:
+            row.problems.append(f"the partition hit {tally.partitioned} of {tasks} tasks as intended")
+        if partition.link == "database" and tally.refused < tally.partitioned:
+            row.problems.append(f"{tally.refused} late writes refused for {tally.partitioned} partitions")
+        row.wrong += tally.late_commits  # a stale holder's write went through: the fencing failed
+        row.problems += tally.problems
+        killmatrix._judge(row, partition.scenario, ids, store.call("/_stats"))
+    row.seconds = time.monotonic() - started
+    log(killmatrix._format_row(row))
+    log(tally.line(partition.link))
+    return row
+
+
+def _create(store: StoreProcess, tasks: int) -> list[int]:
+    run = uuid.uuid4().hex[:6]
+    connector = ObjectStoreConnector(store.url)
+    ids = []
+    for n in range(tasks):
+        project = f"p{run}-{n}"
+        source = killmatrix._source(project)
+        store.call("/_sources", {"locator": source["locator"], "version": "1", "digest": source["digest"]})
+        task = migrate_project.start(
+            project=project,
+            objects=OBJECTS,
+            source=source,
+            store=connector,
+            max_batch=MAX_BATCH,
+            created_by="partitions",
+        )
+        ids.append(task.pk)
+    return ids
+
+
+def _drive_lanes(
+    partition: Partition,
+    ids: list[int],
+    store: StoreProcess,
+    queue: str,
+    lanes: list[Lane],
+    tally: Tally,
+    deadline: float,
+) -> None:
+    """Every task through a lane, one at a time per lane; nobody else wakes a task before its partition."""
+    pending = list(enumerate(ids))
+    grace = timedelta(seconds=partition.lease_grace)
+    step = _database_step if partition.link == "database" else _remote_step
+    while (pending or any(lane.state != "idle" for lane in lanes)) and time.monotonic() < deadline:
+        for lane in lanes:
+            lane.workers.replace_dead()
+            if lane.state == "idle":
+                if not pending:
+                    continue
+                n, task_id = pending.pop(0)
+                lane.task, lane.target, lane.state, lane.op = task_id, n % STEPS, "running", 0
+                lane.since = time.monotonic()
+                drive_task.apply_async((task_id,), queue=lane.queue)
+                continue
+            if time.monotonic() - lane.since > LANE_TIMEOUT:
+                tally.problems.append(f"task {lane.task}: stuck in lane {lane.n} ({lane.state}); given up")
+                lane.proxy.heal()
+                lane.state = "idle"
+                continue
+            step(lane, store, queue, grace, tally)
+        time.sleep(0.05)
+
+
+def _dispatched(lane: Lane) -> Operation | None:
+    """The lane's task's operation dispatched and not yet settled, if it is its ``target``-th or later."""
+    ops = list(Operation.objects.filter(task_id=lane.task).order_by("pk").values_list("pk", "status"))
+    for position, (pk, status) in enumerate(ops):
+        if status == OperationStatus.DISPATCHED and position >= lane.target:
+            return Operation.objects.get(pk=pk)
+    return None
+
+
+def _lane_done(lane: Lane) -> bool:
+    """The lane's worker took the task and let it go again without being cut off (it ended, or waits)."""
+    leases = Lease.objects.filter(task_id=lane.task)
+    return leases.exists() and not leases.filter(released_at__isnull=True).exists()
+
+
+def _database_step(lane: Lane, store: StoreProcess, queue: str, grace: timedelta, tally: Tally) -> None:
+    if lane.state == "running":
+        if (op := _dispatched(lane)) is not None:
+            lane.proxy.blackhole()
+            lane.op, lane.state, lane.since = op.pk, "confirming", time.monotonic()
+        elif _lane_done(lane):
+            tally.problems.append(f"task {lane.task}: its lane never reached a dispatch to cut off")
+            lane.state = "idle"
+    elif lane.state == "confirming":
+        if time.monotonic() - lane.since < 0.3:
+            return
+        if Operation.objects.get(pk=lane.op).status != OperationStatus.DISPATCHED:
+            # The outcome was on its way before the blackhole: not the partition this scenario is about. Heal and
+            # cut it off at its next dispatch instead.
+            tally.retried += 1
+            lane.proxy.heal()
+            lane.target, lane.state = 0, "running"
+            return
+        lane.state = "partitioned"
+    elif lane.state == "partitioned":
+        lapsed = Lease.objects.filter(
+            task_id=lane.task, released_at__isnull=True, expires_at__lte=clock.now() - grace
+        ).exists()
+        if lapsed and Operation.objects.get(pk=lane.op).status == OperationStatus.DISPATCHED:
+            if not lane.taken_over:
+                drive_task.apply_async((lane.task,), queue=queue)  # as the recovery scan would: a direct worker
+                lane.taken_over = True
+                tally.takeovers += 1
+            return
+        if Operation.objects.get(pk=lane.op).status != OperationStatus.DISPATCHED:
+            # Settled by the direct worker, by op key: now heal, and let the held writes reach the database late.
+            lane.taken_over = False
+            tally.partitioned += 1
+            lane.log_offset = lane.log.stat().st_size if lane.log.exists() else 0
+            lane.proxy.heal()
+            lane.state, lane.since = "healing", time.monotonic()
+    elif lane.state == "healing":
+        refused, committed, finished = _late_lines(lane)
+        if refused or finished:
+            tally.refused += refused
+            tally.late_commits += committed
+            if committed:
+                tally.problems.append(f"task {lane.task}: the stale worker committed {committed} change(s) late")
+            lane.state = "idle"
+
+
+def _late_lines(lane: Lane) -> tuple[int, int, bool]:
+    """From the lane worker's log since the heal, for its task: refusals, state changes it committed, and whether
+    its wake-up has ended."""
+    refused = committed = 0
+    finished = False
+    with lane.log.open("rb") as f:
+        f.seek(lane.log_offset)
+        text = f.read().decode(errors="replace")
+    for raw in text.splitlines():
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            continue
+        message = str(line.get("message", ""))
+        if line.get("task_id") != lane.task:
+            continue
+        if message.startswith("run stopped:"):
+            refused += 1
+        elif line.get("logger") == STATE_LOGGER:
+            committed += 1
+        if "succeeded in" in message or "raised" in message:
+            finished = True
+    return refused, committed, finished
+
+
+def _remote_step(lane: Lane, store: StoreProcess, queue: str, grace: timedelta, tally: Tally) -> None:
+    if lane.state == "running":
+        if (op := _dispatched(lane)) is not None:
+            lane.proxy.blackhole("down")  # the request goes through, the remote commits, the answer is held
+            lane.op, lane.state, lane.since = op.pk, "partitioned", time.monotonic()
+        elif _lane_done(lane):
+            tally.problems.append(f"task {lane.task}: its lane never reached a dispatch to cut off")
+            lane.state = "idle"
+        return
+    op = Operation.objects.get(pk=lane.op)
+    if lane.state == "partitioned":
+        if op.status == OperationStatus.UNKNOWN:
+            counted = store.call("/_stats").get("by_op_key", {}).get(op.op_key, 0)
+            if counted != 1:
+                tally.problems.append(f"task {lane.task}: {op.op_key} unknown, the remote counted it {counted} times")
+            lane.proxy.heal()
+            lane.state = "reconciling"
+        elif op.status != OperationStatus.DISPATCHED:  # the answer came back before the blackhole: the next one
+            tally.retried += 1
+            lane.proxy.heal()
+            lane.target, lane.state = 0, "running"
+    elif lane.state == "reconciling" and op.status not in (OperationStatus.UNKNOWN, OperationStatus.DISPATCHED):
+        if op.status == OperationStatus.COMMITTED:
+            tally.partitioned += 1
+            tally.reconciled += 1
+        else:
+            tally.problems.append(f"task {lane.task}: {op.op_key} reconciled as {op.status}, not committed")
+        lane.state = "idle"
