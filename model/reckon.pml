@@ -1,0 +1,536 @@
+/*
+ * Reckon's step / lease protocol as a Promela model, checked exhaustively by spin (model/check.py runs it).
+ *
+ * What it is: the database (one task row, its nodes, operations and lease row, the reservation, the abstract
+ * database clock) as global variables; every database write is one `atomic` block, the way the real code makes
+ * it one transaction. Processes: W agents (workers), one operator (a person: cancel and takeover), one admin
+ * (forced release), the remote (a deduplicating store fed by a wire of requests in flight), and the database
+ * clock. Every action names in a comment the function it mirrors (file:function).
+ *
+ * Bounds (the state space is finite because of them; README "The protocol, model-checked"):
+ *   W = 2 agents, 1 operator, 1 admin, 1 remote, 1 clock
+ *   N = 2 nodes, node b depends on node a; node a may be sent under 2 op keys (one retry after a definite
+ *       rejection), node b under 1 (a rejection of b exhausts its budget: the task pauses)
+ *   MAX_CRASHES   = 1  a worker's process restarts anywhere in its run, losing its local state
+ *   MAX_LOSSES    = 1  a call's answer (or a lookup's) is lost: the caller times out, the request may land later
+ *   MAX_REJECTS   = 1  the remote rejects a request definitely (dependency unavailable)
+ *   MAX_EXPIRIES  = 1  a live holder's lease expires under it (a slow step); a crashed holder's lease always
+ *                      expires and lapses (no bound: it is never renewed)
+ *   MAX_GRANTS    = 7  lease grants (epochs) in one run
+ *   WIRE          = 3  requests in flight at once
+ *   the operator cancels at most once and takes over at most once; the admin forces a release at most once
+ *
+ * Properties (each an assert at the step where it must hold, or the LTL formula `settles`):
+ *   P1 one_authority   every commit made under a lease is made by the holder of the lease that is live at that
+ *                      instant (the ghost `authority`, kept by the lease actions, not by the compare-and-set): at
+ *                      most one principal commits at any task version, and a stale holder commits nothing
+ *   P2 intent_first    no call reaches the wire unless its op key is registered (commit 1) before it
+ *   P3 one_effect      an op key causes at most one effect on the deduplicating remote
+ *   P4 no_intent_after_cancel  no operation starts (commit 1) once a cancel is recorded
+ *   P5 reconcile_first no operation starts while another is dispatched or unknown: those are reconciled first
+ *   P6 settles (LTL)   <>[] the task is completed, stopped or paused — under weak fairness (pan -f): every
+ *                      process that stays enabled gets to move
+ *
+ * Sabotage (each must make spin report an error; tests/test_model_check.py):
+ *   -DSABOTAGE_NO_FENCING         the compare-and-set checks the version but not the lease (epoch, live)  → P1
+ *   -DSABOTAGE_INTENT_AFTER_CALL  the call is sent before commit 1                                        → P2
+ *   -DSABOTAGE_NO_RECONCILE       the directive skips reconciliation and sends an open node again
+ *                                 under a new op key (a blind retry)                                      → P5
+ *   -DSABOTAGE_NO_DEDUP           the remote performs every request, even an op key it has seen           → P3
+ */
+
+#ifndef W
+#define W 2
+#endif
+#define OPER (W + 1)        /* principal id of the operator; agents are 1..W */
+
+/* each bound may be set with -D (model/check.py's configurations do) */
+#ifndef MAX_CRASHES
+#define MAX_CRASHES 1
+#endif
+#ifndef MAX_LOSSES
+#define MAX_LOSSES 1
+#endif
+#ifndef MAX_REJECTS
+#define MAX_REJECTS 1
+#endif
+#ifndef MAX_EXPIRIES
+#define MAX_EXPIRIES 1
+#endif
+#ifndef MAX_GRANTS
+#define MAX_GRANTS 6
+#endif
+#ifndef CANCELS
+#define CANCELS 1       /* 0: the operator never cancels */
+#endif
+#ifndef TAKEOVERS
+#define TAKEOVERS 1     /* 0: the operator never takes over */
+#endif
+#ifndef FORCES
+#define FORCES 1        /* 0: the admin never forces a release */
+#endif
+
+/* task status (tasks/lifecycle.py:TaskStatus; observing and backing_off fold into running, failed is not reached) */
+mtype = { T_PENDING, T_RUNNING, T_PAUSED, T_HUMAN, T_STOPPING, T_STOPPED_PENDING, T_STOPPED, T_COMPLETED };
+/* node status (NodeStatus) */
+#define N_PENDING 0
+#define N_RUNNING 1
+#define N_SUCCEEDED 2
+/* operation status (OperationStatus; accepted is not modelled): none = no row */
+#define O_NONE 0
+#define O_INTENT 1
+#define O_DISPATCHED 2
+#define O_COMMITTED 3
+#define O_REJECTED 4
+#define O_UNKNOWN 5
+/* lease row state on the database clock (leases/models.py:Lease.expires_at against leases/clock.py:now) */
+#define L_LIVE 0
+#define L_EXPIRED 1   /* past expires_at, inside the grace: nobody writes, only the holder may renew */
+#define L_LAPSED 2    /* past the grace: the next acquire closes it */
+/* what a call or lookup tells the caller (tasks/outcomes.py) */
+#define R_COMMITTED 0
+#define R_REJECTED 1
+#define R_NOTFOUND 2
+#define R_LOST 3      /* Failed(connection_interrupted): no answer */
+/* directive kinds (tasks/decisions.py:Directive) */
+#define D_STOP 0
+#define D_DONE 1
+#define D_RECONCILE 2
+#define D_EXECUTE 3
+
+/* op keys: node a (0) → keys 0, 1 (its retries); node b (1) → key 2 (tasks/opkeys.py:effect) */
+#define K 3
+#define NODE_OF(k) ((k) < 2 -> 0 : 1)
+#define MAX_ATT(n) ((n) == 0 -> 2 : 1)
+#define KEY_OF(n) ((n) == 0 -> node_att[0] : 2)   /* the op key of the node's next first send */
+
+/* ------------------------------------------------------------------------------------------------ the database */
+mtype status = T_PENDING;
+byte version = 1;
+bool cancel_req;            /* tasks.Task.cancel_requested_at IS NOT NULL */
+bool reserved;              /* leases.LeaseReservation for the operator */
+byte node_st[2];
+byte node_att[2];           /* attempts spent (Node.attempts) */
+byte op_st[K];
+/* the task's lease: at most one open (the partial unique index), so one row is enough */
+byte l_holder;              /* 0: no open lease */
+byte l_epoch;               /* the latest grant's epoch */
+byte l_state;
+bool l_orphan;              /* its holder crashed: nobody renews or writes with it, so it lapses */
+/* the remote (harness/simulator.py:Store) */
+bool r_done[K];             /* state["ops"]: the receipt stored under the op key */
+byte r_effects[K];          /* stats["by_op_key"]: side effects per op key */
+bool in_flight[K];          /* a request sent under the op key that has not landed yet */
+
+/* fault and grant budgets */
+byte crashes, losses, rejects, expiries;
+/* ghost: the epoch that may write now (0: none), kept by the lease actions only (P1) */
+byte authority;
+
+#define OPEN(k) (op_st[k] == O_DISPATCHED || op_st[k] == O_UNKNOWN)
+#define ANY_OPEN (OPEN(0) || OPEN(1) || OPEN(2))
+#define FIRST_OPEN (OPEN(0) -> 0 : (OPEN(1) -> 1 : 2))
+#define IN_FLIGHT (in_flight[0] || in_flight[1] || in_flight[2])
+#define FIRST_IN_FLIGHT (in_flight[0] -> 0 : (in_flight[1] -> 1 : 2))
+#define ANY_DISPATCHED (op_st[0] == O_DISPATCHED || op_st[1] == O_DISPATCHED || op_st[2] == O_DISPATCHED)
+#define ANY_INTENT (op_st[0] == O_INTENT || op_st[1] == O_INTENT || op_st[2] == O_INTENT)
+#define FIRST_INTENT (op_st[0] == O_INTENT -> 0 : (op_st[1] == O_INTENT -> 1 : 2))
+#define ENDED (status == T_COMPLETED || status == T_STOPPED)
+#define SETTLED (ENDED || status == T_PAUSED)
+/* tasks/lifecycle.py:PERMITS */
+#define RUNNABLE (status == T_PENDING || status == T_RUNNING)
+#define SETTLING (status == T_STOPPING || status == T_STOPPED_PENDING)
+#define AGENT_MAY_SETTLE (RUNNABLE || SETTLING || status == T_PAUSED)
+#define OPERATOR_MAY_SETTLE (SETTLING || status == T_HUMAN)
+#define OPERATOR_MAY_DECIDE (SETTLING || status == T_HUMAN || status == T_STOPPED)
+
+/* tasks/cas.py:compare_and_set's lease check (leases/services.py:lease_heartbeat): open, this epoch, live */
+#ifdef SABOTAGE_NO_FENCING
+#define FENCED(who, ep) true
+#else
+#define FENCED(who, ep) (l_holder == (who) && l_epoch == (ep) && l_state == L_LIVE)
+#endif
+
+/* P1, at every commit made under a lease */
+#define COMMIT_UNDER_LEASE(ep) assert((ep) == authority); version++
+
+/* tasks/decisions.py:cancel_status — after a cancel: stopping while work is in flight, stopped_pending while only
+   unknowns remain, stopped once every operation is settled */
+inline cancel_status() {
+  if
+  :: ANY_DISPATCHED -> status = T_STOPPING
+  :: !ANY_DISPATCHED && ANY_OPEN -> status = T_STOPPED_PENDING
+  :: !ANY_OPEN -> status = T_STOPPED
+  fi
+}
+
+/* tasks/decisions.py:settle (its _committed, _failed, NotFound branches), the change commit 2 writes */
+inline settle(k, res) {
+  if
+  :: res == R_COMMITTED ->
+     op_st[k] = O_COMMITTED; node_st[NODE_OF(k)] = N_SUCCEEDED;
+     if
+     :: cancel_req -> cancel_status()
+     :: !cancel_req && status == T_HUMAN -> skip            /* a person holding the task decides (_after_settling) */
+     :: !cancel_req && status != T_HUMAN && node_st[0] == N_SUCCEEDED && node_st[1] == N_SUCCEEDED -> status = T_COMPLETED
+     :: else -> status = T_RUNNING
+     fi
+  :: res == R_REJECTED ->                                   /* _failed: dependency_unavailable */
+     op_st[k] = O_REJECTED; node_st[NODE_OF(k)] = N_PENDING;
+     if
+     :: cancel_req -> cancel_status()
+     :: !cancel_req && status == T_HUMAN -> skip
+     :: !cancel_req && status != T_HUMAN && node_att[NODE_OF(k)] >= MAX_ATT(NODE_OF(k)) -> status = T_PAUSED  /* budget_exhausted */
+     :: else -> skip                                        /* backing off: a new op key next time */
+     fi
+  :: res == R_LOST ->                                       /* _failed: connection_interrupted → unknown */
+     op_st[k] = O_UNKNOWN;
+     if :: cancel_req -> cancel_status() :: else -> skip fi
+  :: res == R_NOTFOUND ->
+     if
+     :: cancel_req ->                                       /* never took effect and a cancel is recorded */
+        op_st[k] = O_REJECTED; node_st[NODE_OF(k)] = N_PENDING; cancel_status()
+     :: else -> op_st[k] = O_INTENT                         /* sent again under the same op key */
+     fi
+  fi
+}
+
+/* harness/simulator.py:Store.lookup (GET /ops/<op_key>), as connector.lookup sees it: a receipt or not found,
+   or no answer */
+inline lookup(k, res) {
+  if
+  :: losses < MAX_LOSSES -> losses++; res = R_LOST
+  :: true -> res = (r_done[k] -> R_COMMITTED : R_NOTFOUND)
+  fi
+}
+
+/* harness/simulator.py:Store.perform — a request lands at the remote: once per op key (it deduplicates) */
+#ifdef SABOTAGE_NO_DEDUP
+#define FRESH(k) true
+#else
+#define FRESH(k) (!r_done[k])
+#endif
+inline land(k, res) {
+  if
+  :: !FRESH(k) -> res = R_COMMITTED                         /* the stored receipt, no second effect */
+  :: FRESH(k) && rejects < MAX_REJECTS -> rejects++; res = R_REJECTED
+  :: FRESH(k) -> r_done[k] = true; r_effects[k]++; res = R_COMMITTED;
+     assert(r_effects[k] <= 1)                              /* P3 one_effect */
+  fi
+}
+
+/* tasks/connectors (connector.submit): POST /ops/<op_key>, then the answer or a timeout */
+inline call(k, res) {
+  atomic {
+    assert(op_st[k] != O_NONE);                             /* P2 intent_first: registered before the call */
+    if
+    :: land(k, res)                                         /* the request lands, its answer comes back */
+    :: losses < MAX_LOSSES -> losses++; land(k, res); res = R_LOST   /* lands; the answer is lost */
+    :: losses < MAX_LOSSES -> losses++; in_flight[k] = true; res = R_LOST
+                                                            /* the caller times out first: it lands later */
+    fi
+  }
+}
+
+/* ------------------------------------------------------------------------------------------------ processes */
+
+/* the remote: a request still in flight lands (harness/simulator.py:Store.perform); nobody hears its answer */
+active proctype Remote() {
+  byte k, res;
+end:
+  do
+  :: atomic { IN_FLIGHT -> k = FIRST_IN_FLIGHT; in_flight[k] = false; land(k, res); k = 0; res = 0 }
+  od
+}
+
+/* leases/clock.py:now advancing past a lease's expires_at (the database's clock; nobody else moves it) */
+active proctype Clock() {
+end:
+  do
+  :: atomic { l_holder != 0 && l_state == L_LIVE && (l_orphan || expiries < MAX_EXPIRIES) ->
+       if :: !l_orphan -> expiries++ :: else -> skip fi;
+       l_state = L_EXPIRED; authority = 0 }
+  :: atomic { l_holder != 0 && l_state == L_EXPIRED -> l_state = L_LAPSED }
+  od
+}
+
+/* tasks/runner.py:run_task_once / run_steps: one agent, woken again and again (the recovery scan) */
+proctype Worker(byte me) {
+  byte ep, lv, k, res, d;
+
+idle:
+  ep = 0; lv = 0; k = 0; res = 0; d = 0;
+end:
+  /* leases/services.py:lease_acquire (a wake-up is sent for a task with work: not ended, paused or with people) */
+  atomic {
+    !SETTLED && status != T_HUMAN && l_epoch < MAX_GRANTS && !reserved && (l_holder == 0 || l_state == L_LAPSED) ->
+    l_epoch++; l_holder = me; l_state = L_LIVE; l_orphan = false; ep = l_epoch; authority = ep
+  };
+  do
+  :: /* tasks/snapshot.py:task_snapshot + tasks/decisions.py:directive (pure, on the snapshot) */
+     atomic {
+       lv = version; k = 0;
+       if
+       :: status == T_COMPLETED -> d = D_DONE
+       :: status == T_STOPPED -> d = D_STOP
+       :: else ->
+          if
+          :: !(l_holder == me && l_epoch == ep && l_state == L_LIVE) -> d = D_STOP   /* lease_lost / _expired */
+          :: else ->
+             if
+             :: status == T_HUMAN -> d = D_STOP
+#ifndef SABOTAGE_NO_RECONCILE
+             :: status != T_HUMAN && ANY_OPEN -> d = D_RECONCILE; k = FIRST_OPEN
+             :: status != T_HUMAN && !ANY_OPEN ->
+#else
+             :: status != T_HUMAN ->
+#endif
+                if
+                :: cancel_req || reserved || status == T_PAUSED -> d = D_STOP
+                :: else ->
+                   if
+                   :: ANY_INTENT -> d = D_EXECUTE; k = FIRST_INTENT
+#ifdef SABOTAGE_NO_RECONCILE
+                   /* a blind retry: an open node's operation is taken for failed and sent under a new key */
+                   :: !ANY_INTENT && ANY_OPEN && NODE_OF(FIRST_OPEN) == 0 && node_att[0] < 2 ->
+                      d = D_EXECUTE; k = node_att[0]
+                   :: !ANY_INTENT && ANY_OPEN && !(NODE_OF(FIRST_OPEN) == 0 && node_att[0] < 2) -> d = D_STOP
+                   :: !ANY_INTENT && !ANY_OPEN && node_st[0] == N_PENDING && node_att[0] < 2 ->
+                      d = D_EXECUTE; k = KEY_OF(0)
+                   :: !ANY_INTENT && !ANY_OPEN && node_st[0] == N_PENDING && node_att[0] >= 2 -> d = D_STOP
+                   :: !ANY_INTENT && !ANY_OPEN && node_st[0] == N_SUCCEEDED && node_st[1] == N_PENDING && node_att[1] < 1 -> d = D_EXECUTE; k = KEY_OF(1)
+                   :: !ANY_INTENT && !ANY_OPEN && node_st[0] == N_SUCCEEDED && node_st[1] == N_PENDING && node_att[1] >= 1 -> d = D_STOP
+                   :: !ANY_INTENT && !ANY_OPEN && node_st[0] == N_SUCCEEDED && node_st[1] == N_SUCCEEDED -> d = D_DONE
+                   :: !ANY_INTENT && !ANY_OPEN && node_st[0] == N_RUNNING -> d = D_STOP
+                   :: !ANY_INTENT && !ANY_OPEN && node_st[0] == N_SUCCEEDED && node_st[1] == N_RUNNING -> d = D_STOP
+#else
+                   :: !ANY_INTENT && node_st[0] == N_PENDING && node_att[0] < 2 -> d = D_EXECUTE; k = KEY_OF(0)
+                   :: !ANY_INTENT && node_st[0] == N_PENDING && node_att[0] >= 2 -> d = D_STOP  /* budget_exhausted */
+                   :: !ANY_INTENT && node_st[0] == N_SUCCEEDED && node_st[1] == N_PENDING && node_att[1] < 1 ->
+                      d = D_EXECUTE; k = KEY_OF(1)
+                   :: !ANY_INTENT && node_st[0] == N_SUCCEEDED && node_st[1] == N_PENDING && node_att[1] >= 1 ->
+                      d = D_STOP
+                   :: !ANY_INTENT && node_st[0] == N_SUCCEEDED && node_st[1] == N_SUCCEEDED -> d = D_DONE
+                   :: !ANY_INTENT && node_st[0] == N_RUNNING -> d = D_STOP
+                   :: !ANY_INTENT && node_st[0] == N_SUCCEEDED && node_st[1] == N_RUNNING -> d = D_STOP
+#endif
+                   fi
+                fi
+             fi
+          fi
+       fi
+     };
+     if
+     :: crashes < MAX_CRASHES -> goto crash
+     :: true
+     fi;
+     if
+     :: d == D_RECONCILE ->
+        /* tasks/runner.py:run_steps, reconcile branch: connector.lookup(op_key) */
+        lookup(k, res);
+        if
+        :: res == R_LOST -> break                              /* stopped_by remote_unreachable */
+        :: else
+        fi;
+        if
+        :: crashes < MAX_CRASHES -> goto crash
+        :: true
+        fi;
+        /* tasks/protocol.py:step_settle → tasks/cas.py:compare_and_set (kind settle, agent) */
+        atomic {
+          if
+          :: version == lv && FENCED(me, ep) && AGENT_MAY_SETTLE && OPEN(k) ->
+             settle(k, res); COMMIT_UNDER_LEASE(ep)
+          :: else -> break                                      /* refused: VersionConflict, LeaseLost, … */
+          fi
+        }
+     :: d == D_EXECUTE ->
+#ifdef SABOTAGE_INTENT_AFTER_CALL
+        call(k, res);                                           /* the call first, commit 1 after it */
+#endif
+        /* tasks/protocol.py:step_start → tasks/decisions.py:start → tasks/cas.py:compare_and_set (kind start,
+           requires cancel_requested_at IS NULL): commit 1, the operation registered as dispatched */
+        atomic {
+          if
+          :: version == lv && FENCED(me, ep) && RUNNABLE && !cancel_req && (op_st[k] == O_INTENT || node_att[NODE_OF(k)] < MAX_ATT(NODE_OF(k))) ->
+             assert(!cancel_req);                               /* P4 no_intent_after_cancel */
+             assert(!ANY_OPEN);                                 /* P5 reconcile_first */
+             if
+             :: op_st[k] == O_INTENT -> op_st[k] = O_DISPATCHED  /* _send_again: the same attempt */
+             :: else -> op_st[k] = O_DISPATCHED; node_st[NODE_OF(k)] = N_RUNNING; node_att[NODE_OF(k)]++
+             fi;
+             status = T_RUNNING;
+             COMMIT_UNDER_LEASE(ep)
+          :: else -> break
+          fi
+        };
+        if
+        :: crashes < MAX_CRASHES -> goto crash
+        :: true
+        fi;
+#ifndef SABOTAGE_INTENT_AFTER_CALL
+        call(k, res);
+#endif
+        if
+        :: crashes < MAX_CRASHES -> goto crash
+        :: true
+        fi;
+        /* tasks/protocol.py:step_settle → compare_and_set (kind settle): commit 2, the outcome */
+        atomic {
+          if
+          :: version == lv + 1 && FENCED(me, ep) && AGENT_MAY_SETTLE && OPEN(k) ->
+             settle(k, res); COMMIT_UNDER_LEASE(ep)
+          :: else -> break
+          fi
+        }
+     :: else -> break                                           /* done, or stop */
+     fi;
+     lv = 0; res = 0
+  od;
+  /* tasks/runner.py:_run_holding → leases/services.py:lease_release (LeaseLost is suppressed) */
+  atomic {
+    if
+    :: l_holder == me && l_epoch == ep -> l_holder = 0; authority = 0
+    :: else
+    fi
+  };
+  goto idle;
+
+crash:
+  /* the process restarts: its local state is gone; its lease stays open until it lapses on the clock */
+  atomic {
+    crashes++;
+    if
+    :: l_holder == me && l_epoch == ep -> l_orphan = true
+    :: else
+    fi
+  };
+  goto idle
+}
+
+/* a person: cancel (tasks/cancel.py) and takeover (tasks/takeover.py) */
+active proctype Operator() {
+  byte ep, lv, k, res;
+
+  if
+  :: skip                                                       /* never cancels */
+  :: CANCELS > 0 -> /* tasks/cancel.py:task_request_cancel (no lease, a person; its retry on VersionConflict makes it one atomic
+        step at the instant it lands) → tasks/decisions.py:cancel */
+     atomic {
+       if
+       :: !cancel_req && !ENDED && !SETTLING ->
+          cancel_req = true;
+          for (k : 0 .. K - 1) {                                /* intents never sent are withdrawn */
+            if
+            :: op_st[k] == O_INTENT -> op_st[k] = O_REJECTED; node_st[NODE_OF(k)] = N_PENDING
+            :: else
+            fi
+          }
+          k = 0;
+          cancel_status();
+          version++
+       :: else                                                  /* already cancelled or ended: nothing to record */
+       fi
+     }
+  fi;
+  if
+  :: goto done                                                  /* never takes over */
+  :: TAKEOVERS > 0
+  fi;
+
+claim:
+  /* tasks/takeover.py:takeover_claim: leases/services.py:lease_acquire for the operator (closing a lapsed lease),
+     or _wait_for_holder: leases/services.py:lease_reserve + compare_and_set(takeover_requested, no lease) */
+  atomic {
+    if
+    :: ENDED -> goto done                                       /* nothing to take over */
+    :: !ENDED && l_epoch < MAX_GRANTS && (l_holder == 0 || l_state == L_LAPSED) ->
+       l_epoch++; l_holder = OPER; l_state = L_LIVE; l_orphan = false; ep = l_epoch; authority = ep;
+       reserved = false;                                        /* lease_unreserve */
+       if :: !cancel_req -> status = T_HUMAN :: else fi;        /* compare_and_set(takeover_granted) */
+       COMMIT_UNDER_LEASE(ep)
+    :: !ENDED && l_holder != 0 && l_state != L_LAPSED ->
+       if
+       :: !reserved -> reserved = true; version++              /* takeover_requested */
+       :: else
+       fi;
+       goto wait
+    :: !ENDED && l_epoch >= MAX_GRANTS && (l_holder == 0 || l_state == L_LAPSED) -> goto done  /* the bound */
+    fi
+  };
+held:
+  /* the next holder reconciles every open operation by op key first (the console's operation_resolve_by_person:
+     done, with the remote's receipt; not done, tasks/decisions.py:settle_not_done) */
+  do
+  :: atomic {
+       lv = version;
+       if
+       :: !(l_holder == OPER && l_epoch == ep) -> goto claim     /* forced off, or lapsed and closed */
+       :: l_holder == OPER && l_epoch == ep && l_state == L_LAPSED -> goto claim
+       :: l_holder == OPER && l_epoch == ep && l_state == L_EXPIRED ->
+          l_state = L_LIVE; authority = ep                      /* tasks/takeover.py:takeover_renew (in grace) */
+       :: l_holder == OPER && l_epoch == ep && l_state == L_LIVE && ANY_OPEN ->
+          k = FIRST_OPEN; res = (r_done[k] -> R_COMMITTED : R_NOTFOUND)
+       :: l_holder == OPER && l_epoch == ep && l_state == L_LIVE && !ANY_OPEN -> break
+       fi
+     };
+     atomic {
+       if
+       :: version == lv && FENCED(OPER, ep) && OPERATOR_MAY_SETTLE && OPEN(k) ->
+          if
+          :: res == R_COMMITTED -> settle(k, res)
+          :: else ->                                            /* settle_not_done: rejected, node pending */
+             op_st[k] = O_REJECTED; node_st[NODE_OF(k)] = N_PENDING;
+             if :: cancel_req -> cancel_status() :: else fi
+          fi;
+          COMMIT_UNDER_LEASE(ep)
+       :: else
+       fi;
+       k = 0; res = 0
+     }
+  od;
+  /* tasks/takeover.py:takeover_submit: end_task completed when every node has its receipt, replan (paused
+     needs_replan) when a node's budget is spent, else resume_agent; then leases/services.py:lease_release */
+  atomic {
+    if
+    :: version == lv && FENCED(OPER, ep) && OPERATOR_MAY_DECIDE && !ANY_OPEN ->
+       if
+       :: cancel_req -> skip                                    /* a recorded cancel keeps its status */
+       :: !cancel_req && node_st[0] == N_SUCCEEDED && node_st[1] == N_SUCCEEDED -> status = T_COMPLETED
+       :: !cancel_req && !(node_st[0] == N_SUCCEEDED && node_st[1] == N_SUCCEEDED) && (node_att[0] >= 2 && node_st[0] != N_SUCCEEDED || node_att[1] >= 1 && node_st[1] != N_SUCCEEDED) ->
+          status = T_PAUSED
+       :: else -> status = T_PENDING
+       fi;
+       COMMIT_UNDER_LEASE(ep);
+       l_holder = 0; authority = 0
+    :: else -> goto held
+    fi
+  };
+  goto done;
+wait:
+  /* claims again once the agent lets go: its lease released, forced off, or lapsed */
+  atomic { ENDED || l_holder == 0 || l_state == L_LAPSED -> goto claim };
+done:
+  skip
+}
+
+/* an admin: tasks/forced_release.py:lease_force_release → leases/services.py:lease_force_close, then a
+   compare-and-set without a lease (force_release, person) that moves the version */
+active proctype Admin() {
+  if
+  :: skip
+  :: FORCES > 0 ->
+end_force:                                                      /* waits for a holder to remove */
+     atomic { l_holder != 0 -> l_holder = 0; authority = 0; version++ }
+  fi
+}
+
+init {
+  atomic {
+    byte i;
+    for (i : 1 .. W) { run Worker(i) }
+  }
+}
+
+/* P6: every run ends completed, stopped or paused (checked with pan -a -f: weak fairness) */
+ltl settles { <> [] (status == T_COMPLETED || status == T_STOPPED || status == T_PAUSED) }
