@@ -33,6 +33,7 @@ PROPERTIES: dict[str, str] = {
     "P4 no_intent_after_cancel": "assertion violated !(cancel_req)",
     "P5 reconcile_first": "assertion violated  !(((((op_st[0]==2)||(op_st[0]==5))",
     "P6 settles": "acceptance cycle",
+    "P7 not_done_stays_not_done": "assertion violated (op_st[k]!=4)",
     "deadlock": "invalid end state",
 }
 
@@ -66,6 +67,12 @@ CONFIGS: tuple[Config, ...] = (
         "a cancel, a takeover (reserve, claim, reconcile, submit) and a forced release at any moment, 1 lease expiry",
     ),
     Config(
+        "people-gap",
+        False,
+        ("-DMAX_CRASHES=0", "-DMAX_REJECTS=0", "-DCANCELS=0", "-DFORCES=0"),
+        "a takeover, 1 lost answer, 1 lease expiry (only for the known gap P7: not in the passing set)",
+    ),
+    Config(
         "agents-live",
         True,
         ("-DCANCELS=0", "-DTAKEOVERS=0", "-DFORCES=0", "-DMAX_CRASHES=0"),
@@ -80,6 +87,10 @@ CONFIGS: tuple[Config, ...] = (
 )
 
 
+# The configurations the real model is checked in (0 errors expected); "people-gap" only shows the known gap.
+PASSING = ("agents", "cancel", "people", "agents-live", "people-live")
+
+
 @dataclass(frozen=True)
 class Sabotage:
     define: str
@@ -92,6 +103,15 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage("-DSABOTAGE_INTENT_AFTER_CALL", "agents", "P2 intent_first"),
     Sabotage("-DSABOTAGE_NO_DEDUP", "agents", "P3 one_effect"),
     Sabotage("-DSABOTAGE_NO_RECONCILE", "agents", "P5 reconcile_first"),
+)
+
+
+# Known gaps: properties the protocol does not have yet, each checked to still fail (so that closing one is noticed
+# and the README updated). P7: a lookup's "not found" is final for a cancel or a person's "not done", yet a request
+# still in flight can land after it.
+KNOWN_GAPS: tuple[Sabotage, ...] = (
+    Sabotage("-DCHECK_NOT_DONE_STAYS_NOT_DONE", "cancel", "P7 not_done_stays_not_done"),
+    Sabotage("-DCHECK_NOT_DONE_STAYS_NOT_DONE", "people-gap", "P7 not_done_stays_not_done"),
 )
 
 
@@ -179,7 +199,7 @@ def _line(result: Result, expect: str) -> str:
     verdict = result.violated() or result.violation or "-"
     return (
         f"{result.name:<42} {result.errors:>6} {result.states:>10} {result.depth:>6} {result.memory_mb:>8.1f}"
-        f" {result.seconds:>7.1f}  {expect:<20} {verdict}"
+        f" {result.seconds:>7.1f}  {expect:<27} {verdict}"
     )
 
 
@@ -191,15 +211,15 @@ def main(argv: list[str] | None = None) -> int:
     if not spin_available():
         print("spin and gcc are needed: apt-get install -y spin gcc", file=sys.stderr)
         return 2
-    print(f"{'run':<42} {'errors':>6} {'states':>10} {'depth':>6} {'MB':>8} {'seconds':>7}  {'expected':<20} found")
+    print(f"{'run':<42} {'errors':>6} {'states':>10} {'depth':>6} {'MB':>8} {'seconds':>7}  {'expected':<27} found")
     failed = False
     if not options.sabotage:
-        for config in [config_named(n) for n in options.configs] or list(CONFIGS):
+        for config in [config_named(n) for n in options.configs] or [c for c in CONFIGS if c.name in PASSING]:
             result = check(config)
             failed |= result.errors != 0
             print(_line(result, "0 errors"), flush=True)
     if options.sabotage or not options.configs:
-        for sabotage in SABOTAGES:
+        for sabotage in SABOTAGES + KNOWN_GAPS:
             result = check(config_named(sabotage.config), sabotage.define, optimise=False)
             failed |= result.violated() != sabotage.violates
             print(_line(result, sabotage.violates), flush=True)

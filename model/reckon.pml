@@ -31,6 +31,13 @@
  *   P6 settles (LTL)   <>[] the task is completed, stopped or paused — under weak fairness (pan -f): every
  *                      process that stays enabled gets to move
  *
+ * P7 (-DCHECK_NOT_DONE_STAYS_NOT_DONE) no effect lands under an op key the log records as rejected. It FAILS, and
+ *    the model shows why: a request still in flight when its caller timed out; the lookup by op key finds nothing
+ *    yet (not found); a recorded cancel then rejects the operation ("cancelled", the task stops), or a person
+ *    confirms it "not done" (tasks/decisions.py:settle_not_done); the request lands after: an effect the log says
+ *    never happened. (Without a cancel or a person, not found sends the same op key again and the remote
+ *    deduplicates: P3 holds.) Kept as a documented gap (README), checked to still fail until the protocol closes it.
+ *
  * Sabotage (each must make spin report an error; tests/test_model_check.py):
  *   -DSABOTAGE_NO_FENCING         the compare-and-set checks the version but not the lease (epoch, live)  → P1
  *   -DSABOTAGE_INTENT_AFTER_CALL  the call is sent before commit 1                                        → P2
@@ -216,6 +223,9 @@ inline land(k, res) {
   :: FRESH(k) && rejects < MAX_REJECTS -> rejects++; res = R_REJECTED
   :: FRESH(k) -> r_done[k] = true; r_effects[k]++; res = R_COMMITTED;
      assert(r_effects[k] <= 1)                              /* P3 one_effect */
+#ifdef CHECK_NOT_DONE_STAYS_NOT_DONE
+     ;assert(op_st[k] != O_REJECTED)                        /* P7: a known gap, see the header */
+#endif
   fi
 }
 

@@ -33,8 +33,9 @@ def spin_installed() -> None:
     pytest.skip("spin is not installed (apt-get install -y spin): the protocol model is not checked here")
 
 
-@pytest.mark.parametrize("config", check.CONFIGS, ids=lambda c: c.name)
-def test_the_model_holds_every_property(config: check.Config) -> None:
+@pytest.mark.parametrize("name", check.PASSING)
+def test_the_model_holds_every_property(name: str) -> None:
+    config = check.config_named(name)
     result = check.check(config)
     print(  # the figures, for the README (printed, not asserted)
         f"\n{result.name}: {result.errors} errors, {result.states} states, depth {result.depth},"
@@ -49,6 +50,15 @@ def test_a_sabotaged_model_fails_the_property_it_breaks(sabotage: check.Sabotage
     print(f"\n{result.name}: {result.errors} errors after {result.states} states: {result.violation}")
     assert result.errors >= 1, f"{sabotage.define} passed the check: the model cannot see what it breaks"
     assert result.violated() == sabotage.violates, result.violation
+
+
+@pytest.mark.parametrize("gap", check.KNOWN_GAPS, ids=lambda g: g.config)
+def test_the_known_gap_is_still_there(gap: check.Sabotage) -> None:
+    """P7 (README): a request still in flight lands after a cancel or a person recorded its operation as not done.
+    When the protocol closes the gap this fails: move P7 to the properties that hold, and say so in the README."""
+    result = check.check(check.config_named(gap.config), gap.define, optimise=False)
+    print(f"\n{result.name}: {result.errors} errors after {result.states} states: {result.violation}")
+    assert result.violated() == gap.violates, result.violation
 
 
 def test_a_sabotage_checked_in_a_configuration_that_cannot_reach_it_is_not_a_pass() -> None:
