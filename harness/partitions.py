@@ -55,6 +55,7 @@ from tasks.models import Operation
 
 PAUSE_MS = 500  # a lane worker's pause after each dispatch commit: the controller's window to partition it
 STEPS = 6  # effect nodes of a migrate_project task (prepare, three copy batches, verify, switch)
+CUT_SECONDS = 2.0  # how long a cut worker's new connections are refused
 KEEP_ENV = "RECKON_PARTITIONS_KEEP"
 LANE_TIMEOUT = 40.0  # seconds one task may spend in its lane before it is given up (a problem on the row)
 
@@ -64,8 +65,9 @@ class Partition:
     name: str
     what: str
     link: Literal["database", "remote"]
+    fault: Literal["blackhole", "cut"] = "blackhole"
     lanes: int = 3
-    direct_workers: int = 2
+    direct_workers: int = 1  # takes the tasks over (one is enough: three lanes cut off at most three at once)
     lease_ttl: int = 3
     lease_grace: int = 1
 
@@ -80,6 +82,12 @@ PARTITIONS = [
         "db lost mid step",
         "database blackholed after the dispatch commit; lease lapses; a direct worker takes over; late writes refused",
         link="database",
+    ),
+    Partition(
+        "db cut mid step",
+        "the worker's connections reset after the dispatch commit, new ones refused 2 s (a restart, as it sees it)",
+        link="database",
+        fault="cut",
     ),
     Partition(
         "remote lost in call",
@@ -121,6 +129,11 @@ class Tally:
         return self._what(link) + " (" + ", ".join(f"{k} {v:.0f} s" for k, v in self.phases.items()) + ")"
 
     def _what(self, link: str) -> str:
+        if link == "cut":
+            return (
+                f"  partitions: {self.partitioned} tasks whose worker lost every database connection after a dispatch "
+                f"commit ({self.retried} retried at a later step), each settled after the heal; no worker restarted"
+            )
         if link == "database":
             return (
                 f"  partitions: {self.partitioned} tasks cut off after a dispatch commit ({self.retried} retried at a "
@@ -160,6 +173,12 @@ class Lane:
     since: float = 0.0
     log_offset: int = 0
     taken_over: bool = False
+    cut_at: float = 0.0
+    woken: int = 0
+    pid: int = 0  # its worker's process: it must never have to be restarted
+
+    def __post_init__(self) -> None:
+        self.pid = self.workers.processes[0].pid
 
 
 # -- processes -------------------------------------------------------------------------------------------------
@@ -197,11 +216,12 @@ def _running(partition: Partition, workdir: Path) -> Iterator[tuple[StoreProcess
             "RECKON_LEASE_GRACE_SECONDS": str(partition.lease_grace),
             "RECKON_LOG_LEVEL": "WARNING",
         }
+        proxies = [stack.enter_context(FaultProxy(_upstream(partition, store))) for _ in range(partition.lanes)]
         direct = Workers(partition.direct_workers, queue, env, workdir / "direct.log")
-        stack.callback(direct.stop)
+        every = [direct]
+        stack.callback(_stop_all, every)  # before the proxies close: a worker never sees its link cut as it stops
         lanes = []
-        for n in range(partition.lanes):
-            proxy = stack.enter_context(FaultProxy(_upstream(partition, store)))
+        for n, proxy in enumerate(proxies):
             lane_env = env | {
                 "RECKON_FAILPOINTS": f"before_call=sleep({PAUSE_MS})",
                 "RECKON_LOG_LEVEL": "INFO",  # its refusals and state changes, counted from its log
@@ -215,9 +235,19 @@ def _running(partition: Partition, workdir: Path) -> Iterator[tuple[StoreProcess
             lane_queue = f"{queue}-lane{n}"
             log = workdir / f"lane{n}.log"
             workers = LaneWorker(1, lane_queue, lane_env, log)
-            stack.callback(workers.stop)
+            every.append(workers)
             lanes.append(Lane(n, proxy, lane_queue, workers, log))
         yield store, direct, queue, lanes
+
+
+def _stop_all(every: list[Workers]) -> None:
+    """Ask every worker to stop at once, then wait for each (one by one, each warm shutdown would add up)."""
+    for workers in every:
+        for process in workers.processes:
+            if process.poll() is None:
+                process.terminate()
+    for workers in every:
+        workers.stop()
 
 
 def _upstream(partition: Partition, store: StoreProcess) -> tuple[str, int]:
@@ -235,7 +265,7 @@ def run_partition(
     partition: Partition, tasks: int, *, timeout: float, log: Callable[[str], None] = print
 ) -> PartitionRow:
     started = time.monotonic()
-    row = PartitionRow(partition.name, tasks, link=partition.link)
+    row = PartitionRow(partition.name, tasks, link="cut" if partition.fault == "cut" else partition.link)
     tally = row.tally
     keep = bool(os.environ.get(KEEP_ENV))  # keep the workers' logs and the store's state to read after the run
     with (
@@ -258,17 +288,20 @@ def run_partition(
                 last_scan = time.monotonic()
             time.sleep(0.25)
         tally.phases["finish"] = time.monotonic() - started - tally.phases["start"] - tally.phases["lanes"]
+        for lane in lanes:
+            if lane.workers.processes[0].pid != lane.pid:
+                tally.problems.append(f"lane {lane.n}'s worker had to be started again")
         row.fired = tally.partitioned
         if tally.partitioned != tasks:
             row.problems.append(f"the partition hit {tally.partitioned} of {tasks} tasks as intended")
-        if partition.link == "database" and tally.refused < tally.partitioned:
+        if row.link == "database" and tally.refused < tally.partitioned:
             row.problems.append(f"{tally.refused} late writes refused for {tally.partitioned} partitions")
         row.wrong += tally.late_commits  # a stale holder's write went through: the fencing failed
         row.problems += tally.problems
         killmatrix._judge(row, partition.scenario, ids, store.call("/_stats"))
     row.seconds = time.monotonic() - started
     log(killmatrix._format_row(row))
-    log(tally.line(partition.link))
+    log(tally.line(row.link))
     return row
 
 
@@ -304,7 +337,9 @@ def _drive_lanes(
     """Every task through a lane, one at a time per lane; nobody else wakes a task before its partition."""
     pending = list(enumerate(ids))
     grace = timedelta(seconds=partition.lease_grace)
-    step = _database_step if partition.link == "database" else _remote_step
+    step = _remote_step if partition.link == "remote" else _database_step
+    if partition.fault == "cut":
+        step = _cut_step
     while (pending or any(lane.state != "idle" for lane in lanes)) and time.monotonic() < deadline:
         for lane in lanes:
             lane.workers.replace_dead()
@@ -439,3 +474,42 @@ def _remote_step(lane: Lane, store: StoreProcess, queue: str, grace: timedelta, 
         else:
             tally.problems.append(f"task {lane.task}: {op.op_key} reconciled as {op.status}, not committed")
         lane.state = "idle"
+
+
+def _cut_step(lane: Lane, store: StoreProcess, queue: str, grace: timedelta, tally: Tally) -> None:
+    """The database, as one worker sees a restart: every connection reset right after the dispatch commit, new ones
+    refused for ``CUT_SECONDS``; the worker must reconnect by itself (it is never restarted) and the operation be
+    settled by op key."""
+    if lane.state == "running":
+        if (op := _dispatched(lane)) is not None:
+            lane.proxy.refuse()
+            lane.proxy.cut()
+            lane.op, lane.state, lane.since, lane.cut_at = op.pk, "confirming", time.monotonic(), time.monotonic()
+        elif _lane_done(lane):
+            tally.problems.append(f"task {lane.task}: its lane never reached a dispatch to cut off")
+            lane.state = "idle"
+        return
+    status = Operation.objects.get(pk=lane.op).status
+    if lane.state == "confirming" and time.monotonic() - lane.cut_at >= 0.3:
+        if status != OperationStatus.DISPATCHED:  # its outcome was committed before the cut: the next dispatch
+            tally.retried += 1
+            lane.proxy.heal()
+            lane.target, lane.state = 0, "running"
+        else:
+            lane.state = "partitioned"
+    elif lane.state == "partitioned" and time.monotonic() - lane.cut_at >= CUT_SECONDS:
+        lane.proxy.heal()
+        lane.state = "reconciling"
+    elif lane.state == "reconciling" and status in (OperationStatus.DISPATCHED, OperationStatus.UNKNOWN):
+        # The worker's own retry may have come while its lapsed lease still stood (skipped: lease held); wake it
+        # again, as the recovery scan would, once the lease is free — the same process, which must reconnect.
+        held = Lease.objects.filter(task_id=lane.task, released_at__isnull=True, expires_at__gt=clock.now() - grace)
+        if not held.exists() and time.monotonic() - lane.cut_at >= CUT_SECONDS + 2 * lane.woken + 1:
+            lane.woken += 1
+            drive_task.apply_async((lane.task,), queue=lane.queue)
+    elif lane.state == "reconciling":
+        if status == OperationStatus.COMMITTED:
+            tally.partitioned += 1
+        else:
+            tally.problems.append(f"task {lane.task}: operation {lane.op} settled as {status}, not committed")
+        lane.state, lane.woken = "idle", 0

@@ -16,7 +16,7 @@ from django.db import connection
 from harness.partitions import PARTITIONS
 from tests.simulator_fixture import ROOT
 
-TASKS = int(os.environ.get("RECKON_PARTITION_TASKS", "6"))
+TASKS = int(os.environ.get("RECKON_PARTITION_TASKS", "3"))
 
 pytestmark = pytest.mark.skipif(
     connection.vendor != "postgresql",
@@ -29,7 +29,18 @@ def test_every_partition_scenario_ends_clean() -> None:
     duplicate side effect, no skipped step, no unknown left; every late write of a worker cut off from the database
     refused by the fencing; every call whose answer was lost reconciled by op key after the heal."""
     run = subprocess.run(  # noqa: S603
-        [sys.executable, "manage.py", "verify_matrix", "--partitions", "--tasks", str(TASKS), "--timeout", "150"],
+        [
+            sys.executable,
+            "manage.py",
+            "verify_matrix",
+            "--partitions",
+            "--tasks",
+            str(TASKS),
+            "--lanes",
+            "3",
+            "--timeout",
+            "150",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -1,5 +1,6 @@
 """manage.py verify_matrix — the kill matrix (harness/killmatrix.py) on a throw-away database of its own."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -41,6 +42,9 @@ class Command(BaseCommand):
             + ", ".join(p.name.replace(" ", "_") for p in partitions.PARTITIONS)
             + ") instead of the kill matrix",
         )
+        parser.add_argument(
+            "--lanes", type=int, default=3, help="with --partitions: workers behind a fault proxy at once (default 3)"
+        )
         parser.add_argument("--timeout", type=float, default=0, help="seconds per scenario (default 90 + 3 per task)")
         parser.add_argument("--here", action="store_true", help="use the configured database as it is (internal)")
 
@@ -62,6 +66,9 @@ class Command(BaseCommand):
         timeout = options["timeout"] or 90 + 3 * tasks
         broker = settings.CELERY_BROKER_URL.split("://")[0]
         if options["partitions"]:
+            if options["lanes"] < 1:
+                raise CommandError("--lanes must be at least 1")
+            chosen = [dataclasses.replace(p, lanes=options["lanes"]) for p in chosen]
             self._partitions(chosen, tasks, timeout, broker)
             return
         self.stdout.write(
