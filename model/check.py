@@ -26,15 +26,15 @@ MODEL = Path(__file__).resolve().parent / "reckon.pml"
 DEPTH_LIMIT = 200_000  # pan -m: far above any run's depth (a run that reaches it is reported as an error)
 
 # Every property of the model, as pan names it when it is violated.
-PROPERTIES: dict[str, str] = {
-    "P1 one_authority": "assertion violated (ep==authority)",
-    "P2 intent_first": "assertion violated (op_st[k]!=0)",
-    "P3 one_effect": "assertion violated (r_effects[k]<=1)",
-    "P4 no_intent_after_cancel": "assertion violated !(cancel_req)",
-    "P5 reconcile_first": "assertion violated  !(((((op_st[0]==2)||(op_st[0]==5))",
-    "P6 settles": "acceptance cycle",
-    "P7 not_done_stays_not_done": "assertion violated (op_st[k]!=4)",
-    "deadlock": "invalid end state",
+PROPERTIES: dict[str, tuple[str, ...]] = {
+    "P1 one_authority": ("assertion violated (ep==authority)",),
+    "P2 intent_first": ("assertion violated (op_st[k]!=0)",),
+    "P3 one_effect": ("assertion violated (r_effects[k]<=1)",),
+    "P4 no_intent_after_cancel": ("assertion violated !(cancel_req)",),
+    "P5 reconcile_first": ("assertion violated  !(((((op_st[0]==2)||(op_st[0]==5))",),
+    "P6 settles": ("acceptance cycle", "||(l_epoch>=6))"),
+    "P7 not_done_stays_not_done": ("assertion violated (op_st[k]!=4)",),
+    "deadlock": ("invalid end state",),
 }
 
 
@@ -103,6 +103,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage("-DSABOTAGE_INTENT_AFTER_CALL", "agents", "P2 intent_first"),
     Sabotage("-DSABOTAGE_NO_DEDUP", "agents", "P3 one_effect"),
     Sabotage("-DSABOTAGE_NO_RECONCILE", "agents", "P5 reconcile_first"),
+    Sabotage("-DSABOTAGE_NO_RESUME", "people-live", "P6 settles"),
 )
 
 
@@ -128,7 +129,7 @@ class Result:
 
     def violated(self) -> str:
         """The property the run violated, by name ("" when none or not recognised)."""
-        return next((name for name, text in PROPERTIES.items() if text in self.violation), "")
+        return next((name for name, texts in PROPERTIES.items() if any(t in self.violation for t in texts)), "")
 
 
 class ModelCheckError(RuntimeError):
@@ -147,7 +148,7 @@ def check(config: Config, *extra: str, optimise: bool = True) -> Result:
         work = Path(scratch)
         shutil.copy(MODEL, work / MODEL.name)
         _run(["spin", "-a", *defines, MODEL.name], work)
-        flags = ["-DCOLLAPSE"] + (["-DNFAIR=3"] if config.liveness else ["-DSAFETY", "-DNOCLAIM"])
+        flags = ["-DCOLLAPSE"] + (["-DNFAIR=4"] if config.liveness else ["-DSAFETY", "-DNOCLAIM"])
         _run(["gcc", "-O2" if optimise else "-O0", "-w", *flags, "-o", "pan", "pan.c"], work)
         args = ["./pan", f"-m{DEPTH_LIMIT}"] + (["-a", "-f"] if config.liveness else [])
         report = _run(args, work, check=False)

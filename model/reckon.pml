@@ -4,8 +4,16 @@
  * What it is: the database (one task row, its nodes, operations and lease row, the reservation, the abstract
  * database clock) as global variables; every database write is one `atomic` block, the way the real code makes
  * it one transaction. Processes: W agents (workers), one operator (a person: cancel and takeover), one admin
- * (forced release), the remote (a deduplicating store fed by a wire of requests in flight), and the database
- * clock. Every action names in a comment the function it mirrors (file:function).
+ * (forced release), the remote (a deduplicating store; a request may still be in flight after its caller gave
+ * up, and land later), and the database clock. Every action names in a comment the function it mirrors
+ * (file:function); tests/test_model_check.py checks that those names still exist.
+ *
+ * Abstractions: the snapshot and the decision are read in one atomic step and the compare-and-set checks the
+ * version, so a change computed on a snapshot is applied only to the same state (every state change moves the
+ * version, a reservation with its takeover_requested event); the decision is therefore evaluated on the globals
+ * inside the compare-and-set. The database clock is abstract: a lease is live, expired (in its grace) or lapsed,
+ * and only the Clock process moves it on. Not modelled: accepted/observing, backoff timing, approvals, re-plans,
+ * compensation, cleanup, input re-checks, the event log and audit chain.
  *
  * Bounds (the state space is finite because of them; README "The protocol, model-checked"):
  *   W = 2 agents, 1 operator, 1 admin, 1 remote, 1 clock
@@ -16,20 +24,23 @@
  *   MAX_REJECTS   = 1  the remote rejects a request definitely (dependency unavailable)
  *   MAX_EXPIRIES  = 1  a live holder's lease expires under it (a slow step); a crashed holder's lease always
  *                      expires and lapses (no bound: it is never renewed)
- *   MAX_GRANTS    = 7  lease grants (epochs) in one run
- *   WIRE          = 3  requests in flight at once
+ *   MAX_GRANTS    = 6  lease grants (epochs) in one run (every grant is a new epoch: the bound keeps it finite)
  *   the operator cancels at most once and takes over at most once; the admin forces a release at most once
+ *   (CANCELS, TAKEOVERS, FORCES = 0 turn each off; model/check.py checks the model in configurations, each a
+ *   subset of these, because all of them at once are too many states for CI's budget)
  *
  * Properties (each an assert at the step where it must hold, or the LTL formula `settles`):
  *   P1 one_authority   every commit made under a lease is made by the holder of the lease that is live at that
  *                      instant (the ghost `authority`, kept by the lease actions, not by the compare-and-set): at
  *                      most one principal commits at any task version, and a stale holder commits nothing
- *   P2 intent_first    no call reaches the wire unless its op key is registered (commit 1) before it
+ *   P2 intent_first    no call is sent unless its op key is registered (commit 1) before it
  *   P3 one_effect      an op key causes at most one effect on the deduplicating remote
  *   P4 no_intent_after_cancel  no operation starts (commit 1) once a cancel is recorded
  *   P5 reconcile_first no operation starts while another is dispatched or unknown: those are reconciled first
- *   P6 settles (LTL)   <>[] the task is completed, stopped or paused — under weak fairness (pan -f): every
- *                      process that stays enabled gets to move
+ *   P6 settles         every run settles: completed, stopped or paused. Runs that go on for ever: the LTL
+ *                      formula <>[] settled, under weak fairness (pan -a -f: every process that stays enabled
+ *                      gets to move). Runs that stop (nothing can move): the Watchdog asserts settled then —
+ *                      pan's fairness check passes over runs that stop, so the assert is needed.
  *
  * P7 (-DCHECK_NOT_DONE_STAYS_NOT_DONE) no effect lands under an op key the log records as rejected. It FAILS, and
  *    the model shows why: a request still in flight when its caller timed out; the lookup by op key finds nothing
@@ -44,6 +55,7 @@
  *   -DSABOTAGE_NO_RECONCILE       the directive skips reconciliation and sends an open node again
  *                                 under a new op key (a blind retry)                                      → P5
  *   -DSABOTAGE_NO_DEDUP           the remote performs every request, even an op key it has seen           → P3
+ *   -DSABOTAGE_NO_RESUME          a takeover ends without handing the task back (it stays with people)    → P6
  */
 
 #ifndef W
@@ -509,7 +521,11 @@ held:
        :: !cancel_req && node_st[0] == N_SUCCEEDED && node_st[1] == N_SUCCEEDED -> status = T_COMPLETED
        :: !cancel_req && !(node_st[0] == N_SUCCEEDED && node_st[1] == N_SUCCEEDED) && (node_att[0] >= 2 && node_st[0] != N_SUCCEEDED || node_att[1] >= 1 && node_st[1] != N_SUCCEEDED) ->
           status = T_PAUSED
+#ifdef SABOTAGE_NO_RESUME
+       :: else -> skip                                          /* the task stays with people, nobody decides */
+#else
        :: else -> status = T_PENDING
+#endif
        fi;
        COMMIT_UNDER_LEASE(ep);
        l_holder = 0; authority = 0
@@ -533,6 +549,14 @@ active proctype Admin() {
 end_force:                                                      /* waits for a holder to remove */
      atomic { l_holder != 0 -> l_holder = 0; authority = 0; version++ }
   fi
+}
+
+/* P6, the runs that stop: when nothing in the system can move any more (spin's timeout), the task is settled —
+   unless the run used up the lease grants (MAX_GRANTS): such a run is cut off by the bound, not judged.
+   The LTL formula below covers the runs that go on for ever; pan -f's weak fairness passes over runs that stop. */
+active proctype Watchdog() {
+end:
+  timeout -> assert(SETTLED || l_epoch >= MAX_GRANTS)
 }
 
 init {
