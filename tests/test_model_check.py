@@ -24,8 +24,8 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def spin_installed() -> None:
+@pytest.fixture(scope="module")
+def spin() -> None:
     if check.spin_available():
         return
     if os.environ.get("CI"):
@@ -34,7 +34,7 @@ def spin_installed() -> None:
 
 
 @pytest.mark.parametrize("name", check.PASSING)
-def test_the_model_holds_every_property(name: str) -> None:
+def test_the_model_holds_every_property(spin: None, name: str) -> None:
     config = check.config_named(name)
     result = check.check(config)
     print(  # the figures, for the README (printed, not asserted)
@@ -45,7 +45,7 @@ def test_the_model_holds_every_property(name: str) -> None:
 
 
 @pytest.mark.parametrize("sabotage", check.SABOTAGES, ids=lambda s: s.define.removeprefix("-DSABOTAGE_").lower())
-def test_a_sabotaged_model_fails_the_property_it_breaks(sabotage: check.Sabotage) -> None:
+def test_a_sabotaged_model_fails_the_property_it_breaks(spin: None, sabotage: check.Sabotage) -> None:
     result = check.check(check.config_named(sabotage.config), sabotage.define, optimise=False)
     print(f"\n{result.name}: {result.errors} errors after {result.states} states: {result.violation}")
     assert result.errors >= 1, f"{sabotage.define} passed the check: the model cannot see what it breaks"
@@ -53,7 +53,7 @@ def test_a_sabotaged_model_fails_the_property_it_breaks(sabotage: check.Sabotage
 
 
 @pytest.mark.parametrize("gap", check.KNOWN_GAPS, ids=lambda g: g.config)
-def test_the_known_gap_is_still_there(gap: check.Sabotage) -> None:
+def test_the_known_gap_is_still_there(spin: None, gap: check.Sabotage) -> None:
     """P7 (README): a request still in flight lands after a cancel or a person recorded its operation as not done.
     When the protocol closes the gap this fails: move P7 to the properties that hold, and say so in the README."""
     result = check.check(check.config_named(gap.config), gap.define, optimise=False)
