@@ -1,10 +1,10 @@
 """Partition scenarios (issue 12): a worker cut off from the database or from the remote in the middle of a step, by
 the fault proxy (harness/faultproxy.py), with the kill matrix's processes, counts and judgement (harness/killmatrix.py).
 
-Each scenario starts the simulator, two *direct* Celery workers (their own connections to the database and the
-remote) and a few *lanes*: a lane is one more worker whose connection to the database — or to the remote — goes
-through a fault proxy of its own, with its own queue, and with a short pause after each dispatch commit
-(``before_call=sleep(…)``, tasks/failpoints.py) so that the controller (this process) can cut it off right there.
+Each scenario starts the simulator, a *direct* Celery worker (its own connections to the database and the remote)
+and a few *lanes* (``--lanes``, default 3): a lane is one more worker whose connection to the database — or to the
+remote — goes through a fault proxy of its own, with its own queue, and with a short pause after each dispatch
+commit (``before_call=sleep(…)``, tasks/failpoints.py) so that the controller (this process) can cut it off there.
 Every task is sent to a lane first; the lane's worker runs it until its k-th dispatch (k = the task's number mod 6:
 prepare, each copy batch, verify, the irreversible switch), where the controller partitions it:
 
@@ -14,13 +14,19 @@ prepare, each copy batch, verify, the irreversible switch), where the controller
   The partition then heals and the held writes reach the database late: every one must be refused by the fencing
   (the lease's epoch moved). Counted from the lane worker's own log lines: refusals, and state changes it committed
   after the heal (must be none).
+- **database cut mid-step** (``db_cut_mid_step``): right after the dispatch commit every database connection of the
+  lane's worker is reset and new ones are refused for ``CUT_SECONDS`` — a PostgreSQL restart as that worker sees it
+  (the shared server is never restarted). Its wake-up fails with OperationalError and is retried; the same process
+  (its pid is checked at the end) reconnects, reconciles the operation by op key and goes on.
 - **remote lost in call** (``remote_lost_in_call``): the lane's link to the remote is blackholed in the answer's
   direction while its call is in flight: the remote commits, the answer never arrives, the connector times out and
   the operation is recorded unknown. The partition heals; the operation is reconciled by op key (the remote's
   count says it committed once) and the task goes on.
 
 A partition counts (the row's ``fired`` figure, which must equal the tasks) only if it happened as described: the
-operation was still dispatched when the lease lapsed, or went unknown with the remote's commit counted. When every
+operation was still dispatched when the lease lapsed (or 0.3 s after the cut), or went unknown with the remote's
+commit counted; a partition that came too late (the outcome already on its way) is healed and tried at the next
+dispatch. When every
 task has been through its lane, recovery scans (as beat would send them) finish what is left; then the row is judged
 as the kill matrix judges it: duplicates, skips, unknowns left, wrong final states.
 """

@@ -27,7 +27,8 @@ pytestmark = pytest.mark.skipif(
 def test_every_partition_scenario_ends_clean() -> None:
     """Each task is cut off once, at a different step (prepare, the copies, verify, the irreversible switch): no
     duplicate side effect, no skipped step, no unknown left; every late write of a worker cut off from the database
-    refused by the fencing; every call whose answer was lost reconciled by op key after the heal."""
+    refused by the fencing; a worker whose connections were all reset reconnects by itself (never restarted); every
+    call whose answer was lost reconciled by op key after the heal."""
     run = subprocess.run(  # noqa: S603
         [
             sys.executable,
@@ -55,6 +56,7 @@ def test_every_partition_scenario_ends_clean() -> None:
     assert f"{TASKS} tasks cut off after a dispatch commit" in run.stdout, run.stdout
     assert f"{TASKS} late writes refused by the fencing, 0 committed late" in run.stdout, run.stdout
     assert f"{TASKS} unknown operations reconciled by op key after the heal" in run.stdout, run.stdout
+    assert f"{TASKS} tasks whose worker lost every database connection after a dispatch commit" in run.stdout
 
 
 def test_an_unknown_partition_scenario_is_refused_by_name() -> None:
