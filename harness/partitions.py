@@ -63,7 +63,7 @@ PAUSE_MS = 500  # a lane worker's pause after each dispatch commit: the controll
 STEPS = 6  # effect nodes of a migrate_project task (prepare, three copy batches, verify, switch)
 CUT_SECONDS = 2.0  # how long a cut worker's new connections are refused
 KEEP_ENV = "RECKON_PARTITIONS_KEEP"
-LANE_TIMEOUT = 40.0  # seconds one task may spend in its lane before it is given up (a problem on the row)
+LANE_TIMEOUT = 40.0  # seconds a task may spend in its lane once taken before it is given up (a problem on the row)
 
 
 @dataclass(frozen=True)
@@ -357,6 +357,8 @@ def _drive_lanes(
                 lane.since = time.monotonic()
                 drive_task.apply_async((task_id,), queue=lane.queue)
                 continue
+            if lane.state == "running" and not Lease.objects.filter(task_id=lane.task).exists():
+                lane.since = time.monotonic()  # not taken yet (a worker starting slowly): its clock has not started
             if time.monotonic() - lane.since > LANE_TIMEOUT:
                 tally.problems.append(f"task {lane.task}: stuck in lane {lane.n} ({lane.state}); given up")
                 lane.proxy.heal()
