@@ -6,25 +6,30 @@ The full run (50 tasks per scenario) is ``./dev manage verify_matrix --partition
 from its database needs a database reached over TCP.
 """
 
+import dataclasses
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from harness.partitions import PARTITIONS
+from harness.partitions import PARTITIONS, Lane, PartitionRow, _late_lines
+from observability.logs import STATE_LOGGER
 from tests.simulator_fixture import ROOT
 
 TASKS = int(os.environ.get("RECKON_PARTITION_TASKS", "3"))
 
-pytestmark = pytest.mark.skipif(
+postgres_only = pytest.mark.skipif(
     connection.vendor != "postgresql",
     reason=f"a worker partitioned from its database needs PostgreSQL over TCP (database vendor is {connection.vendor})",
 )
 
 
+@postgres_only
 def test_every_partition_scenario_ends_clean() -> None:
     """Each task is cut off once, at a different step (prepare, the copies, verify, the irreversible switch): no
     duplicate side effect, no skipped step, no unknown left; every late write of a worker cut off from the database
@@ -63,3 +68,41 @@ def test_every_partition_scenario_ends_clean() -> None:
 def test_an_unknown_partition_scenario_is_refused_by_name() -> None:
     with pytest.raises(CommandError, match="unknown partition scenario"):
         call_command("verify_matrix", "--partitions", "--scenario", "kill_before_call")
+
+
+def test_a_row_fails_on_a_late_commit_a_missing_refusal_or_a_partition_that_missed() -> None:
+    """Not checks that cannot fail (no processes: the verdict alone). The stale worker's log after the heal: a state
+    change it committed is counted as a late commit, a refusal as a refusal; either shortfall fails the row."""
+    clean = PartitionRow("db lost mid step", 2, expected=18, counted=18, fired=2, link="database")
+    clean.tally.partitioned, clean.tally.refused = 2, 2
+    assert clean.ok
+    late = dataclasses.replace(clean, tally=dataclasses.replace(clean.tally, late_commits=1))
+    assert not late.ok
+    unrefused = dataclasses.replace(clean, tally=dataclasses.replace(clean.tally, refused=1))
+    assert not unrefused.ok
+    missed = dataclasses.replace(clean, fired=1)
+    assert not missed.ok
+
+
+def test_the_stale_workers_log_is_read_from_the_heal_on(tmp_path: Path) -> None:
+    log = tmp_path / "lane.log"
+    before = json.dumps({"logger": STATE_LOGGER, "message": "intent registered: …", "task_id": 7})
+    after = [
+        json.dumps({"logger": "tasks.runner", "message": "run stopped: lease_lost", "task_id": 7}),
+        json.dumps({"logger": STATE_LOGGER, "message": "outcome recorded: …", "task_id": 7}),  # a stale write through
+        json.dumps({"logger": STATE_LOGGER, "message": "outcome recorded: …", "task_id": 8}),  # another task's
+        "not json: celery's banner",
+        json.dumps(
+            {"logger": "celery.app.trace", "message": "Task tasks.drive_task[x] succeeded in 0.1s", "task_id": 7}
+        ),
+    ]
+    log.write_text(before + "\n")
+    offset = log.stat().st_size
+    with log.open("a") as f:
+        f.write("\n".join(after) + "\n")
+    lane = Lane(0, proxy=None, queue="q", workers=_NoWorkers(), log=log, task=7, log_offset=offset)  # type: ignore[arg-type]
+    assert _late_lines(lane) == (1, 1, True)
+
+
+class _NoWorkers:
+    processes = [type("P", (), {"pid": 1})()]
