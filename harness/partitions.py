@@ -71,7 +71,7 @@ class Partition:
     name: str
     what: str
     link: Literal["database", "remote"]
-    fault: Literal["blackhole", "cut"] = "blackhole"
+    fault: Literal["blackhole", "cut", "restart"] = "blackhole"
     lanes: int = 3
     direct_workers: int = 1  # takes the tasks over (one is enough: three lanes cut off at most three at once)
     lease_ttl: int = 3
@@ -104,10 +104,24 @@ PARTITIONS = [
 ]
 
 
+# Only when named (--scenario db_restarted): it restarts the PostgreSQL server the run is configured on, which must be
+# one of the run's own (RECKON_PARTITIONS_PGDATA names its data directory) — never a shared one.
+RESTART = Partition(
+    "db restarted",
+    "the run's own PostgreSQL server restarted (fast shutdown, start) mid-run; workers reconnect by themselves",
+    link="database",
+    fault="restart",
+    lanes=0,
+    direct_workers=2,
+)
+PGDATA_ENV = "RECKON_PARTITIONS_PGDATA"
+OPEN = [OperationStatus.INTENT, OperationStatus.DISPATCHED, OperationStatus.UNKNOWN]
+
+
 def choose(names: list[str]) -> list[Partition]:
     if not names:
         return list(PARTITIONS)
-    known = {p.name.replace(" ", "_"): p for p in PARTITIONS}
+    known = {p.name.replace(" ", "_"): p for p in [*PARTITIONS, RESTART]}
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(f"unknown partition scenario(s) {', '.join(unknown)}; known: {', '.join(known)}")
@@ -132,9 +146,12 @@ class Tally:
     phases: dict[str, float] = field(default_factory=dict)  # seconds: processes started, lanes, the rest finished
 
     def line(self, link: str) -> str:
-        return self._what(link) + " (" + ", ".join(f"{k} {v:.0f} s" for k, v in self.phases.items()) + ")"
+        phases = ", ".join(f"{k} {v:.0f} s" for k, v in self.phases.items())
+        return self._what(link) + (f" ({phases})" if phases else "")
 
     def _what(self, link: str) -> str:
+        if link == "restart":
+            return "  partitions: the server restarted mid-run; no worker restarted"
         if link == "cut":
             return (
                 f"  partitions: {self.partitioned} tasks whose worker lost every database connection after a dispatch "
@@ -270,6 +287,8 @@ def _upstream(partition: Partition, store: StoreProcess) -> tuple[str, int]:
 def run_partition(
     partition: Partition, tasks: int, *, timeout: float, log: Callable[[str], None] = print
 ) -> PartitionRow:
+    if partition.fault == "restart":
+        return run_restart(partition, tasks, timeout=timeout, log=log)
     started = time.monotonic()
     row = PartitionRow(partition.name, tasks, link="cut" if partition.fault == "cut" else partition.link)
     tally = row.tally
@@ -521,3 +540,78 @@ def _cut_step(lane: Lane, store: StoreProcess, queue: str, grace: timedelta, tal
         else:
             tally.problems.append(f"task {lane.task}: operation {lane.op} settled as {status}, not committed")
         lane.state, lane.woken = "idle", 0
+
+
+# -- a restart of the run's own server -----------------------------------------------------------------------------
+
+
+def pg_restart(pgdata: str) -> None:
+    """``pg_ctl restart -m fast`` on the run's own server (as the data directory's owner when we are root)."""
+    # The server's output to a log in its data directory: a pipe would be held open by the postmaster for ever.
+    command = ["pg_ctl", "-D", pgdata, "restart", "-m", "fast", "-w", "-t", "60", "-l", f"{pgdata}/restart.log"]
+    binary = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
+    if binary:
+        command[0] = str(binary[-1])
+    if os.geteuid() == 0:
+        import pwd
+
+        command = ["runuser", "-u", pwd.getpwuid(Path(pgdata).stat().st_uid).pw_name, "--", *command]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=90)  # noqa: S603
+
+
+def run_restart(
+    partition: Partition, tasks: int, *, timeout: float, log: Callable[[str], None] = print
+) -> PartitionRow:
+    """Every worker direct; once a third of the tasks have an operation in flight, the server is restarted (fast
+    shutdown: every connection and open transaction dropped), then recovery scans finish the run. The workers are
+    never restarted (they reconnect: a wake-up that met the dead connection is retried), and the row is judged as
+    the kill matrix judges it. The controller's own connection is dropped too: it reconnects as they do."""
+    from django.db import OperationalError, close_old_connections
+
+    started = time.monotonic()
+    row = PartitionRow(partition.name, tasks, link="restart")
+    pgdata = os.environ.get(PGDATA_ENV, "")
+    if connection.vendor != "postgresql" or not pgdata:
+        raise NeedsPostgres(
+            f"{partition.name!r} restarts the PostgreSQL server it runs on: set DATABASE_URL to a server of the run's "
+            f"own and {PGDATA_ENV} to its data directory (never a shared server)"
+        )
+    with tempfile.TemporaryDirectory(prefix="reckon-partition-") as tmp, _running(partition, Path(tmp)) as running:
+        store, direct, queue, _ = running
+        ids = _create(store, tasks)
+        pids = [p.pid for p in direct.processes]
+        for task_id in ids:
+            drive_task.apply_async((task_id,), queue=queue)
+        deadline, restarted, last_scan = time.monotonic() + timeout, False, time.monotonic()
+        while time.monotonic() < deadline:
+            try:
+                direct.replace_dead()
+                if not restarted:
+                    begun = Operation.objects.filter(task_id__in=ids).values("task_id").distinct().count()
+                    if begun * 3 >= tasks:
+                        open_ops = Operation.objects.filter(task_id__in=ids, status__in=OPEN).count()
+                        connection.close()
+                        pg_restart(pgdata)
+                        restarted = True
+                        row.tally.partitioned = tasks  # every task was in the run the restart hit
+                        log(f"  restarted the server: {begun} of {tasks} tasks begun, {open_ops} operations open")
+                elif killmatrix._finished(ids, partition.scenario):
+                    break
+                if time.monotonic() - last_scan >= SCAN_EVERY:
+                    killmatrix.send_scan(queue)
+                    last_scan = time.monotonic()
+            except OperationalError:
+                close_old_connections()
+                connection.close()
+            time.sleep(0.25)
+        if not restarted:
+            row.tally.problems.append("the server was never restarted")
+        if [p.pid for p in direct.processes] != pids:
+            row.tally.problems.append("a worker had to be started again")
+        row.fired = row.tally.partitioned
+        row.problems += row.tally.problems
+        killmatrix._judge(row, partition.scenario, ids, store.call("/_stats"))
+    row.seconds = time.monotonic() - started
+    log(killmatrix._format_row(row))
+    log(row.tally.line(row.link))
+    return row

@@ -40,7 +40,8 @@ class Command(BaseCommand):
             action="store_true",
             help="run the partition scenarios (harness/partitions.py; --scenario then names one of "
             + ", ".join(p.name.replace(" ", "_") for p in partitions.PARTITIONS)
-            + ") instead of the kill matrix",
+            + "; or db_restarted, only when named: it restarts the server it runs on, "
+            + f"whose data directory {partitions.PGDATA_ENV} names) instead of the kill matrix",
         )
         parser.add_argument(
             "--lanes", type=int, default=3, help="with --partitions: workers behind a fault proxy at once (default 3)"
