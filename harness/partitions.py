@@ -576,6 +576,14 @@ def run_restart(
             f"{partition.name!r} restarts the PostgreSQL server it runs on: set DATABASE_URL to a server of the run's "
             f"own and {PGDATA_ENV} to its data directory (never a shared server)"
         )
+    port = int(connection.settings_dict["PORT"] or 5432)
+    pid_file = Path(pgdata) / "postmaster.pid"
+    serving = pid_file.read_text().splitlines()[3].strip() if pid_file.exists() else ""
+    if serving != str(port):
+        raise NeedsPostgres(
+            f"{PGDATA_ENV}={pgdata} is not the server the run is on (port {port}; that directory's server: "
+            f"{serving or 'not running'}): refusing to restart it"
+        )
     with tempfile.TemporaryDirectory(prefix="reckon-partition-") as tmp, _running(partition, Path(tmp)) as running:
         store, direct, queue, _ = running
         ids = _create(store, tasks)
