@@ -341,8 +341,12 @@ def _finished(ids: list[int], scenario: Scenario) -> bool:
     tasks = Task.objects.filter(pk__in=ids)
     if scenario.expect == TaskStatus.PAUSED:
         return tasks.filter(status=TaskStatus.PAUSED, status_reason="input_changed").count() == len(ids)
-    if tasks.exclude(status__in=ENDED).exists():
+    # A paused or quarantined task moves no further without a person: the run is over, and _judge says what is wrong
+    # (a broken run fails at once instead of waiting out its timeout).
+    if tasks.exclude(status__in=(*ENDED, TaskStatus.PAUSED, TaskStatus.QUARANTINED)).exists():
         return False
+    if tasks.exclude(status__in=ENDED).exists():
+        return True
     undone = [TempResourceStatus.ACTIVE, TempResourceStatus.CLEANING]
     return not TempResource.objects.filter(task_id__in=ids, status__in=undone).exists()
 

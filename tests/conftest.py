@@ -63,6 +63,27 @@ def _flush_past_the_append_only_triggers() -> None:
 
 _flush_past_the_append_only_triggers()
 
+# Tests that start processes of their own (workers, beats, servers, agents; a matrix in a database of its own) and
+# spend most of their time waiting on them: marked ``lane`` here, in one place, so that .ci/run can run them in a
+# pytest process of their own beside the rest of its pass (``-m lane`` / ``-m "not lane"``).
+LANE_MODULES = frozenset(
+    {
+        "test_kill_matrix.py",
+        "test_partitions.py",
+        "test_production_topology.py",
+        "test_bench.py",
+        "test_beat_lease.py",
+        "test_agent_e2e.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in LANE_MODULES:
+            item.add_marker(pytest.mark.lane)
+
+
 hypothesis_settings.register_profile("ci", deadline=None, print_blob=True)
 hypothesis_settings.load_profile("ci")
 
