@@ -63,25 +63,22 @@ def _flush_past_the_append_only_triggers() -> None:
 
 _flush_past_the_append_only_triggers()
 
-# Tests that start processes of their own (workers, beats, servers, agents; a matrix in a database of its own) and
-# spend most of their time waiting on them: marked ``lane`` here, in one place, so that .ci/run can run them in a
-# pytest process of their own beside the rest of its pass (``-m lane`` / ``-m "not lane"``).
-LANE_MODULES = frozenset(
+# Tests whose subject does not depend on the database backend — the settings' refusals at start-up, the web server's
+# process model, the kill matrix's proof that it can fail — marked ``once`` here, in one place: .ci/run runs them in
+# the SQLite pass only (the PostgreSQL pass deselects them with -m "not once"; run by hand, they run anywhere).
+ONCE = frozenset(
     {
-        "test_kill_matrix.py",
-        "test_partitions.py",
-        "test_production_topology.py",
-        "test_bench.py",
-        "test_beat_lease.py",
-        "test_agent_e2e.py",
+        "test_secure_defaults.py",
+        "test_production_server.py",
+        "test_kill_matrix.py::test_the_matrix_fails_when_the_store_breaks_its_contract",
     }
 )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.path.name in LANE_MODULES:
-            item.add_marker(pytest.mark.lane)
+        if item.path.name in ONCE or f"{item.path.name}::{item.name}" in ONCE:
+            item.add_marker(pytest.mark.once)
 
 
 hypothesis_settings.register_profile("ci", deadline=None, print_blob=True)
