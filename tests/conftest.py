@@ -63,22 +63,29 @@ def _flush_past_the_append_only_triggers() -> None:
 
 _flush_past_the_append_only_triggers()
 
-# Tests whose subject does not depend on the database backend — the settings' refusals at start-up, the web server's
-# process model, the kill matrix's proof that it can fail — marked ``once`` here, in one place: .ci/run runs them in
-# the SQLite pass only (the PostgreSQL pass deselects them with -m "not once"; run by hand, they run anywhere).
-ONCE = frozenset(
+# What CI runs in one of its two passes only (.ci/run: SQLite + filesystem broker, PostgreSQL + Redis, side by side
+# on two cores), in one place. Run by hand, every test runs on whichever database DATABASE_URL names.
+# - once_sqlite: the subject does not depend on the backend — the settings' refusals at start-up, the web server's
+#   process model, the kill matrix's proof that it can fail;
+# - once_postgres: agents and benchmarks as a deployment runs them at scale — the reference agent's processes over
+#   HTTP, killed and taken over (the API itself is tested on both), the benchmark commands' smoke runs.
+ONCE_SQLITE = frozenset(
     {
         "test_secure_defaults.py",
         "test_production_server.py",
         "test_kill_matrix.py::test_the_matrix_fails_when_the_store_breaks_its_contract",
     }
 )
+ONCE_POSTGRES = frozenset({"test_agent_e2e.py", "test_bench.py"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.path.name in ONCE or f"{item.path.name}::{item.name}" in ONCE:
-            item.add_marker(pytest.mark.once)
+        names = {item.path.name, f"{item.path.name}::{item.name}"}
+        if names & ONCE_SQLITE:
+            item.add_marker(pytest.mark.once_sqlite)
+        if names & ONCE_POSTGRES:
+            item.add_marker(pytest.mark.once_postgres)
 
 
 hypothesis_settings.register_profile("ci", deadline=None, print_blob=True)

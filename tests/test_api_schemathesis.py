@@ -20,6 +20,7 @@ PostgreSQL only (.ci/run's PostgreSQL pass)."""
 import contextlib
 import copy
 import json
+import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -62,8 +63,11 @@ pytestmark = [
     pytest.mark.skipif(connection.vendor != "postgresql", reason="runs in the PostgreSQL pass"),
 ]
 
-EXAMPLES_PER_MODE = 12  # per operation, positive and negative
-STATEFUL_SCENARIOS = 30
+# Per operation, positive and negative; the stateful runs along the links. RECKON_API_FUZZ_SCALE (default 1) scales
+# both: .ci/run takes half, RECKON_API_FUZZ_SCALE=4 runs deeper.
+_SCALE = float(os.environ.get("RECKON_API_FUZZ_SCALE", "1"))
+EXAMPLES_PER_MODE = max(1, round(12 * _SCALE))
+STATEFUL_SCENARIOS = max(1, round(30 * _SCALE))
 STATEFUL_STEPS = 10
 AGENT = "agent-fuzz"
 KIND = "copy"
