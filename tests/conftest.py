@@ -66,13 +66,18 @@ _flush_past_the_append_only_triggers()
 # What CI runs in one of its two passes only (.ci/run: SQLite + filesystem broker, PostgreSQL + Redis, side by side
 # on two cores), in one place. Run by hand, every test runs on whichever database DATABASE_URL names.
 # - once_sqlite: the subject does not depend on the backend — the settings' refusals at start-up, the web server's
-#   process model, the benchmark commands' smoke runs;
+#   process model, the benchmark commands' smoke runs, the harness's own proof that the kill matrix can fail;
 # - once_postgres: as a deployment runs it at scale — the reference agent's processes over HTTP, killed and taken
-#   over (the API itself is tested on both) — or the harness's own proof that the kill matrix can fail.
-ONCE_SQLITE = frozenset({"test_secure_defaults.py", "test_production_server.py", "test_bench.py"})
-ONCE_POSTGRES = frozenset(
-    {"test_agent_e2e.py", "test_kill_matrix.py::test_the_matrix_fails_when_the_store_breaks_its_contract"}
+#   over (the API itself is tested on both).
+ONCE_SQLITE = frozenset(
+    {
+        "test_secure_defaults.py",
+        "test_production_server.py",
+        "test_bench.py",
+        "test_kill_matrix.py::test_the_matrix_fails_when_the_store_breaks_its_contract",
+    }
 )
+ONCE_POSTGRES = frozenset({"test_agent_e2e.py"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
