@@ -67,6 +67,11 @@ class Scenario:
     act: str = ""  # what the driver does meanwhile: "cancel" or "change_input"
     idempotency: Idempotency = "remote"  # "tag": the store does not dedupe; the connector queries by the op-key tag
 
+    @property
+    def key(self) -> str:
+        """The name on the command line (--scenario) and in RECKON_MATRIX_SCENARIOS: spaces as underscores."""
+        return self.name.replace(" ", "_")
+
 
 SCENARIOS = [
     *(
@@ -343,9 +348,10 @@ def _finished(ids: list[int], scenario: Scenario) -> bool:
         return tasks.filter(status=TaskStatus.PAUSED, status_reason="input_changed").count() == len(ids)
     # A paused or quarantined task moves no further without a person: the run is over, and _judge says what is wrong
     # (a broken run fails at once instead of waiting out its timeout).
-    if tasks.exclude(status__in=(*ENDED, TaskStatus.PAUSED, TaskStatus.QUARANTINED)).exists():
+    statuses = set(tasks.values_list("status", flat=True))
+    if not statuses <= {*ENDED, TaskStatus.PAUSED, TaskStatus.QUARANTINED}:
         return False
-    if tasks.exclude(status__in=ENDED).exists():
+    if not statuses <= set(ENDED):
         return True
     undone = [TempResourceStatus.ACTIVE, TempResourceStatus.CLEANING]
     return not TempResource.objects.filter(task_id__in=ids, status__in=undone).exists()
@@ -511,7 +517,7 @@ def _format_row(row: Row) -> str:
 def choose(names: list[str]) -> list[Scenario]:
     if not names:
         return list(SCENARIOS)
-    known = {s.name.replace(" ", "_"): s for s in SCENARIOS}
+    known = {s.key: s for s in SCENARIOS}
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(known)}")

@@ -32,8 +32,7 @@ class Command(BaseCommand):
             "--scenario",
             action="append",
             default=[],
-            help="run only this scenario (repeatable): "
-            + ", ".join(s.name.replace(" ", "_") for s in killmatrix.SCENARIOS),
+            help="run only this scenario (repeatable): " + ", ".join(s.key for s in killmatrix.SCENARIOS),
         )
         parser.add_argument(
             "--partitions",
