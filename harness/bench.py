@@ -392,7 +392,7 @@ class _Worker:
         from tasks.runner import run_steps
 
         connector = BenchConnector()
-        counter = _StatementCounter(self.django)
+        counter = StatementCounter(self.django)
         nodes: int = payload["nodes"]
         failures: list[str] = []
         iterations = 0
@@ -424,9 +424,10 @@ class _Worker:
         }
 
 
-class _StatementCounter:
+class StatementCounter:
     """Counts what the Django connection sends: statements (BEGIN aside), explicit transactions, and commits that
-    wrote something (a transaction with a write, or a write in autocommit)."""
+    wrote something (a transaction with a write, or a write in autocommit — a compare-and-set's batch, ``WITH …``
+    data-modifying CTEs, included)."""
 
     WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE")
 
@@ -440,7 +441,7 @@ class _StatementCounter:
         if head.startswith("BEGIN"):  # SQLite's explicit BEGIN; on PostgreSQL the driver sends it, unseen
             return execute(sql, params, many, context)
         self.statements += 1
-        if head.startswith(self.WRITES):
+        if head.startswith(self.WRITES) or (head.startswith("WITH") and any(w in sql for w in self.WRITES)):
             if self.conn.in_atomic_block or not self.conn.get_autocommit():
                 self._dirty = True
             else:

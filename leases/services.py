@@ -4,6 +4,7 @@ Times come from ``leases.clock`` (the database server's clock). Human takeover a
 build on the same rows (tasks/takeover.py, tasks/forced_release.py).
 """
 
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -14,7 +15,6 @@ from django.db.models import F, Max
 from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
-from leases.db import step_cursor
 from leases.errors import LeaseError, LeaseExpired, LeaseHeld, LeaseLost, LeaseRefused, LeaseReserved, RenewalOutOfOrder
 from leases.models import HolderKind, Lease, LeaseReservation, ReleaseReason
 
@@ -222,47 +222,54 @@ class LeaseRef(Protocol):
     def ttl(self) -> timedelta | None: ...
 
 
-def lease_heartbeat(*, lease: LeaseRef, task_id: int) -> tuple[datetime, datetime] | None:
-    """Inside the caller's transaction, in ONE statement: lock the lease row, check that it is still ``task_id``'s
-    open lease at this epoch and not expired on the database clock, extend it by its ttl (a write is a heartbeat)
-    and return the database time the check was made at and the new expiry. None when the lease is not live (the
-    caller names why).
+@dataclass(frozen=True)
+class LeaseCheck:
+    """The caller's lease, judged inside a write (``tasks.sql.Batch``), on the database clock.
 
-    The row lock makes a concurrent forced release or re-grant wait for the caller's commit, or the caller for
-    theirs: the check never judges a lease that changes under the write."""
+    ``guard`` returns one row — the lease's expiry — when the lease is still ``task_id``'s open lease at its epoch
+    and not expired, and locks it: a concurrent forced release or re-grant waits for the write's commit, or the
+    write for theirs, so the check never judges a lease that changes under the write. ``renew``, run only once the
+    write is won, extends the lease by its ttl (a write is a heartbeat; a refused one is not) and returns the new
+    expiry; None where the guard renews itself (SQLite, whose writes run one by one in a transaction that a refusal
+    rolls back). ``renew`` is an UPDATE whose WHERE clause ends the text: the batch adds its gate and RETURNING."""
+
+    guard: str
+    guard_params: list[Any]
+    renew: str | None = None
+    renew_params: list[Any] = field(default_factory=list)
+
+
+def lease_check(*, lease: LeaseRef, task_id: int, at: datetime) -> LeaseCheck:
+    """The statements that check and extend ``lease`` inside a write to ``task_id`` recorded at ``at`` (see
+    LeaseCheck): the lease is judged on the database clock at the write's own statement, and extended to ``at``
+    plus its ttl, never shortened."""
     now_expr, now_params = clock.now_sql()
-    ttl = lease.ttl or timedelta(0)
+    until = at + (lease.ttl or timedelta(0))
     if connection.vendor == "postgresql":
         # now_expr is "statement_timestamp()" or "%s" (leases.clock.now_sql): never text from outside.
-        sql = (
-            "UPDATE leases_lease SET expires_at = GREATEST(expires_at, :now + %s) "
-            "WHERE id = %s AND task_id = %s AND epoch = %s AND released_at IS NULL AND expires_at > :now "
-            "RETURNING :now, expires_at"
+        guard = (
+            "SELECT expires_at FROM leases_lease WHERE id = %s AND task_id = %s AND epoch = %s"
+            " AND released_at IS NULL AND expires_at > :now FOR UPDATE"
         ).replace(":now", now_expr)
-        params: list[Any] = [*now_params, ttl, lease.pk, task_id, lease.epoch, *now_params, *now_params]
-    elif now_params:
-        adapt = connection.ops.adapt_datetimefield_value
-        sql = (
-            "UPDATE leases_lease SET expires_at = MAX(expires_at, %s) WHERE id = %s AND task_id = %s AND epoch = %s"
-            " AND released_at IS NULL AND expires_at > %s RETURNING %s, expires_at"
-        )
-        now = now_params[0]
-        params = [adapt(now + ttl), lease.pk, task_id, lease.epoch, adapt(now), adapt(now)]
-    else:  # SQLite's own clock: 'now' is the same value everywhere in one statement
-        sql = (
-            "UPDATE leases_lease SET expires_at = MAX(expires_at, strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)) "
-            "WHERE id = %s AND task_id = %s AND epoch = %s AND released_at IS NULL "
-            "AND expires_at > strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') "
-            "RETURNING strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'), expires_at"
-        )
-        params = [f"+{ttl.total_seconds():.6f} seconds", lease.pk, task_id, lease.epoch]
-    with step_cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    moment, expires_at = (clock.as_utc(value) for value in row)
-    return moment, expires_at
+        renew = "UPDATE leases_lease SET expires_at = GREATEST(expires_at, %s) WHERE id = %s"
+        return LeaseCheck(guard, [lease.pk, task_id, lease.epoch, *now_params], renew, [until, lease.pk])
+    adapt = connection.ops.adapt_datetimefield_value
+    if not now_params:  # SQLite's own clock, in a statement with parameters: its % signs doubled
+        now_expr = now_expr.replace("%", "%%")
+    guard = (
+        "UPDATE leases_lease SET expires_at = MAX(expires_at, %s) WHERE id = %s AND task_id = %s AND epoch = %s"
+        " AND released_at IS NULL AND expires_at > :now RETURNING expires_at"
+    ).replace(":now", now_expr)
+    return LeaseCheck(guard, [adapt(until), lease.pk, task_id, lease.epoch, *(adapt(v) for v in now_params)])
+
+
+def lease_live(*, lease: LeaseRef, task_id: int) -> bool:
+    """Whether ``lease`` may write to ``task_id`` now (a read: for naming a refusal, never for deciding a write)."""
+    return (
+        Lease.objects.open()
+        .filter(pk=lease.pk, task_id=task_id, epoch=lease.epoch, expires_at__gt=clock.now())
+        .exists()
+    )
 
 
 def lease_refusal(*, lease: LeaseRef, task_id: int) -> LeaseError:

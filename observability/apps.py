@@ -18,10 +18,10 @@ class ObservabilityConfig(AppConfig):
 
         from observability import tracing
         from observability.logs import STATE_EVENTS, bind, log_state_change, unbind
-        from tasks.events import listen
+        from tasks.events import observe
 
-        listen(STATE_EVENTS, log_state_change, on_finish=True)  # one line per state change
-        listen(STATE_EVENTS, tracing.record_state_change, on_finish=True)  # and an event on its span, traced
+        observe(STATE_EVENTS, log_state_change, on_finish=True)  # one line per state change
+        observe(STATE_EVENTS, tracing.record_state_change, on_finish=True)  # and an event on its span, traced
         tracing.configure(tracing.processor_for(getattr(settings, "RECKON_TRACES", "")))
         if tracing.enabled():
             tracing.trace_registered_connectors()

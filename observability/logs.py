@@ -9,8 +9,8 @@ The format is chosen by ``RECKON_LOG_FORMAT``: ``text`` (the default: ``./dev de
 by people) or ``json`` (one JSON object per line, for a log shipper). This module is loaded while settings are
 configured: it imports nothing of Django's models.
 
-State changes are logged from the event log, not from the domain code: ``log_state_change`` listens to the events
-every change appends (tasks.events.listen, inside the change's transaction) and prints one line per event — an intent
+State changes are logged from the event log, not from the domain code: ``log_state_change`` observes the events
+every change appends (tasks.events.observe, once the change is written) and prints one line per event — an intent
 registered (its op key), an outcome recorded (op key, outcome; the node advanced with it), the task's other changes —
 with the task id, the version the change made and the op key as fields.
 """
@@ -233,13 +233,11 @@ def _follow(task_id: int, version: int) -> None:
 
 
 def log_state_change(task: "Task", event: "Event") -> None:
-    """tasks.events listener: one line for ``event``, printed as the change is written (inside its transaction).
-
-    Not deferred to the commit (transaction.on_commit): the wake-ups a change sends are on_commit callbacks, and
-    callers and tests rely on those being the only ones. So a change whose transaction fails after its event was
-    written (a database error at commit, an outer transaction rolled back: rare) leaves a line with no event behind
-    it — the event log is the record; these lines are its echo, and the next change reuses the version. Costs
-    nothing when the logger is off (RECKON_LOG_LEVEL above INFO).
+    """tasks.events observer: one line for ``event``, printed once the change is written — after its commit where
+    the change commits on its own; inside the caller's transaction where the change is part of one (a person's
+    decision with its audit row), so a transaction rolled back after its change leaves a line with no event behind
+    it: the event log is the record, these lines are its echo. Costs nothing when the logger is off
+    (RECKON_LOG_LEVEL above INFO).
 
     Inside a wake-up bound to this task, the bound version follows the change (``_follow``): what is logged and
     traced after it (a connector's call, the runner's lines) carries the version the task is at, not the one the

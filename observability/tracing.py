@@ -211,7 +211,7 @@ def job_finished(task_id: str, state: str | None) -> None:
 
 
 def record_state_change(task: Any, event: Any) -> None:
-    """tasks.events listener: each state change is an event on the span that made it (the request's or the job's),
+    """tasks.events observer: each state change is an event on the span that made it (the request's or the job's),
     named as its log line, with the task id, the version the change made and the op key — so the trace shows which
     versions a request or a wake-up wrote, and which op keys it registered and settled."""
     if not _enabled:

@@ -1,21 +1,24 @@
 """compare_and_set: the only way a task's state changes. It applies a change; it decides nothing.
 
-One transaction:
-1. the caller's lease, in one ``UPDATE … RETURNING`` (tasks with a lease): locked, checked — open, this epoch, not
-   expired on the database clock — and extended (a write is a heartbeat); it returns the database time;
+The database time is read first (``leases.clock``); then one write — on PostgreSQL a single statement
+(``tasks.sql.Batch``), committed on its own when it is the whole change, else one transaction:
+1. the caller's lease (tasks with a lease): locked and checked — open, this epoch, not expired on the database
+   clock at the write itself (``leases.services.lease_check``);
 2. the task row, in one conditional UPDATE: at the expected version, in a status in which this actor may make this
    kind of change (``tasks.lifecycle.PERMITS``, the one table), with the change's own field conditions; it moves
    the version by one and the event chain's head;
 3. the node, operation, receipt and temp-resource rows of the change (each update conditional on the status the
-   caller read), then the event, chained to the head the task row held.
+   caller read), then the event, chained to the head the task row held; then the lease is extended (a write is a
+   heartbeat).
 On refusal it names the condition that failed (VersionConflict, LeaseLost/LeaseExpired, TaskNotRunnable, …) and
 nothing is written. Given the snapshot the change was computed on, it returns the snapshot of the new version.
 """
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -24,7 +27,7 @@ from django.db.models import F, Q
 from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
-from leases.services import LeaseRef, lease_grace, lease_heartbeat, lease_refusal
+from leases.services import LeaseRef, lease_check, lease_grace, lease_live, lease_refusal
 from tasks import sql
 from tasks.errors import (
     BudgetExhausted,
@@ -42,6 +45,8 @@ from tasks.events import (
     OPERATION_FIELDS,
     chain_event,
     event_appended,
+    event_written,
+    has_listeners,
     jsonable,
     node_ref,
 )
@@ -149,21 +154,32 @@ def compare_and_set(
 
     ``actor`` is the lease holder's kind when there is a lease; without one it must be given (a person or the
     system). ``change`` may be a builder called with the task row and the database time (paths that are not
-    the step's hot path); ``snapshot``, when the change was computed on one, spares the task read and is returned
-    for the new version. ``before_event`` runs inside the transaction once the task row is won, for rows outside
-    the projection. On refusal it raises a named error and writes nothing.
+    the step's hot path; it runs in the write's transaction); ``snapshot``, when the change was computed on one,
+    spares the task read and is returned for the new version. ``before_event`` runs inside the transaction once the
+    task row is won, for rows outside the projection. On refusal it raises a named error and nothing is written;
+    a refusal for a lease that is no longer live is named first.
     """
     actor = _actor(lease, actor)
-    with transaction.atomic():
-        lease_expires_at: datetime | None = None
-        if lease is not None:
-            beat = lease_heartbeat(lease=lease, task_id=task_id)
-            if beat is None:
-                _raise_version_conflict_if_moved(task_id, expected_version)
-                raise lease_refusal(lease=lease, task_id=task_id)
-            now, lease_expires_at = beat
-        else:
-            now = clock.now()
+    if snapshot is None or not isinstance(change, Change):
+        with transaction.atomic():
+            return _write(task_id, expected_version, change, lease, actor, snapshot, before_event)
+    return _write(task_id, expected_version, change, lease, actor, snapshot, before_event)
+
+
+def _write(
+    task_id: int,
+    expected_version: int,
+    change: Change | ChangeBuilder,
+    lease: LeaseRef | None,
+    actor: Actor,
+    snapshot: Snapshot | None,
+    before_event: Callable[[Task, datetime], None] | None,
+) -> Applied:
+    # The database time of the write, read before it: the write itself judges the lease on the database clock
+    # at its own statement (lease_check), later still; the time it records is this one (as PostgreSQL's now() is
+    # its transaction's start).
+    now = clock.now()
+    try:
         if snapshot is not None:
             if snapshot.version != expected_version:
                 raise _conflict(task_id, expected_version, snapshot.version)
@@ -176,58 +192,81 @@ def compare_and_set(
         if task.status not in statuses:
             raise _not_permitted(task_id, task.status, change.kind, actor)
         _check_transitions(task, change)
-        task_fields = _resolved(change.task, now)
-        node_fields = [(node, _resolved(fields, now)) for node, fields in change.nodes]
-        op_fields = [(op, _resolved(fields, now)) for op, fields in change.operations]
-        version = expected_version + 1
-        # The payload is known before any row is written, so the task row's UPDATE — the point where concurrent
-        # writers serialise — comes first and carries the new head of the event chain.
-        payload: dict[str, Any] = {}
-        if task_fields:
-            payload["task"] = jsonable(task_fields)
-        if node_fields:
-            payload["nodes"] = {node_ref(node): _logged_node(node, fields) for node, fields in node_fields}
-        if op_fields:
-            payload["operations"] = {op.op_key: _logged_operation(op, fields) for op, fields in op_fields}
-        data = change.data
-        if lease is not None and "by" not in data:  # who wrote it: the lease's holder (an agent names itself)
-            data = {**data, "by": f"{lease.holder_kind}:{lease.holder_id}"}
-        if data:
-            payload["data"] = jsonable(_resolved(data, now))
-        event = chain_event(task=task, seq=version, type=change.event, payload=payload, at=now)
-        where, params = _task_condition(task_id, expected_version, statuses, change.requires)
-        if (change.kind, actor) in NEEDS_FREE_TASK:
-            where += (
-                " AND NOT EXISTS (SELECT 1 FROM leases_lease l WHERE l.task_id = tasks_task.id"
-                " AND l.released_at IS NULL AND l.expires_at > %s)"
-            )
-            params.append(connection.ops.adapt_datetimefield_value(now - lease_grace()))
-        update = {**task_fields, "updated_at": now, "log_head": event.digest}
-        inserted = [op for op, _fields in op_fields if op.pk is None]
-        batch = sql.Batch()
-        batch.update(Task, update, where=where, params=params, increments=("version",))
-        node_parts = [_node_part(batch, task_id, node, fields, change) for node, fields in node_fields]
-        op_parts = [_operation_part(batch, task_id, op, fields, now) for op, fields in op_fields]
-        for receipt in change.receipts:
-            receipt.received_at = now
-            if receipt.operation_id is None:  # pragma: no cover - a receipt names an operation that exists
-                raise ValueError("a receipt is recorded for an operation already registered")
-            batch.insert(Receipt, sql.row_values(receipt, _RECEIPT_COLUMNS), returning=False)
-        row = sql.row_values(event, _EVENT_COLUMNS)
-        row["payload"] = sql.RawJSON(event.canonical_payload)  # type: ignore[attr-defined]
-        batch.insert(Event, row, returning=False)
-        results = batch.run()
-        if results[0] != 1:
+    except TaskError:
+        if lease is not None and not lease_live(lease=lease, task_id=task_id):
+            _raise_version_conflict_if_moved(task_id, expected_version)
+            raise lease_refusal(lease=lease, task_id=task_id) from None
+        raise
+    task_fields = _resolved(change.task, now)
+    node_fields = [(node, _resolved(fields, now)) for node, fields in change.nodes]
+    op_fields = [(op, _resolved(fields, now)) for op, fields in change.operations]
+    version = expected_version + 1
+    # The payload is known before any row is written, so the task row's UPDATE — the point where concurrent
+    # writers serialise — comes first and carries the new head of the event chain.
+    payload: dict[str, Any] = {}
+    if task_fields:
+        payload["task"] = jsonable(task_fields)
+    if node_fields:
+        payload["nodes"] = {node_ref(node): _logged_node(node, fields) for node, fields in node_fields}
+    if op_fields:
+        payload["operations"] = {op.op_key: _logged_operation(op, fields) for op, fields in op_fields}
+    data = change.data
+    if lease is not None and "by" not in data:  # who wrote it: the lease's holder (an agent names itself)
+        data = {**data, "by": f"{lease.holder_kind}:{lease.holder_id}"}
+    if data:
+        payload["data"] = jsonable(_resolved(data, now))
+    event = chain_event(task=task, seq=version, type=change.event, payload=payload, at=now)
+    where, params = _task_condition(task_id, expected_version, statuses, change.requires)
+    if (change.kind, actor) in NEEDS_FREE_TASK:
+        where += (
+            " AND NOT EXISTS (SELECT 1 FROM leases_lease l WHERE l.task_id = tasks_task.id"
+            " AND l.released_at IS NULL AND l.expires_at > %s)"
+        )
+        params.append(connection.ops.adapt_datetimefield_value(now - lease_grace()))
+    update = {**task_fields, "updated_at": now, "log_head": event.digest}
+    inserted = [op for op, _fields in op_fields if op.pk is None]
+    batch = sql.Batch()
+    check = lease_check(lease=lease, task_id=task_id, at=now) if lease is not None else None
+    guard = batch.guard(check.guard, check.guard_params) if check is not None else None
+    task_part = batch.update(Task, update, where=where, params=params, increments=("version",))
+    node_parts = [_node_part(batch, task_id, node, fields, change) for node, fields in node_fields]
+    op_parts = [_operation_part(batch, task_id, op, fields, now) for op, fields in op_fields]
+    for receipt in change.receipts:
+        receipt.received_at = now
+        if receipt.operation_id is None:  # pragma: no cover - a receipt names an operation that exists
+            raise ValueError("a receipt is recorded for an operation already registered")
+        batch.insert(Receipt, sql.row_values(receipt, _RECEIPT_COLUMNS), returning=False)
+    row = sql.row_values(event, _EVENT_COLUMNS)
+    row["payload"] = sql.RawJSON(event.canonical_payload)  # type: ignore[attr-defined]
+    batch.insert(Event, row, returning=False)
+    renew = batch.returning(check.renew, check.renew_params, value="expires_at") if check and check.renew else None
+    new_nodes = any(node.pk is None for node, _fields in node_fields)
+    # One statement commits on its own (PostgreSQL, outside any transaction): no BEGIN and COMMIT round trips.
+    # Anything else the change writes besides the batch makes it a transaction.
+    alone = (
+        connection.vendor == "postgresql"
+        and connection.get_autocommit()
+        and not new_nodes
+        and not change.temp_resources
+        and before_event is None
+        and not has_listeners(event)
+    )
+    with nullcontext() if alone else transaction.atomic():
+        if change.receipts:
+            failpoint("after_receipt", task_id=task_id)
+        try:
+            results = batch.run()
+        except sql.PartRefused as refused:  # nothing was written
+            _raise_part_refusal(refused.part, change, node_fields, node_parts, op_fields, op_parts)
+        if guard is not None and results[guard] is None:
+            _raise_version_conflict_if_moved(task_id, expected_version)
+            raise lease_refusal(lease=lease, task_id=task_id)  # type: ignore[arg-type]
+        if results[task_part] != 1:
             _raise_refusal(task_id, expected_version, change, lease, actor, now)
         _insert_new_nodes(task_id, node_fields)
-        for (node, _fields), part in zip(node_fields, node_parts, strict=True):
-            if part is not None and results[part] != 1:
-                _raise_node_refusal(node, change.node_requires.get(node.pk, {}))
         for op, part in zip((op for op, _f in op_fields), op_parts, strict=True):
             if op.pk is None:
                 op.pk, op._state.adding = results[part], False
-            elif results[part] != 1:
-                raise VersionConflict(f"operation {op.op_key} changed under the task version", op_key=op.op_key)
         for name, value in task_fields.items():  # the row as the UPDATE left it, without reading it again
             setattr(task, name, value)
         task.version, task.updated_at, task.log_head = version, now, event.digest
@@ -236,11 +275,13 @@ def compare_and_set(
             for temp in change.temp_resources:
                 temp.created_at, temp.retention_until = now, now + retention
             TempResource.objects.bulk_create(change.temp_resources, ignore_conflicts=True)
-        if change.receipts:
-            failpoint("after_receipt", task_id=task_id)
         if before_event is not None:
             before_event(task, now)
         event_appended(task, event)
+    event_written(task, event)
+    lease_expires_at: datetime | None = None
+    if guard is not None:
+        lease_expires_at = clock.as_utc(results[renew] if renew is not None else results[guard])
     written = []  # the operation rows as the change left them (copies of updated ones: the caller's stay as read)
     for op, fields in op_fields:
         if op not in inserted:
@@ -345,10 +386,26 @@ def _insert_new_nodes(task_id: int, node_fields: list[tuple[Node, dict[str, Any]
             node.save(force_insert=True)
 
 
-def _raise_node_refusal(node: Node, requires: dict[str, Any]) -> None:
-    if requires:
-        raise BudgetExhausted(f"node {node.key} used its {node.max_attempts} attempts", scope="node", node=node.key)
-    raise VersionConflict(f"node {node.key} changed under the task version", node=node.key)
+def _raise_part_refusal(
+    part: int,
+    change: Change,
+    node_fields: list[tuple[Node, dict[str, Any]]],
+    node_parts: list[int | None],
+    op_fields: list[tuple[Operation, dict[str, Any]]],
+    op_parts: list[int],
+) -> NoReturn:
+    """A node or operation row of the change matched nothing although the task row did: name why."""
+    for (node, _fields), index in zip(node_fields, node_parts, strict=True):
+        if index == part:
+            if change.node_requires.get(node.pk, {}):
+                raise BudgetExhausted(
+                    f"node {node.key} used its {node.max_attempts} attempts", scope="node", node=node.key
+                )
+            raise VersionConflict(f"node {node.key} changed under the task version", node=node.key)
+    for (op, _fields), index in zip(op_fields, op_parts, strict=True):
+        if index == part:
+            raise VersionConflict(f"operation {op.op_key} changed under the task version", op_key=op.op_key)
+    raise VersionConflict("a row of the change changed under the task version")  # pragma: no cover
 
 
 def _operation_part(batch: sql.Batch, task_id: int, op: Operation, fields: dict[str, Any], now: datetime) -> int:

@@ -131,48 +131,84 @@ def append_event(*, task: Task, seq: int, type: str, payload: dict[str, Any], at
     Task.objects.filter(pk=task.pk).update(log_head=event.digest)
     task.log_head = event.digest
     event_appended(task, event)
+    event_written(task, event)
     return event
 
 
-# --- listeners --------------------------------------------------------------------------------------------------
+# --- listeners and observers -----------------------------------------------------------------------------------
 # An app that must write something in the same transaction as an event (the webhook outbox) registers a listener
-# at start-up. It is called inside the transaction, after the event's row is written and before the commit; what
-# it raises rolls the change back. Appending an event no listener asked for costs one dict lookup.
+# at start-up (``listen``). It is called inside the transaction, after the event's row is written and before the
+# commit; what it raises rolls the change back. An app that only reports events (the state-change log line, the
+# trace) registers an observer (``observe``): it is called once the change is written — after its commit, where the
+# change is a transaction or a statement of its own — and it writes nothing. An event nothing listens to lets the
+# compare-and-set write the change as one statement (tasks/cas.py): deciding that costs a dict lookup.
 
 type EventListener = Callable[[Task, Event], None]
-_LISTENERS: dict[str, list[EventListener]] = {}
-# Listeners for every event whose payload ends the task (task_finished), whatever its type.
-_FINISH_LISTENERS: list[EventListener] = []
+
+
+@dataclass
+class _Subscribers:
+    by_type: dict[str, list[EventListener]] = field(default_factory=dict)
+    on_finish: list[EventListener] = field(default_factory=list)  # every event whose payload ends the task
+
+    def add(self, types: frozenset[str], listener: EventListener, on_finish: bool) -> None:
+        for name in types:
+            if listener not in self.by_type.setdefault(name, []):
+                self.by_type[name].append(listener)
+        if on_finish and listener not in self.on_finish:
+            self.on_finish.append(listener)
+
+    def remove(self, listener: EventListener) -> None:
+        for listeners in self.by_type.values():
+            if listener in listeners:
+                listeners.remove(listener)
+        if listener in self.on_finish:
+            self.on_finish.remove(listener)
+
+    def of(self, event: Event) -> list[EventListener]:
+        called = list(self.by_type.get(event.type, ()))
+        if self.on_finish and event.payload.get("task", {}).get("status") in ENDING_STATUSES:
+            called += [listener for listener in self.on_finish if listener not in called]
+        return called
+
+
+_LISTENERS = _Subscribers()  # write in the change's transaction
+_OBSERVERS = _Subscribers()  # report it once written
 ENDING_STATUSES = frozenset({"completed", "failed", "stopped"})
 
 
 def listen(types: frozenset[str], listener: EventListener, *, on_finish: bool = False) -> None:
     """Call ``listener(task, event)`` for every event of ``types`` (and, with ``on_finish``, every event that ends
     the task), inside the transaction that appends it."""
-    for name in types:
-        if listener not in _LISTENERS.setdefault(name, []):
-            _LISTENERS[name].append(listener)
-    if on_finish and listener not in _FINISH_LISTENERS:
-        _FINISH_LISTENERS.append(listener)
+    _LISTENERS.add(types, listener, on_finish)
+
+
+def observe(types: frozenset[str], observer: EventListener, *, on_finish: bool = False) -> None:
+    """Call ``observer(task, event)`` for every event of ``types`` (and, with ``on_finish``, every event that ends
+    the task) once the change that appends it is written. An observer writes nothing."""
+    _OBSERVERS.add(types, observer, on_finish)
 
 
 def unlisten(listener: EventListener) -> None:
-    for listeners in _LISTENERS.values():
-        if listener in listeners:
-            listeners.remove(listener)
-    if listener in _FINISH_LISTENERS:
-        _FINISH_LISTENERS.remove(listener)
+    _LISTENERS.remove(listener)
+    _OBSERVERS.remove(listener)
+
+
+def has_listeners(event: Event) -> bool:
+    """Whether appending ``event`` writes more than the change's own rows (a listener's, in its transaction)."""
+    return bool(_LISTENERS.of(event))
 
 
 def event_appended(task: Task, event: Event) -> None:
     """Tell the listeners of ``event`` (called by every path that appends one, inside its transaction)."""
-    called = _LISTENERS.get(event.type, ())
-    for listener in called:
+    for listener in _LISTENERS.of(event):
         listener(task, event)
-    if _FINISH_LISTENERS and event.payload.get("task", {}).get("status") in ENDING_STATUSES:
-        for listener in _FINISH_LISTENERS:
-            if listener not in called:
-                listener(task, event)
+
+
+def event_written(task: Task, event: Event) -> None:
+    """Tell the observers of ``event`` (called by every path that appends one, once the change is written)."""
+    for observer in _OBSERVERS.of(event):
+        observer(task, event)
 
 
 @dataclass

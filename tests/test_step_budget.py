@@ -64,15 +64,47 @@ def test_a_node_through_run_steps_costs_two_commits_and_at_most_the_budget(make_
     print(f"\n[budget] {NODES} nodes: {statements} statements, {commits(ctx)} commits ({statements / NODES:.1f}/node)")
     assert commits(ctx) == COMMITS_PER_NODE * NODES
     assert statements <= STATEMENTS_PER_NODE * NODES
-    # Pinned exactly: three snapshot reads once, then per node two transactions. On PostgreSQL each is SAVEPOINT, the
-    # lease heartbeat, ONE statement writing task, node, operation (receipt) and event, RELEASE; on SQLite the rows
-    # are written one statement each (lease, task, node, operation, event; a receipt on the second).
+    # Pinned exactly: three snapshot reads once, then per node two writes. Inside this test's transaction each is a
+    # SAVEPOINT and a RELEASE around, on PostgreSQL, ONE statement checking the lease and writing task, node,
+    # operation (receipt), event and the lease's extension; on SQLite the rows are written one statement each
+    # (lease, task, node, operation, event; a receipt on the second). The test clock reads no time.
     # + 1: the webhook outbox's read of the live subscriptions when the task completes
-    assert statements == 3 + NODES * (8 if connection.vendor == "postgresql" else 15) + 1
+    assert statements == 3 + NODES * (6 if connection.vendor == "postgresql" else 15) + 1
+
+
+def test_a_node_outside_any_transaction_costs_two_commits_and_no_begin_on_postgresql(
+    transactional_db: None, make_task, agent_lease
+) -> None:
+    """As a worker runs it (autocommit, the database's own clock): per node a clock read and one statement per
+    commit on PostgreSQL — no BEGIN, no COMMIT, no separate lease statement; on SQLite a clock read and a
+    transaction of one statement per row. Commits counted as the bench counts them (a transaction that wrote, or a
+    write in autocommit)."""
+    from harness.bench import StatementCounter
+
+    task = make_task(chain_plan(*(f"n{i}" for i in range(NODES))))
+    lease = agent_lease(task, ttl=timedelta(minutes=5))
+    before = Lease.objects.get(pk=lease.pk).expires_at
+    counter = StatementCounter(connection)
+    with counter.installed():
+        report = run_steps(task_id=task.pk, lease=lease, connector=Receipts())
+    assert report.directive is not None and report.directive.kind == "done"
+    assert Task.objects.get(pk=task.pk).status == "completed"
+    assert Lease.objects.get(pk=lease.pk).expires_at > before  # every write extended the lease
+    print(f"\n[budget, autocommit] {NODES} nodes: {counter.statements} statements, {counter.commits} commits")
+    assert counter.commits == COMMITS_PER_NODE * NODES
+    if connection.vendor == "postgresql":
+        # 3 snapshot reads once; per node 2 x (clock read, the write); the last write is a transaction (the
+        # webhook outbox listens to the event that completes the task: its read of the live subscriptions)
+        assert counter.transactions == 1
+        assert counter.statements == 3 + NODES * 4 + 1
+    else:
+        assert counter.transactions == COMMITS_PER_NODE * NODES
+        assert counter.statements <= (STATEMENTS_PER_NODE - 2) * NODES  # BEGIN and COMMIT are not in this count
 
 
 def test_the_step_path_runs_on_the_database_servers_own_clock(make_task, agent_lease) -> None:
-    """No test clock: the snapshot's and the heartbeat's time come from the database in the statement itself."""
+    """No test clock: the snapshot's and the write's time come from the database, and every write extends the
+    lease."""
     task = make_task(chain_plan("a", "b"))
     lease = agent_lease(task, ttl=timedelta(minutes=5))
     before = Lease.objects.get(pk=lease.pk).expires_at
@@ -96,9 +128,9 @@ def test_each_step_write_on_a_snapshot_is_one_transaction_of_pinned_statements(
             assert op is not None
             step_settle(snap, op.op_key, Committed(remote_id="r-a"), lease=lease)
     assert commits(ctx) == 1
-    # SAVEPOINT, lease heartbeat, then the rows (PostgreSQL: one statement; SQLite: task, node, operation, (receipt,)
-    # event), RELEASE
-    expected = 4 if connection.vendor == "postgresql" else (7 if service == "start" else 8)
+    # SAVEPOINT, then the lease and the rows (PostgreSQL: one statement; SQLite: lease, task, node, operation,
+    # (receipt,) event), RELEASE
+    expected = 3 if connection.vendor == "postgresql" else (7 if service == "start" else 8)
     assert len(ctx.captured_queries) == expected, [q["sql"][:60] for q in ctx.captured_queries]
 
 
@@ -121,13 +153,13 @@ def test_the_public_services_read_one_snapshot_and_no_more(
         call = lambda: next_directive(task_id=task.pk, lease=lease)  # noqa: E731
     elif service == "operation_start":
         call = lambda: operation_start(task_id=task.pk, node_key="a", expected_version=task.version, lease=lease)  # noqa: E731
-        writes = 4 if connection.vendor == "postgresql" else 7
+        writes = 3 if connection.vendor == "postgresql" else 7
     else:
         op = operation_start(task_id=task.pk, node_key="a", expected_version=task.version, lease=lease)
         call = lambda: record_outcome(  # noqa: E731
             op_key=op.op_key, outcome=Committed(remote_id="r-a"), expected_version=task.version + 1, lease=lease
         )
-        writes = 4 if connection.vendor == "postgresql" else 8
+        writes = 3 if connection.vendor == "postgresql" else 8
     with CaptureQueriesContext(connection) as ctx:
         call()
     assert len(ctx.captured_queries) == reads + writes, [q["sql"][:60] for q in ctx.captured_queries]
@@ -163,8 +195,9 @@ def test_confirming_inputs_and_cancelling_cost_pinned_statements(make_task, agen
     with CaptureQueriesContext(connection) as cancel:
         task_request_cancel(actor=Principal.agent("tester"), task_id=task.pk, reason="no longer needed")
     pg = connection.vendor == "postgresql"
-    # confirm: 3 reads, SAVEPOINT, heartbeat, the rows (PostgreSQL one statement; SQLite task, event), RELEASE
-    assert len(confirm.captured_queries) == (7 if pg else 8), [q["sql"][:60] for q in confirm.captured_queries]
+    # confirm: 3 reads, SAVEPOINT, the lease and the rows (PostgreSQL one statement; SQLite lease, task, event),
+    # RELEASE
+    assert len(confirm.captured_queries) == (6 if pg else 8), [q["sql"][:60] for q in confirm.captured_queries]
     assert commits(confirm) == 1 and commits(cancel) >= 1
     # cancel: 3 reads, the audited transaction (the clock, the rows, the audit chain's head and row); no read after
     # (the first audit row of a database also creates the audit chain's head: a SAVEPOINT, an INSERT and a RELEASE),
