@@ -117,7 +117,9 @@ class PlanRevision(models.Model):
 class Node(models.Model):
     """One step of an accepted plan: one bounded side effect, confirmed by a receipt."""
 
-    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="nodes")
+    # No index of its own: node_key_unique_per_plan (task, plan_version, key) serves every lookup by task, and each
+    # index is written again on every node update (two per step).
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="nodes", db_index=False)
     plan_version = models.PositiveIntegerField()
     key = models.CharField(max_length=100)
     position = models.PositiveIntegerField()
@@ -187,8 +189,9 @@ class Operation(models.Model):
     dispatch_count = models.PositiveIntegerField(default=0)
     registered_at = models.DateTimeField()
     settled_at = models.DateTimeField(null=True, blank=True)
+    # Indexed only where set (operation_compensates_idx): almost every operation compensates nothing.
     compensates = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="compensations"
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="compensations", db_index=False
     )
     # Who settled it when a person did (takeover): "user:<name>"; empty when the remote's answer settled it.
     settled_by = models.CharField(max_length=220, blank=True)
@@ -209,6 +212,9 @@ class Operation(models.Model):
             ),
         ]
         indexes = [
+            models.Index(
+                fields=["compensates"], condition=Q(compensates__isnull=False), name="operation_compensates_idx"
+            ),
             # Serves next_directive / the reconciler: open operations of a task come first.
             models.Index(
                 fields=["task", "status"],
@@ -265,7 +271,8 @@ class Event(models.Model):
     Updates and deletes are refused here and, in the database, by triggers (migration 0009), TRUNCATE included on
     PostgreSQL; the task row keeps the chain's head (``log_head``), so a cut tail is found by verify_log."""
 
-    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="events")
+    # No index of its own: event_seq_unique_per_task (task, seq) serves every lookup by task.
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="events", db_index=False)
     seq = models.PositiveBigIntegerField()
     type = models.CharField(max_length=50)
     payload = models.JSONField(default=dict)
