@@ -332,6 +332,29 @@ def test_start_refuses_a_node_whose_attempts_are_spent(make_task, agent_lease, c
     assert isinstance(error, TaskError) and error.details["scope"] == "node"
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_row_that_no_longer_matches_aborts_a_commit_made_outside_any_transaction(make_task, agent_lease) -> None:
+    """As a worker writes (autocommit, the database's own clock): on PostgreSQL a step's commit is one statement with
+    no transaction around it, so when a row gated on the task row matches nothing — here a node whose attempts were
+    spent behind the snapshot's back — the statement aborts itself (reckon_refuse): the task row's new version, the
+    operation, the event and the lease's extension it had written go with it. On SQLite the same refusal rolls the
+    transaction back."""
+    from django.db import connection
+
+    task = make_task(parallel_plan("a", "b", max_attempts=2))
+    lease = agent_lease(task)
+    snap = task_snapshot(task_id=task.pk, lease=lease)
+    Node.objects.filter(task=task, key="a").update(attempts=2)
+    assert connection.get_autocommit()  # no transaction around the step: the one-statement commit is what runs
+    error = assert_refused(BudgetExhausted, lambda: step_start(snap, "a", lease=lease))
+    assert isinstance(error, TaskError) and error.details["scope"] == "node"
+    # and the same snapshot's other node still goes through, whole: the refusal left nothing half-written
+    op, _new = step_start(snap, "b", lease=lease)
+    assert Task.objects.get(pk=task.pk).version == snap.version + 1
+    assert Operation.objects.filter(task=task).count() == 1 and op.op_key
+    assert list(Event.objects.filter(task=task).values_list("seq", flat=True)) == list(range(1, snap.version + 2))
+
+
 def test_start_refuses_before_not_before_and_allows_it_at_not_before(make_task, agent_lease, clock) -> None:
     task = make_task()
     lease = agent_lease(task)
