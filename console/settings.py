@@ -380,9 +380,9 @@ RECKON_METRICS_CACHE_SECONDS = float(os.environ.get("RECKON_METRICS_CACHE_SECOND
 
 # Liveness (issue 11, helper "liveness"; tasks/recovery.py, tasks/jobs.py): the recovery scan has a queue of its own,
 # so it never waits behind the wake-ups it queued; every worker started without -Q consumes both queues (a worker
-# started with -Q names the queues it serves: give one of them RECKON_SCAN_QUEUE). A scan message expires when the
-# next one is due; a wake-up message RECKON_WAKE_UP_EXPIRY_SECONDS after it is due, and until then no other wake-up
-# is queued for the same task version.
+# started with -Q names the queues it serves: give one of them RECKON_SCAN_QUEUE). A wake-up message is stale
+# RECKON_WAKE_UP_EXPIRY_SECONDS after it is due, on the database clock, and until then no other wake-up is queued for
+# the same task version. No message carries Celery's `expires`: each worker would judge it on its own clock.
 from kombu import Queue  # noqa: E402
 
 RECKON_SCAN_QUEUE = os.environ.get("RECKON_SCAN_QUEUE", "reckon-scan")
@@ -394,7 +394,7 @@ _scan_every = float(os.environ.get("RECKON_SCAN_SECONDS", "15"))
 CELERY_BEAT_SCHEDULE["recovery-scan"] = {
     "task": "tasks.recovery_scan",
     "schedule": _scan_every,
-    "options": {"queue": RECKON_SCAN_QUEUE, "expires": _scan_every},
+    "options": {"queue": RECKON_SCAN_QUEUE},
 }
 # Celery leaves the root logger to LOGGING above (its own handler beside it would print every worker line twice, and
 # not as JSON); Celery wake-ups carry their task id in every record (observability/apps.py).

@@ -472,6 +472,7 @@ def _run_phase(
     last_scan = time.monotonic()
     deadline = started + timeout
     killed = kill_at is None
+    base = _effects(store) if kill_at is not None else 0  # the warm-up's effects: not this phase's
     while not killmatrix._finished(ids, scenario):
         if time.monotonic() > deadline:
             phase.problems.append(f"not done within {timeout:.0f} s")
@@ -481,7 +482,7 @@ def _run_phase(
                 process.kill()  # SIGKILL, mid-call or mid-commit: wherever each one is
             for process in workers.processes:
                 process.wait(10)
-            phase.killed_at_effects = counted
+            phase.killed_at_effects = counted - base  # of this phase's
             workers.replace_dead()  # fresh workers, as a supervisor would start them
             killed = True
         if time.monotonic() - last_scan >= killmatrix.SCAN_EVERY:

@@ -153,10 +153,10 @@ class StoreProcess:
     """The simulator, as its own process, on a free loopback port. ``persist=False``: its state lives in memory
     only (it cannot be restarted on it), for benchmarks that never restart it."""
 
-    def __init__(self, state: Path, *, persist: bool = True) -> None:
+    def __init__(self, state: Path, *, persist: bool = True, env: dict[str, str] | None = None) -> None:
         entry = ["-m", "harness.simulator"] if persist else ["-c", IN_MEMORY]
         command = [sys.executable, *entry, "--port", "0", "--state", str(state)]
-        self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)  # noqa: S603
+        self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True, env=env)  # noqa: S603
         out = self.process.stdout
         ready = select.select([out], [], [], 15)[0] if out is not None else []
         line = out.readline() if out is not None and ready else ""
@@ -193,10 +193,10 @@ def scan_queue(queue: str) -> str:
 
 
 def send_scan(queue: str, *, copies: int = 1) -> None:
-    """Send a recovery scan as beat would: on the scan queue, waking tasks on ``queue``, expiring when the next
-    one is due (a scan that waited that long is dropped; the next one does its work)."""
+    """Send a recovery scan as beat would: on the scan queue, waking tasks on ``queue`` (no expiry: beat sets none,
+    see tasks.jobs.recovery_scan)."""
     for _ in range(copies):
-        recovery_scan.apply_async((queue,), queue=scan_queue(queue), expires=SCAN_EVERY)
+        recovery_scan.apply_async((queue,), queue=scan_queue(queue))
 
 
 class Workers:

@@ -55,6 +55,7 @@ from leases import clock
 from leases.models import Lease
 from observability.logs import STATE_LOGGER
 from tasks.connectors.objectstore import ObjectStoreConnector
+from tasks.failpoints import hits
 from tasks.jobs import drive_task
 from tasks.lifecycle import OperationStatus
 from tasks.models import Operation
@@ -70,8 +71,8 @@ LANE_TIMEOUT = 40.0  # seconds a task may spend in its lane once taken before it
 class Partition:
     name: str
     what: str
-    link: Literal["database", "remote"]
-    fault: Literal["blackhole", "cut", "restart"] = "blackhole"
+    link: Literal["database", "remote", "clock"]
+    fault: Literal["blackhole", "cut", "restart", "skew"] = "blackhole"
     lanes: int = 3
     direct_workers: int = 1  # takes the tasks over (one is enough: three lanes cut off at most three at once)
     lease_ttl: int = 3
@@ -100,6 +101,15 @@ PARTITIONS = [
         "the remote commits, its answer never arrives; unknown, reconciled by op key after the heal",
         link="remote",
         lease_ttl=10,  # outlasts the connector's 5 s timeout: the worker that lost the answer records it unknown
+    ),
+    Partition(
+        "clocks skewed",
+        "workers' clocks 10 min behind, 3 and 10 min ahead of the driver's, the remote's 5 min ahead (libfaketime); "
+        "SIGKILL once per task after the call: each takeover judged on the database clock",
+        link="clock",
+        fault="skew",
+        lanes=0,
+        direct_workers=3,
     ),
 ]
 
@@ -150,6 +160,11 @@ class Tally:
         return self._what(link) + (f" ({phases})" if phases else "")
 
     def _what(self, link: str) -> str:
+        if link == "clock":
+            return (
+                f"  partitions: {self.partitioned} tasks taken over after a SIGKILL by a worker whose clock differs "
+                "from the dead one's by minutes (clocks -10 / +3 / +10 min, the remote's +5 min)"
+            )
         if link == "restart":
             return "  partitions: the server restarted mid-run; no worker restarted"
         if link == "cut":
@@ -289,6 +304,8 @@ def run_partition(
 ) -> PartitionRow:
     if partition.fault == "restart":
         return run_restart(partition, tasks, timeout=timeout, log=log)
+    if partition.fault == "skew":
+        return run_skew(partition, tasks, timeout=timeout, log=log)
     started = time.monotonic()
     row = PartitionRow(partition.name, tasks, link="cut" if partition.fault == "cut" else partition.link)
     tally = row.tally
@@ -622,4 +639,128 @@ def run_restart(
     row.seconds = time.monotonic() - started
     log(killmatrix._format_row(row))
     log(row.tally.line(row.link))
+    return row
+
+
+# -- clocks skewed by minutes ----------------------------------------------------------------------------------------
+
+# Each worker's clock against the driver's (which sends the scans, as beat would), and the remote's: minutes, where a
+# lease lasts seconds. Set per process by libfaketime (Debian's faketime package), monotonic clocks left true.
+SKEWS = ("-10m", "+3m", "+10m")
+REMOTE_SKEW = "+5m"
+FAKETIME_LIBRARIES = tuple(f"/usr/lib/{arch}-linux-gnu/faketime/libfaketime.so.1" for arch in ("x86_64", "aarch64"))
+
+
+class NeedsFaketime(RuntimeError):
+    """The clock-skew row sets each process's clock with libfaketime: apt-get install faketime."""
+
+
+def faketime_library() -> str:
+    for path in FAKETIME_LIBRARIES:
+        if Path(path).exists():
+            return path
+    raise NeedsFaketime(
+        f"'clocks skewed' needs libfaketime (apt-get install faketime); looked in {', '.join(FAKETIME_LIBRARIES)}"
+    )
+
+
+def skewed(env: dict[str, str], offset: str, library: str) -> dict[str, str]:
+    """``env`` for a process whose wall clock runs ``offset`` (libfaketime's "+10m", "-10m") from the real one."""
+    return env | {"LD_PRELOAD": library, "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+
+
+def _clock_offset(env: dict[str, str]) -> float:
+    """Seconds a process started with ``env`` reads its wall clock ahead of ours: the skew must have taken."""
+    probe = subprocess.run(
+        [sys.executable, "-c", "import time; print(time.time())"], env=env, capture_output=True, text=True, check=True
+    )
+    return float(probe.stdout) - time.time()
+
+
+def _offset_seconds(offset: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600}
+    return float(offset[:-1]) * units[offset[-1]]
+
+
+def run_skew(partition: Partition, tasks: int, *, timeout: float, log: Callable[[str], None] = print) -> PartitionRow:
+    """Three direct workers whose clocks disagree with each other, with the driver's and with the remote's by minutes
+    (leases last seconds), each SIGKILLed once per task after its call (``after_call=kill_once``): the wake-up that
+    died is found by the recovery scan once the lease lapses — on the database clock — and taken by whichever worker
+    comes, whatever its clock says (a dead worker is replaced only after that, so most takeovers are by a worker of
+    another clock). Judged as the kill matrix judges; besides, some task must have been held by workers of two
+    different clocks (``partitioned`` counts them), and each process's clock must really have been skewed."""
+    started = time.monotonic()
+    row = PartitionRow(partition.name, tasks, link="clock")
+    tally = row.tally
+    library = faketime_library()
+    with tempfile.TemporaryDirectory(prefix="reckon-partition-") as tmp, ExitStack() as stack:
+        workdir = Path(tmp)
+        remote_env = skewed(dict(os.environ), REMOTE_SKEW, library)
+        store = StoreProcess(workdir / "store.json", env=remote_env)
+        stack.callback(store.stop)
+        queue = f"partition-{uuid.uuid4().hex[:10]}"
+        env = os.environ | {
+            "DATABASE_URL": killmatrix.database_url(),
+            "RECKON_OBJECTSTORE_URL": store.url,
+            "RECKON_FAILPOINTS": "after_call=kill_once",
+            "RECKON_FAILPOINT_DIR": str(workdir / "failpoints"),
+            "RECKON_LEASE_TTL_SECONDS": str(partition.lease_ttl),
+            "RECKON_LEASE_GRACE_SECONDS": str(partition.lease_grace),
+            "RECKON_LOG_LEVEL": "WARNING",
+        }
+        for offset, process_env in [(REMOTE_SKEW, remote_env), *((o, skewed(env, o, library)) for o in SKEWS)]:
+            seen = _clock_offset(process_env)
+            if abs(seen - _offset_seconds(offset)) > 30:
+                tally.problems.append(f"a process meant to run {offset} reads its clock {seen:+.0f} s off")
+        groups = [Workers(1, queue, skewed(env, offset, library), workdir / f"workers{offset}.log") for offset in SKEWS]
+        stack.callback(_stop_all, list(groups))
+        clock_of: dict[int, str] = {}  # worker pid → its skew (replacements included)
+
+        def note_pids() -> None:
+            for offset, group in zip(SKEWS, groups, strict=True):
+                for process in group.processes:
+                    clock_of.setdefault(process.pid, offset)
+
+        ids = _create(store, tasks)
+        tally.phases["start"] = time.monotonic() - started
+        for task_id in ids:
+            drive_task.apply_async((task_id,), queue=queue)
+        deadline, last_scan = time.monotonic() + timeout, 0.0
+        note_pids()
+        died: dict[int, float] = {}  # group → when its worker was found dead
+        # A dead worker is replaced only once its lease has lapsed and a scan or two have run: meanwhile the task is
+        # taken by a worker of another clock.
+        replace_after = partition.lease_ttl + partition.lease_grace + 2 * SCAN_EVERY
+        while time.monotonic() < deadline and not killmatrix._finished(ids, partition.scenario):
+            for n, group in enumerate(groups):
+                if group.processes[0].poll() is None:
+                    continue
+                died.setdefault(n, time.monotonic())
+                if time.monotonic() - died[n] >= replace_after or len(died) == len(groups):
+                    group.replace_dead()
+                    del died[n]
+            note_pids()
+            if time.monotonic() - last_scan >= SCAN_EVERY:
+                killmatrix.send_scan(queue)
+                last_scan = time.monotonic()
+            time.sleep(0.25)
+        tally.phases["run"] = time.monotonic() - started - tally.phases["start"]
+        for group in groups:
+            group.replace_dead()
+        note_pids()
+        row.kills = sum(group.kills for group in groups)
+        row.fired = hits("after_call", workdir / "failpoints")
+        if row.fired != tasks:
+            row.problems.append(f"after_call fired for {row.fired} of {tasks} tasks")
+        for task_id in ids:
+            holders = Lease.objects.filter(task_id=task_id).values_list("holder_id", flat=True)
+            clocks = {clock_of.get(int(h.rsplit(":", 1)[-1]), "?") for h in holders if h.startswith("worker:")}
+            tally.partitioned += len(clocks - {"?"}) >= 2
+        if not tally.partitioned:
+            row.problems.append("no task was taken over by a worker of another clock: the row proved nothing")
+        row.problems += tally.problems
+        killmatrix._judge(row, partition.scenario, ids, store.call("/_stats"))
+    row.seconds = time.monotonic() - started
+    log(killmatrix._format_row(row))
+    log(tally.line(row.link))
     return row

@@ -163,7 +163,7 @@ byte authority;
 #define OPERATOR_MAY_SETTLE (SETTLING || status == T_HUMAN)
 #define OPERATOR_MAY_DECIDE (SETTLING || status == T_HUMAN || status == T_STOPPED)
 
-/* tasks/cas.py:compare_and_set's lease check (leases/services.py:lease_heartbeat): open, this epoch, live */
+/* tasks/cas.py:compare_and_set's lease check (leases/services.py:lease_check): open, this epoch, live */
 #ifdef SABOTAGE_NO_FENCING
 #define FENCED(who, ep) true
 #else

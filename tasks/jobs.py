@@ -3,6 +3,7 @@ message arriving once: a duplicate finds the lease taken or nothing to do; a los
 
 import os
 import socket
+from datetime import datetime
 from typing import Any
 
 from celery import Task, shared_task
@@ -18,7 +19,6 @@ from tasks.recovery import (
     wake_up_begin,
     wake_up_claim,
     wake_up_defer,
-    wake_up_expiry,
     wake_up_unclaim,
 )
 from tasks.registry import connector_for, known_kinds
@@ -39,13 +39,20 @@ WAKE_UP_RETRIES = 5
 
 
 @shared_task(name="tasks.drive_task", acks_late=True, ignore_result=True, bind=True)
-def drive_task(self: Task[Any, Any], task_id: int, seen_version: int | None = None) -> str:
+def drive_task(self: Task[Any, Any], task_id: int, seen_version: int | None = None, until: str | None = None) -> str:
     """One wake-up, with the connector registered for the task's kind (tasks/registry.py); a kind no app registered
     raises UnknownTaskKind (the worker logs it; the task is left as it is, for the scan to find again).
+
+    ``until`` (a wake-up queued under a claim): the database time its claim lapses at. A message that arrives later
+    is stale — the scan has queued the task again since — and is dropped unrun. Judged on the database clock, never
+    with Celery's ``expires``, which each worker judges on its own clock: a worker whose clock runs minutes ahead
+    would drop every wake-up and every scan as expired (the "clocks skewed" partition row).
 
     A database connection lost mid-way (OperationalError): the runner gives the lease back on a new connection, and
     this wake-up is sent again after a growing, jittered delay (tasks.failures.backoff)."""
     try:
+        if until is not None and clock.now() > datetime.fromisoformat(until):
+            return "skipped: stale (its claim lapsed on the database clock)"
         return _drive(self, task_id, seen_version)
     except (OperationalError, InterfaceError) as exc:
         close_old_connections()
@@ -70,18 +77,21 @@ def _drive(job: Task[Any, Any], task_id: int, seen_version: int | None) -> str:
         countdown = max(0.0, (wake.wake_at - clock.now()).total_seconds())
         if countdown > MAX_COUNTDOWN_SECONDS:  # no message: the scan wakes it when due, not before
             wake_up_defer(task_id=task_id, version=wake.version, until=wake.wake_at)
-        elif wake_up_claim(task_id=task_id, version=wake.version, at=wake.wake_at):
+        elif until := wake_up_claim(task_id=task_id, version=wake.version, at=wake.wake_at):
             queue = str((job.request.delivery_info or {}).get("routing_key") or "")  # the queue this one came from
-            expires = countdown + wake_up_expiry().total_seconds()
-            options: dict[str, Any] = {"countdown": countdown, "expires": expires} | ({"queue": queue} if queue else {})
-            _send_claimed(task_id, wake.version, options)
+            options: dict[str, Any] = {"countdown": countdown} | ({"queue": queue} if queue else {})
+            _send_claimed(task_id, wake.version, until, options)
     return wake.summary
 
 
-def _send_claimed(task_id: int, version: int, options: dict[str, Any]) -> None:
-    """Send the wake-up just claimed; if the broker refuses it, forget the claim so that nothing waits for it."""
+def _send_claimed(task_id: int, version: int, until: datetime, options: dict[str, Any]) -> None:
+    """Send the wake-up just claimed, stale once its claim lapses (``until``, database time); if the broker refuses
+    it, forget the claim so that nothing waits for it. A ``countdown`` is the one thing judged on a worker's clock:
+    a worker whose clock is behind holds the message longer, one ahead runs it early (the task then still waits, and
+    its claim keeps it from being queued twice) — either way the claim lapses on the database clock and the scan
+    queues the task again."""
     try:
-        drive_task.apply_async((task_id, version), **options)
+        drive_task.apply_async((task_id, version), {"until": until.isoformat()}, **options)
     except Exception:
         wake_up_unclaim(task_id=task_id, version=version)
         raise
@@ -93,19 +103,20 @@ def recovery_scan(queue: str = "") -> int:
 
     At most one wake-up per (task, version) is ever queued: the scan reads only tasks without a live claim, and
     claims each before sending (tasks.recovery.wake_up_claim), so scans run back to back, or on two workers, add
-    nothing. Each message expires (RECKON_WAKE_UP_EXPIRY) with its claim: a stale one is dropped by the broker's
-    consumer, a lost one stops blocking and the next scan queues it again. Beat sends the scan itself on a queue of
-    its own (RECKON_SCAN_QUEUE), so it never waits behind the wake-ups it queued.
+    nothing. Each message is stale once its claim lapses (RECKON_WAKE_UP_EXPIRY, on the database clock): a stale
+    one is dropped unrun (``drive_task``'s ``until``), a lost one stops blocking and the next scan queues it again.
+    Beat sends the scan itself on a queue of its own (RECKON_SCAN_QUEUE), so it never waits behind the wake-ups it
+    queued; a scan carries no expiry (a worker would judge it on its own clock): scans that piled up while no worker
+    ran each cost a read that finds every task claimed.
 
     Only tasks of a kind with a connector registered here (tasks/registry.py): a kind that agents drive over the
     API has none, and its agent — not a worker — is the one to come back for it."""
     seen = list(tasks_needing_work().filter(kind__in=known_kinds()).values_list("pk", "version"))
-    expires = wake_up_expiry().total_seconds()
     sent = 0
     for task_id, version in seen:
-        if not wake_up_claim(task_id=task_id, version=version):
+        if not (until := wake_up_claim(task_id=task_id, version=version)):
             continue
-        _send_claimed(task_id, version, {"expires": expires} | ({"queue": queue} if queue else {}))
+        _send_claimed(task_id, version, until, {"queue": queue} if queue else {})
         sent += 1
     # A confirmed bulk run whose message was lost would wait for ever: send it again (applying it twice is safe).
     for run_id in bulk_runs_stalled(clock.now()):

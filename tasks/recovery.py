@@ -32,14 +32,15 @@ def tasks_needing_work(now: datetime | None = None) -> QuerySet[Task]:
     return Task.objects.workable(now).exclude(Exists(queued)).exclude(Exists(resting)).order_by("pk")
 
 
-def wake_up_claim(*, task_id: int, version: int, at: datetime | None = None) -> bool:
-    """Record that a wake-up for (task, version), due ``at`` (now if None), is about to be queued; False if one is
-    queued already, so the caller sends nothing. Deduplication happens here, at enqueue: a conditional update, or
-    an insert that a racing claim makes fail. The claim lapses ``wake_up_expiry()`` after the wake-up is due — when
-    the message itself expires — so a lost message blocks nobody for longer."""
+def wake_up_claim(*, task_id: int, version: int, at: datetime | None = None) -> datetime | None:
+    """Record that a wake-up for (task, version), due ``at`` (now if None), is about to be queued, and return when
+    the claim lapses (database time); None if one is queued already, so the caller sends nothing. Deduplication
+    happens here, at enqueue: a conditional update, or an insert that a racing claim makes fail. The claim lapses
+    ``wake_up_expiry()`` after the wake-up is due — and the message is stale from then on (tasks.jobs.drive_task) —
+    so a lost message blocks nobody for longer."""
     now = clock.now()
     until = max(at or now, now) + wake_up_expiry()
-    return _claim(task_id=task_id, version=version, now=now, until=until, counted=True)
+    return until if _claim(task_id=task_id, version=version, now=now, until=until, counted=True) else None
 
 
 def wake_up_defer(*, task_id: int, version: int, until: datetime) -> bool:

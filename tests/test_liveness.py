@@ -101,8 +101,8 @@ def drained(queue: str) -> list[tuple[dict[str, Any], list[Any]]]:
                     message = simple.get_nowait()
                 except simple.Empty:
                     return found
-                args, _kwargs, _embed = message.payload
-                found.append((dict(message.headers), list(args)))
+                args, kwargs, _embed = message.payload
+                found.append((dict(message.headers) | {"kwargs": kwargs}, list(args)))
                 message.ack()
         finally:
             simple.close()
@@ -118,9 +118,13 @@ def test_scans_run_back_to_back_queue_one_wake_up_per_task_version_and_a_lost_on
     messages = drained(queue)
     assert sorted(tuple(args) for _, args in messages) == sorted((t.pk, t.version) for t in tasks)
     assert {headers["task"] for headers, _ in messages} == {"tasks.drive_task"}
-    assert all(headers["expires"] for headers, _ in messages)  # a stale one is dropped, not run
     claims = TaskWakeUp.objects.filter(queued_version__isnull=False)
     assert sorted(claims.values_list("task_id", "queued_version")) == sorted((t.pk, t.version) for t in tasks)
+    # Each message is stale once its claim lapses, on the database clock — not Celery's expires, which a worker
+    # judges on its own clock (a worker minutes ahead would drop them all: harness/partitions.py, "clocks skewed").
+    until = {task_id: claim and claim.isoformat() for task_id, claim in claims.values_list("task_id", "queued_until")}
+    assert all(headers["kwargs"] == {"until": until[args[0]]} for headers, args in messages)
+    assert not any(headers.get("expires") for headers, _ in messages)
 
     # Those messages were lost (drained above, never run): their claims lapse with their expiry, and the scan
     # queues each again, once.
@@ -161,13 +165,36 @@ def test_a_wake_up_that_runs_clears_its_claim_and_a_new_version_may_be_woken_aga
     drained(queue)
 
 
-def test_the_scan_has_a_queue_of_its_own_that_a_default_worker_consumes_and_beat_sends_it_there_with_an_expiry(
+def test_a_wake_up_that_arrives_after_its_claim_lapsed_is_dropped_unrun_on_the_database_clock(
+    db: None, clock: ControllableClock, remote: Remote
+) -> None:
+    """A message held back (a worker whose clock is behind holds a countdown longer) or stuck in a queue: once its
+    claim lapsed — on the database clock — the scan has queued the task again, and the old one is dropped unrun;
+    until then it runs, whatever the clock of the worker that received it says."""
+    task = waiting_task()
+    queue = private_queue("wake")
+    assert recovery_scan(queue=queue) == 1
+    [(headers, args)] = drained(queue)
+    clock.advance(wake_up_expiry() + timedelta(seconds=1))
+    before = Task.objects.get(pk=task.pk).version
+    answer = drive_task.apply(args=tuple(args), kwargs=headers["kwargs"]).get()
+    assert answer.startswith("skipped: stale"), answer
+    assert Task.objects.get(pk=task.pk).version == before and not Lease.objects.filter(task=task).exists()
+    assert TaskWakeUp.objects.get(task=task).queued_version == task.version  # its claim untouched: the scan's to renew
+    assert recovery_scan(queue=queue) == 1  # queued again, with a new claim
+    [(headers, args)] = drained(queue)
+    answer = drive_task.apply(args=tuple(args), kwargs=headers["kwargs"]).get()
+    assert not answer.startswith("skipped"), answer
+
+
+def test_the_scan_has_a_queue_of_its_own_that_a_default_worker_consumes_and_beat_sends_it_there_without_an_expiry(
     db: None,
 ) -> None:
     entry: dict[str, Any] = settings.CELERY_BEAT_SCHEDULE["recovery-scan"]
     scan_queue = settings.RECKON_SCAN_QUEUE
     assert entry["options"]["queue"] == scan_queue != app.conf.task_default_queue
-    assert 0 < entry["options"]["expires"] <= entry["schedule"]  # a scan that waited past the next one is dropped
+    # No expiry: a worker would judge it on its own clock, and one minutes ahead of beat's would drop every scan.
+    assert "expires" not in entry["options"]
     assert app.amqp.router.route({}, "tasks.recovery_scan")["queue"].name == scan_queue  # .delay() too
     assert {scan_queue, app.conf.task_default_queue} <= set(app.amqp.queues)  # `celery worker` without -Q
 
@@ -178,7 +205,7 @@ def test_the_scan_has_a_queue_of_its_own_that_a_default_worker_consumes_and_beat
         drive_task.apply_async((task_id + 10**9,), queue=wake_queue)
     app.send_task(entry["task"], **(entry["options"] | {"queue": stand_in}))
     [(headers, _)] = drained(stand_in)
-    assert headers["task"] == "tasks.recovery_scan" and headers["expires"]
+    assert headers["task"] == "tasks.recovery_scan" and not headers.get("expires")
     assert len(drained(wake_queue)) == 40
 
 

@@ -11,13 +11,23 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from harness.partitions import PARTITIONS, Lane, PartitionRow, _late_lines
+from harness.partitions import (
+    PARTITIONS,
+    Lane,
+    NeedsFaketime,
+    PartitionRow,
+    _clock_offset,
+    _late_lines,
+    faketime_library,
+    skewed,
+)
 from observability.logs import STATE_LOGGER
 from tests.simulator_fixture import ROOT
 
@@ -63,6 +73,24 @@ def test_every_partition_scenario_ends_clean() -> None:
     assert f"{TASKS} late writes refused by the fencing, 0 committed late" in run.stdout, run.stdout
     assert f"{TASKS} unknown operations reconciled by op key after the heal" in run.stdout, run.stdout
     assert f"{TASKS} tasks whose worker lost every database connection after a dispatch commit" in run.stdout
+    assert "taken over after a SIGKILL by a worker whose clock differs from the dead one's by minutes" in run.stdout
+
+
+def test_a_skewed_process_reads_its_clock_minutes_off_and_its_monotonic_clock_true() -> None:
+    """The clock-skew row proves something only if libfaketime takes: each process's wall clock is off by its skew
+    (the row checks it for every process it starts, and fails otherwise), its monotonic clock is not (Celery's and
+    kombu's timers run on it)."""
+    try:
+        library = faketime_library()
+    except NeedsFaketime:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip("libfaketime is not installed (apt-get install faketime)")
+    env = skewed(dict(os.environ), "-10m", library)
+    assert abs(_clock_offset(env) + 600) < 30
+    command = [sys.executable, "-c", "import time; print(time.monotonic())"]
+    probe = subprocess.run(command, env=env, capture_output=True, text=True, check=True)  # noqa: S603
+    assert abs(float(probe.stdout) - time.monotonic()) < 30
 
 
 def test_an_unknown_partition_scenario_is_refused_by_name() -> None:
