@@ -23,6 +23,19 @@ prepare, each copy batch, verify, the irreversible switch), where the controller
   the operation is recorded unknown. The partition heals; the operation is reconciled by op key (the remote's
   count says it committed once) and the task goes on.
 
+Two rows need no proxy:
+
+- **clocks skewed** (``clocks_skewed``): three direct workers whose wall clocks run 10 min behind, 3 and 10 min ahead
+  of this process's (which sends the scans, as beat would), and a remote 5 min ahead, set per process by libfaketime;
+  each worker is SIGKILLed once per task after its call. Leases last seconds: any decision taken on an app server's
+  clock would take a task over early (a duplicate) or never (a stall). Every takeover must be judged on the database
+  clock. This row found that Celery's ``expires`` — judged by each worker on its own clock — made workers ahead of
+  beat drop every scan and wake-up; messages now go stale on the database clock (tasks.jobs.drive_task).
+- **broker restarted** (``broker_restarted``): direct workers on a Redis of the run's own, restarted without
+  persistence once a third of the tasks have begun: every queued wake-up and scan, and every message taken but not
+  acknowledged, is lost. The workers reconnect by themselves; the recovery scan, which reads the database, queues
+  every task needing work again once its claim lapses.
+
 A partition counts (the row's ``fired`` figure, which must equal the tasks) only if it happened as described: the
 operation was still dispatched when the lease lapsed (or 0.3 s after the cut), or went unknown with the remote's
 commit counted; a partition that came too late (the outcome already on its way) is healed and tried at the next
@@ -39,7 +52,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -71,8 +84,8 @@ LANE_TIMEOUT = 40.0  # seconds a task may spend in its lane once taken before it
 class Partition:
     name: str
     what: str
-    link: Literal["database", "remote", "clock"]
-    fault: Literal["blackhole", "cut", "restart", "skew"] = "blackhole"
+    link: Literal["database", "remote", "clock", "broker"]
+    fault: Literal["blackhole", "cut", "restart", "skew", "broker_restart"] = "blackhole"
     lanes: int = 3
     direct_workers: int = 1  # takes the tasks over (one is enough: three lanes cut off at most three at once)
     lease_ttl: int = 3
@@ -110,6 +123,14 @@ PARTITIONS = [
         fault="skew",
         lanes=0,
         direct_workers=3,
+    ),
+    Partition(
+        "broker restarted",
+        "the run's own Redis restarted mid-run, every queued wake-up and scan lost; the recovery scan makes them good",
+        link="broker",
+        fault="broker_restart",
+        lanes=0,
+        direct_workers=2,
     ),
 ]
 
@@ -160,6 +181,11 @@ class Tally:
         return self._what(link) + (f" ({phases})" if phases else "")
 
     def _what(self, link: str) -> str:
+        if link == "broker":
+            return (
+                f"  partitions: the broker restarted with {self.partitioned} tasks begun and {self.reconciled} "
+                "messages queued (lost with it); no worker restarted"
+            )
         if link == "clock":
             return (
                 f"  partitions: {self.partitioned} tasks taken over after a SIGKILL by a worker whose clock differs "
@@ -306,6 +332,8 @@ def run_partition(
         return run_restart(partition, tasks, timeout=timeout, log=log)
     if partition.fault == "skew":
         return run_skew(partition, tasks, timeout=timeout, log=log)
+    if partition.fault == "broker_restart":
+        return run_broker_restart(partition, tasks, timeout=timeout, log=log)
     started = time.monotonic()
     row = PartitionRow(partition.name, tasks, link="cut" if partition.fault == "cut" else partition.link)
     tally = row.tally
@@ -758,6 +786,151 @@ def run_skew(partition: Partition, tasks: int, *, timeout: float, log: Callable[
             tally.partitioned += len(clocks - {"?"}) >= 2
         if not tally.partitioned:
             row.problems.append("no task was taken over by a worker of another clock: the row proved nothing")
+        row.problems += tally.problems
+        killmatrix._judge(row, partition.scenario, ids, store.call("/_stats"))
+    row.seconds = time.monotonic() - started
+    log(killmatrix._format_row(row))
+    log(tally.line(row.link))
+    return row
+
+
+# -- a restart of the run's own broker ---------------------------------------------------------------------------------
+
+# Claims on wake-ups lapse this long after they are due in the broker row (the default is 120 s): a wake-up lost with
+# the broker is queued again by the first scan after its claim lapses, so this bounds the row's time, not its outcome.
+BROKER_ROW_WAKE_UP_EXPIRY = 5
+
+
+class NeedsRedis(RuntimeError):
+    """The broker row starts a Redis server of its own: redis-server must be installed."""
+
+
+@contextmanager
+def _own_redis(workdir: Path) -> Iterator[tuple[str, Callable[[], None]]]:
+    """A Redis server of the run's own on a free loopback port, nothing persisted (what it holds is lost with it, as
+    a broker restarted without persistence loses its queues); yields its URL and a function that restarts it."""
+    import shutil
+    import socket
+
+    import redis
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise NeedsRedis("'broker restarted' starts a Redis server of its own: install redis-server")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    command += ["--dir", str(workdir)]
+    process: list[subprocess.Popen[bytes]] = []
+
+    def start() -> None:
+        log = (workdir / "redis.log").open("ab")
+        process.append(subprocess.Popen(command, stdout=log, stderr=log))  # noqa: S603
+        client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1)
+        for _ in range(100):
+            try:
+                if client.ping():
+                    return
+            except redis.RedisError:
+                time.sleep(0.05)
+        raise NeedsRedis(f"the run's own Redis did not start on port {port}")
+
+    def restart() -> None:
+        process[-1].terminate()
+        process[-1].wait(10)
+        start()
+
+    start()
+    try:
+        yield f"redis://127.0.0.1:{port}/0", restart
+    finally:
+        process[-1].terminate()
+        with suppress(subprocess.TimeoutExpired):
+            process[-1].wait(10)
+        if process[-1].poll() is None:
+            process[-1].kill()
+
+
+def run_broker_restart(
+    partition: Partition, tasks: int, *, timeout: float, log: Callable[[str], None] = print
+) -> PartitionRow:
+    """Direct workers on a Redis of the run's own; once a third of the tasks have begun, the Redis server is
+    restarted without persistence: every wake-up and scan queued, and every message a worker had taken but not
+    acknowledged, is gone. The workers are never restarted (they reconnect); the recovery scan — which reads the
+    database, not the broker — queues every task needing work again once its claim lapses. Judged as the kill matrix
+    judges: nothing lost, nothing duplicated."""
+    import kombu.exceptions
+
+    app = drive_task.app
+    started = time.monotonic()
+    row = PartitionRow(partition.name, tasks, link="broker")
+    tally = row.tally
+    keep = bool(os.environ.get(KEEP_ENV))  # keep the workers' and the broker's logs to read after the run
+    with (
+        tempfile.TemporaryDirectory(prefix="reckon-partition-", delete=not keep) as tmp,
+        ExitStack() as stack,
+    ):
+        workdir = Path(tmp)
+        if keep:
+            log(f"  workdir kept: {tmp}")
+        broker, restart = stack.enter_context(_own_redis(workdir))
+        store = StoreProcess(workdir / "store.json")
+        stack.callback(store.stop)
+        queue = f"partition-{uuid.uuid4().hex[:10]}"
+        env = os.environ | {
+            "DATABASE_URL": killmatrix.database_url(),
+            "CELERY_BROKER_URL": broker,
+            "RECKON_OBJECTSTORE_URL": store.url,
+            "RECKON_FAILPOINTS": "",
+            "RECKON_LEASE_TTL_SECONDS": str(partition.lease_ttl),
+            "RECKON_LEASE_GRACE_SECONDS": str(partition.lease_grace),
+            "RECKON_WAKE_UP_EXPIRY_SECONDS": str(BROKER_ROW_WAKE_UP_EXPIRY),
+            "RECKON_LOG_LEVEL": "WARNING",
+        }
+        workers = Workers(partition.direct_workers, queue, env, workdir / "workers.log")
+        stack.callback(workers.stop)
+        pids = [p.pid for p in workers.processes]
+        # This process sends as beat would, to the run's own broker (named on the connection: CELERY_BROKER_URL in the
+        # environment, this process's own broker, would take precedence over an app's configuration).
+        sender = app.connection_for_write(broker)
+        stack.callback(sender.release)
+
+        def send(name: str, args: tuple[object, ...], to: str) -> None:
+            try:
+                app.send_task(name, args=args, queue=to, retry=False, connection=sender)
+            except (OSError, kombu.exceptions.OperationalError):
+                sender.close()  # the broker is down for a moment: the next tick sends again, on a new connection
+
+        ids = _create(store, tasks)
+        for task_id in ids:
+            send("tasks.drive_task", (task_id,), queue)
+        deadline, restarted, last_scan = time.monotonic() + timeout, False, time.monotonic()
+        tally.phases["start"] = time.monotonic() - started
+        while time.monotonic() < deadline:
+            workers.replace_dead()
+            if not restarted:
+                begun = Operation.objects.filter(task_id__in=ids).values("task_id").distinct().count()
+                if begun * 3 >= tasks:
+                    import redis
+
+                    queued = redis.Redis.from_url(broker).llen(queue)
+                    restart()
+                    restarted = True
+                    tally.partitioned, tally.reconciled = begun, int(queued)
+                    log(f"  restarted the broker: {begun} of {tasks} tasks begun, {queued} messages queued")
+            elif killmatrix._finished(ids, partition.scenario):
+                break
+            if time.monotonic() - last_scan >= SCAN_EVERY:
+                send("tasks.recovery_scan", (queue,), killmatrix.scan_queue(queue))
+                last_scan = time.monotonic()
+            time.sleep(0.25)
+        tally.phases["run"] = time.monotonic() - started - tally.phases["start"]
+        if not restarted:
+            tally.problems.append("the broker was never restarted")
+        if [p.pid for p in workers.processes] != pids:
+            tally.problems.append("a worker had to be started again")
+        row.fired = tasks if restarted else 0
         row.problems += tally.problems
         killmatrix._judge(row, partition.scenario, ids, store.call("/_stats"))
     row.seconds = time.monotonic() - started

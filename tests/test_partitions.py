@@ -44,7 +44,8 @@ def test_every_partition_scenario_ends_clean() -> None:
     """Each task is cut off once, at a different step (prepare, the copies, verify, the irreversible switch): no
     duplicate side effect, no skipped step, no unknown left; every late write of a worker cut off from the database
     refused by the fencing; a worker whose connections were all reset reconnects by itself (never restarted); every
-    call whose answer was lost reconciled by op key after the heal."""
+    call whose answer was lost reconciled by op key after the heal; workers whose clocks are minutes apart take over
+    from each other on the database clock; a broker restarted with its queues lost, the scan makes them good."""
     run = subprocess.run(  # noqa: S603
         [
             sys.executable,
@@ -74,6 +75,7 @@ def test_every_partition_scenario_ends_clean() -> None:
     assert f"{TASKS} unknown operations reconciled by op key after the heal" in run.stdout, run.stdout
     assert f"{TASKS} tasks whose worker lost every database connection after a dispatch commit" in run.stdout
     assert "taken over after a SIGKILL by a worker whose clock differs from the dead one's by minutes" in run.stdout
+    assert "(lost with it); no worker restarted" in run.stdout, run.stdout
 
 
 def test_a_skewed_process_reads_its_clock_minutes_off_and_its_monotonic_clock_true() -> None:

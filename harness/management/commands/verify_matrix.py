@@ -93,7 +93,7 @@ class Command(BaseCommand):
         started = time.monotonic()
         try:
             rows = [partitions.run_partition(p, tasks, timeout=timeout, log=self.stdout.write) for p in chosen]
-        except (partitions.NeedsPostgres, partitions.NeedsFaketime) as exc:
+        except (partitions.NeedsPostgres, partitions.NeedsFaketime, partitions.NeedsRedis) as exc:
             raise CommandError(str(exc)) from exc
         for row in rows:
             for problem in row.problems[:10]:
