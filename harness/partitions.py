@@ -272,14 +272,7 @@ def _running(partition: Partition, workdir: Path) -> Iterator[tuple[StoreProcess
         store = StoreProcess(workdir / "store.json")
         stack.callback(store.stop)
         queue = f"partition-{uuid.uuid4().hex[:10]}"
-        env = os.environ | {
-            "DATABASE_URL": killmatrix.database_url(),
-            "RECKON_OBJECTSTORE_URL": store.url,
-            "RECKON_FAILPOINTS": "",
-            "RECKON_LEASE_TTL_SECONDS": str(partition.lease_ttl),
-            "RECKON_LEASE_GRACE_SECONDS": str(partition.lease_grace),
-            "RECKON_LOG_LEVEL": "WARNING",
-        }
+        env = _worker_env(partition, store)
         proxies = [stack.enter_context(FaultProxy(_upstream(partition, store))) for _ in range(partition.lanes)]
         direct = Workers(partition.direct_workers, queue, env, workdir / "direct.log")
         every = [direct]
@@ -302,6 +295,20 @@ def _running(partition: Partition, workdir: Path) -> Iterator[tuple[StoreProcess
             every.append(workers)
             lanes.append(Lane(n, proxy, lane_queue, workers, log))
         yield store, direct, queue, lanes
+
+
+def _worker_env(partition: Partition, store: StoreProcess, **extra: str) -> dict[str, str]:
+    """The environment of a row's workers: the run's database and simulator, the row's lease times, no failpoint
+    unless ``extra`` sets one, warnings only."""
+    return os.environ | {
+        "DATABASE_URL": killmatrix.database_url(),
+        "RECKON_OBJECTSTORE_URL": store.url,
+        "RECKON_FAILPOINTS": "",
+        "RECKON_LEASE_TTL_SECONDS": str(partition.lease_ttl),
+        "RECKON_LEASE_GRACE_SECONDS": str(partition.lease_grace),
+        "RECKON_LOG_LEVEL": "WARNING",
+        **extra,
+    }
 
 
 def _stop_all(every: list[Workers]) -> None:
@@ -727,15 +734,12 @@ def run_skew(partition: Partition, tasks: int, *, timeout: float, log: Callable[
         store = StoreProcess(workdir / "store.json", env=remote_env)
         stack.callback(store.stop)
         queue = f"partition-{uuid.uuid4().hex[:10]}"
-        env = os.environ | {
-            "DATABASE_URL": killmatrix.database_url(),
-            "RECKON_OBJECTSTORE_URL": store.url,
-            "RECKON_FAILPOINTS": "after_call=kill_once",
-            "RECKON_FAILPOINT_DIR": str(workdir / "failpoints"),
-            "RECKON_LEASE_TTL_SECONDS": str(partition.lease_ttl),
-            "RECKON_LEASE_GRACE_SECONDS": str(partition.lease_grace),
-            "RECKON_LOG_LEVEL": "WARNING",
-        }
+        env = _worker_env(
+            partition,
+            store,
+            RECKON_FAILPOINTS="after_call=kill_once",
+            RECKON_FAILPOINT_DIR=str(workdir / "failpoints"),
+        )
         for offset, process_env in [(REMOTE_SKEW, remote_env), *((o, skewed(env, o, library)) for o in SKEWS)]:
             seen = _clock_offset(process_env)
             if abs(seen - _offset_seconds(offset)) > 30:
@@ -878,16 +882,12 @@ def run_broker_restart(
         store = StoreProcess(workdir / "store.json")
         stack.callback(store.stop)
         queue = f"partition-{uuid.uuid4().hex[:10]}"
-        env = os.environ | {
-            "DATABASE_URL": killmatrix.database_url(),
-            "CELERY_BROKER_URL": broker,
-            "RECKON_OBJECTSTORE_URL": store.url,
-            "RECKON_FAILPOINTS": "",
-            "RECKON_LEASE_TTL_SECONDS": str(partition.lease_ttl),
-            "RECKON_LEASE_GRACE_SECONDS": str(partition.lease_grace),
-            "RECKON_WAKE_UP_EXPIRY_SECONDS": str(BROKER_ROW_WAKE_UP_EXPIRY),
-            "RECKON_LOG_LEVEL": "WARNING",
-        }
+        env = _worker_env(
+            partition,
+            store,
+            CELERY_BROKER_URL=broker,
+            RECKON_WAKE_UP_EXPIRY_SECONDS=str(BROKER_ROW_WAKE_UP_EXPIRY),
+        )
         workers = Workers(partition.direct_workers, queue, env, workdir / "workers.log")
         stack.callback(workers.stop)
         pids = [p.pid for p in workers.processes]

@@ -25,7 +25,7 @@ POINTS = {
     "before_intent": "the directive said execute; no intent registered yet",
     "before_call": "the intent is registered and marked dispatched; the external call has not been made",
     "after_call": "the remote committed and answered; the answer is not recorded yet",
-    "after_receipt": "the receipt row is written inside the recording transaction; the advance is not committed",
+    "after_receipt": "the receipt is built and goes into the same commit as the advance; nothing of it is committed",
     "after_advance": "the receipt and the node's advance are committed; the loop has not gone on",
     "mid_cleanup": "a temp resource's delete committed remotely; its cleanup receipt is not recorded yet",
 }
