@@ -128,14 +128,12 @@ class Batch:
     def __init__(self) -> None:
         self._parts: list[_Part] = []
         self._values: list[tuple[list[Any], list[Any]]] = []
-        self._guarded = False
 
     def guard(self, sql: str, params: list[Any]) -> int:
         """A SELECT (PostgreSQL: FOR UPDATE) or an UPDATE … RETURNING of one value that must return a row for
         anything else to be written. First, and at most once."""
         if self._parts:
             raise ValueError("the guard is the batch's first part")
-        self._guarded = True
         return self._add(("guard", None, (), sql, (), True), [], params)
 
     def update(
@@ -165,15 +163,11 @@ class Batch:
         self._values.append((values, params))
         return len(self._parts) - 1
 
-    @property
-    def primary(self) -> int:
-        return 1 if self._guarded else 0
-
     def run(self) -> list[Any]:
         if connection.vendor == "postgresql":
             return self._run_as_one()
         results: list[Any] = []
-        primary = self.primary
+        primary = _primary(self._parts)
         with connection.cursor() as cursor:
             for index, (part, (values, params)) in enumerate(zip(self._parts, self._values, strict=True)):
                 kind, model, names, where, extra, returning = part
@@ -200,7 +194,7 @@ class Batch:
         return results
 
     def _run_as_one(self) -> list[Any]:
-        shape = (self._guarded, tuple(self._parts))
+        shape = tuple(self._parts)
         params: list[Any] = []
         for values, where_params in self._values:
             params += [*values, *where_params]
@@ -218,6 +212,11 @@ class Batch:
         ]
 
 
+def _primary(parts: "list[_Part] | tuple[_Part, ...]") -> int:
+    """The index of the primary part: the first after the guard, if there is one."""
+    return 1 if parts and parts[0][0] == "guard" else 0
+
+
 def _table(model: type[models.Model] | None) -> type[models.Model]:
     if model is None:  # pragma: no cover - only guard and returning parts have none
         raise ValueError("this part writes no model's row")
@@ -229,9 +228,8 @@ def _matched(kind: str, result: Any) -> bool:
 
 
 @cache
-def _batch_sql(shape: tuple[bool, tuple[_Part, ...]]) -> str:
-    guarded, parts = shape
-    primary = 1 if guarded else 0
+def _batch_sql(parts: tuple[_Part, ...]) -> str:
+    primary = _primary(parts)
     ctes, selects, refusals = [], [], []
     for index, (kind, model, names, where, extra, _returning) in enumerate(parts):
         gate = "" if index == 0 else f"EXISTS (SELECT 1 FROM p{0 if index == primary else primary})"  # noqa: S608
