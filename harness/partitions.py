@@ -374,11 +374,21 @@ def run_partition(
         if row.link == "database" and tally.refused < tally.partitioned:
             row.problems.append(f"{tally.refused} late writes refused for {tally.partitioned} partitions")
         row.wrong += tally.late_commits  # a stale holder's write went through: the fencing failed
-        row.problems += tally.problems
-        killmatrix._judge(row, partition.scenario, ids, store.call("/_stats"))
+        _judge(row, partition, ids, store)
+    return _reported(row, started, log)
+
+
+def _judge(row: PartitionRow, partition: Partition, ids: list[int], store: StoreProcess) -> None:
+    """The row's own problems, then the kill matrix's judgement of the run (while the simulator still runs)."""
+    row.problems += row.tally.problems
+    killmatrix._judge(row, partition.scenario, ids, store.call("/_stats"))
+
+
+def _reported(row: PartitionRow, started: float, log: Callable[[str], None]) -> PartitionRow:
+    """The row and its partitions' line, printed; its time from ``started`` (time.monotonic)."""
     row.seconds = time.monotonic() - started
     log(killmatrix._format_row(row))
-    log(tally.line(row.link))
+    log(row.tally.line(row.link))
     return row
 
 
@@ -669,12 +679,8 @@ def run_restart(
         if [p.pid for p in direct.processes] != pids:
             row.tally.problems.append("a worker had to be started again")
         row.fired = row.tally.partitioned
-        row.problems += row.tally.problems
-        killmatrix._judge(row, partition.scenario, ids, store.call("/_stats"))
-    row.seconds = time.monotonic() - started
-    log(killmatrix._format_row(row))
-    log(row.tally.line(row.link))
-    return row
+        _judge(row, partition, ids, store)
+    return _reported(row, started, log)
 
 
 # -- clocks skewed by minutes ----------------------------------------------------------------------------------------
@@ -790,12 +796,8 @@ def run_skew(partition: Partition, tasks: int, *, timeout: float, log: Callable[
             tally.partitioned += len(clocks - {"?"}) >= 2
         if not tally.partitioned:
             row.problems.append("no task was taken over by a worker of another clock: the row proved nothing")
-        row.problems += tally.problems
-        killmatrix._judge(row, partition.scenario, ids, store.call("/_stats"))
-    row.seconds = time.monotonic() - started
-    log(killmatrix._format_row(row))
-    log(tally.line(row.link))
-    return row
+        _judge(row, partition, ids, store)
+    return _reported(row, started, log)
 
 
 # -- a restart of the run's own broker ---------------------------------------------------------------------------------
@@ -931,9 +933,5 @@ def run_broker_restart(
         if [p.pid for p in workers.processes] != pids:
             tally.problems.append("a worker had to be started again")
         row.fired = tasks if restarted else 0
-        row.problems += tally.problems
-        killmatrix._judge(row, partition.scenario, ids, store.call("/_stats"))
-    row.seconds = time.monotonic() - started
-    log(killmatrix._format_row(row))
-    log(tally.line(row.link))
-    return row
+        _judge(row, partition, ids, store)
+    return _reported(row, started, log)
