@@ -46,8 +46,8 @@ from tasks.events import (
     chain_event,
     event_appended,
     event_written,
-    has_listeners,
     jsonable,
+    listeners_of,
     node_ref,
 )
 from tasks.failpoints import failpoint
@@ -241,6 +241,7 @@ def _write(
     batch.insert(Event, row, returning=False)
     renew = batch.returning(check.renew, check.renew_params, value="expires_at") if check and check.renew else None
     new_nodes = any(node.pk is None for node, _fields in node_fields)
+    listeners = listeners_of(event)
     # One statement commits on its own (PostgreSQL, outside any transaction): no BEGIN and COMMIT round trips.
     # Anything else the change writes besides the batch makes it a transaction.
     alone = (
@@ -249,7 +250,7 @@ def _write(
         and not new_nodes
         and not change.temp_resources
         and before_event is None
-        and not has_listeners(event)
+        and not listeners
     )
     with nullcontext() if alone else transaction.atomic():
         if change.receipts:
@@ -277,7 +278,7 @@ def _write(
             TempResource.objects.bulk_create(change.temp_resources, ignore_conflicts=True)
         if before_event is not None:
             before_event(task, now)
-        event_appended(task, event)
+        event_appended(task, event, listeners)
     event_written(task, event)
     lease_expires_at: datetime | None = None
     if guard is not None:

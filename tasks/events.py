@@ -194,14 +194,15 @@ def unlisten(listener: EventListener) -> None:
     _OBSERVERS.remove(listener)
 
 
-def has_listeners(event: Event) -> bool:
-    """Whether appending ``event`` writes more than the change's own rows (a listener's, in its transaction)."""
-    return bool(_LISTENERS.of(event))
+def listeners_of(event: Event) -> list[EventListener]:
+    """The listeners ``event`` will be told of: none, and appending it writes only the change's own rows."""
+    return _LISTENERS.of(event)
 
 
-def event_appended(task: Task, event: Event) -> None:
-    """Tell the listeners of ``event`` (called by every path that appends one, inside its transaction)."""
-    for listener in _LISTENERS.of(event):
+def event_appended(task: Task, event: Event, listeners: list[EventListener] | None = None) -> None:
+    """Tell the listeners of ``event`` (called by every path that appends one, inside its transaction);
+    ``listeners``: as ``listeners_of`` gave them to a caller that looked them up already."""
+    for listener in _LISTENERS.of(event) if listeners is None else listeners:
         listener(task, event)
 
 
