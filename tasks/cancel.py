@@ -3,10 +3,14 @@ permit table refuses every start of a task whose cancel is recorded — intents 
 in flight settles and is recorded as it truly ended (tasks/decisions.py decides the status: stopping, stopped_pending,
 stopped)."""
 
+from contextlib import nullcontext
+
+from django.db import transaction
+
 from audit.principals import Principal
 from leases.services import LeaseRef
 from tasks import decisions
-from tasks.cas import Audit, audited_compare_and_set
+from tasks.cas import Audit, audited_compare_and_set, lock_for_write
 from tasks.errors import VersionConflict
 from tasks.hygiene import check_payload
 from tasks.lifecycle import TERMINAL_TASK_STATUSES, Actor, TaskStatus
@@ -14,6 +18,8 @@ from tasks.models import Task
 from tasks.permissions import require_cancel
 from tasks.snapshot import task_snapshot
 from tasks.takeover import _stale_form as stale_form
+
+_NOTHING_TO_CANCEL = TERMINAL_TASK_STATUSES | {TaskStatus.QUARANTINED}
 
 
 def task_request_cancel(
@@ -34,26 +40,34 @@ def task_request_cancel(
     moved since, the cancel is refused (VersionConflict, naming what changed) and nothing is written.
     """
     check_payload({"reason": reason}, what="cancel reason")
-    for _attempt in range(10):
-        snap = task_snapshot(task_id=task_id, lease=lease)
-        task = snap.task
-        require_cancel(actor, task, lease=lease)
-        if task.cancel_requested_at is not None or task.status in TERMINAL_TASK_STATUSES | {TaskStatus.QUARANTINED}:
-            return task
-        if expected_version is not None and snap.version != expected_version:
-            raise stale_form(task, expected_version)
-        change = decisions.cancel(snap, by=str(actor), reason=reason)
-        try:
-            applied = audited_compare_and_set(
-                task_id,
-                snap.version,
-                change,
-                lease=lease,
-                actor=None if lease is not None else Actor.PERSON if actor.kind == "user" else Actor.SYSTEM,
-                audit=Audit(actor, "cancel_requested", reason=reason),
-                snapshot=snap,
-            )
-        except VersionConflict:
-            continue
-        return applied.next_snapshot().task
-    raise VersionConflict(f"task {task_id} kept changing; the cancel was not recorded, ask again")
+    for locked in (False, True):
+        # Once as any write, on the snapshot it read; if another write landed in between, again with the task's rows
+        # locked before it is read (tasks.cas.lock_for_write): a busy agent's steps then wait for the cancel instead
+        # of winning every race against it.
+        with transaction.atomic() if locked else nullcontext():
+            if locked:
+                lock_for_write(task_id, lease)
+            snap = task_snapshot(task_id=task_id, lease=lease)
+            task = snap.task
+            require_cancel(actor, task, lease=lease)
+            if task.cancel_requested_at is not None or task.status in _NOTHING_TO_CANCEL:
+                return task
+            if expected_version is not None and snap.version != expected_version:
+                raise stale_form(task, expected_version)
+            change = decisions.cancel(snap, by=str(actor), reason=reason)
+            try:
+                applied = audited_compare_and_set(
+                    task_id,
+                    snap.version,
+                    change,
+                    lease=lease,
+                    actor=None if lease is not None else Actor.PERSON if actor.kind == "user" else Actor.SYSTEM,
+                    audit=Audit(actor, "cancel_requested", reason=reason),
+                    snapshot=snap,
+                )
+            except VersionConflict:
+                if locked:
+                    raise
+                continue
+            return applied.next_snapshot().task
+    raise AssertionError("unreachable: the locked attempt returns or raises")  # pragma: no cover

@@ -27,6 +27,7 @@ from django.db.models import F, Q
 from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
+from leases.models import Lease
 from leases.services import LeaseRef, lease_check, lease_grace, lease_live, lease_refusal
 from tasks import sql
 from tasks.errors import (
@@ -301,6 +302,17 @@ def _write(
             lease_expires_at=lease_expires_at,
         )
     return Applied(version=version, at=now, snapshot=new_snapshot, operations=tuple(written))
+
+
+def lock_for_write(task_id: int, lease: LeaseRef | None) -> None:
+    """Inside the caller's transaction: lock the rows a write to ``task_id`` locks, in the order every write locks
+    them (the lease, then the task row), before the caller reads its snapshot. No other write can then land between
+    that read and the caller's compare-and-set: a rare writer that must not lose every race to a stream of fast ones
+    (a cancel against a busy agent) waits its turn once instead of retrying. SQLite's writers are serialised by its
+    write lock already."""
+    if lease is not None:
+        Lease.objects.select_for_update().filter(pk=lease.pk).values_list("pk").first()
+    Task.objects.select_for_update().filter(pk=task_id).values_list("pk").first()
 
 
 def _actor(lease: LeaseRef | None, actor: Actor | None) -> Actor:
