@@ -176,10 +176,10 @@ def _write(
     snapshot: Snapshot | None,
     before_event: Callable[[Task, datetime], None] | None,
 ) -> Applied:
-    # The database time of the write, read before it: the write itself judges the lease on the database clock
-    # at its own statement (lease_check), later still; the time it records is this one (as PostgreSQL's now() is
-    # its transaction's start).
-    now = clock.now()
+    # The time the write records, on the database clock (estimated without a round trip: clock.write_time) and
+    # never before the task's last write, so a task's times follow its versions across processes. The write judges
+    # the lease on the database clock at its own statement (lease_check), not on this.
+    now = clock.write_time()
     try:
         if snapshot is not None:
             if snapshot.version != expected_version:
@@ -187,6 +187,8 @@ def _write(
             task = sql.clone(snapshot.task)  # the caller's snapshot stays as it was read
         else:
             task = _task_at(task_id, expected_version)
+        if task.updated_at is not None and task.updated_at > now:
+            now = task.updated_at
         if not isinstance(change, Change):
             change = change(task, now)
         statuses = permitted(change.kind, actor)
@@ -223,7 +225,7 @@ def _write(
             " AND NOT EXISTS (SELECT 1 FROM leases_lease l WHERE l.task_id = tasks_task.id"
             " AND l.released_at IS NULL AND l.expires_at > %s)"
         )
-        params.append(connection.ops.adapt_datetimefield_value(now - lease_grace()))
+        params.append(connection.ops.adapt_datetimefield_value(clock.now() - lease_grace()))  # a judgement: read
     update = {**task_fields, "updated_at": now, "log_head": event.digest}
     inserted = [op for op, _fields in op_fields if op.pk is None]
     batch = sql.Batch()

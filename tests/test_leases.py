@@ -12,6 +12,7 @@ from typing import Self
 import pytest
 from django.conf import settings as django_settings
 from django.db import IntegrityError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from pytest_django.fixtures import Settings
 
@@ -423,6 +424,63 @@ def test_the_database_clock_moves_inside_a_transaction() -> None:
         second = DatabaseClock().now()
 
     assert second > first
+
+
+def estimate_and_count() -> tuple[datetime, int]:
+    with CaptureQueriesContext(connection) as queries:
+        value = DatabaseClock().estimate()
+    return value, len(queries)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("skewed_app_clock", SKEWS, ids=SKEW_IDS, indirect=True)
+def test_the_estimated_database_clock_reads_once_then_follows_the_server_not_the_app_clock(
+    skewed_app_clock: timedelta,
+) -> None:
+    connection.reckon_clock_anchor = None  # type: ignore[attr-defined]
+    first, reads = estimate_and_count()
+    assert reads == 1
+    time.sleep(0.05)
+    second, reads = estimate_and_count()
+    reading = DatabaseClock().now()
+
+    assert reads == 0  # estimated: no round trip
+    assert second - first >= timedelta(milliseconds=50)
+    # Within a few milliseconds of a later reading (SQLite reads in whole milliseconds), never a minute off.
+    assert reading - timedelta(milliseconds=20) <= second <= reading + timedelta(milliseconds=20)
+    assert abs(second - timezone.now()) > timedelta(minutes=9)
+
+
+@pytest.mark.django_db
+def test_the_estimated_database_clock_reads_again_after_its_interval_and_on_another_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    connection.reckon_clock_anchor = None  # type: ignore[attr-defined]
+    assert estimate_and_count()[1] == 1
+    assert estimate_and_count()[1] == 0
+    # A reading taken on another connection (before a reconnect or a failover) is not trusted.
+    _old, reading, tick = connection.reckon_clock_anchor  # type: ignore[attr-defined]
+    connection.reckon_clock_anchor = (object(), reading, tick)  # type: ignore[attr-defined]
+    assert estimate_and_count()[1] == 1
+    monkeypatch.setattr(leases.clock, "ANCHOR_SECONDS", 0.0)
+    time.sleep(0.001)
+    assert estimate_and_count()[1] == 1
+
+
+@pytest.mark.django_db
+def test_a_write_never_records_a_time_before_the_tasks_last_write(make_task: Callable[..., Task]) -> None:
+    """Each process estimates the database clock on its own: a task's times still follow its versions."""
+    task = make_task()
+    lease = acquire(task)
+    ahead = database_server_now() + timedelta(minutes=1)  # as another process's estimate, a little ahead, wrote it
+    Task.objects.filter(pk=task.pk).update(updated_at=ahead)
+
+    applied = compare_and_set(task.pk, task.version, Change(event="touched"), lease=lease)
+
+    assert applied.at == ahead
+    stored = Task.objects.get(pk=task.pk)
+    assert stored.updated_at == ahead
+    assert stored.events.get(seq=applied.version).created_at == ahead
 
 
 @pytest.mark.parametrize("skewed_app_clock", SKEWS, ids=SKEW_IDS, indirect=True)
