@@ -199,6 +199,38 @@ def scan_payload(value: Any, path: str = "$") -> Iterator[str]:
         yield path
 
 
+def _texts(value: Any, into: list[str]) -> list[str]:
+    """Every key and string value of ``value``."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            into.append(str(key))
+            _texts(item, into)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _texts(item, into)
+    elif isinstance(value, str):
+        into.append(value)
+    return into
+
+
+_NOT_LETTERS_NOR_BREAK = re.compile(r"[^A-Za-z\n]+")
+
+
+def may_hold_secret(value: Any) -> bool:
+    """False when no key or string of ``value`` can be judged a credential by ``scan_payload``, decided on all of
+    them at once: three searches over their text joined by line breaks, instead of several per string (every write
+    scans its event). Each string keeps its bounds in the joined text — a line break is neither a word character
+    nor a letter, and it is whitespace — so whatever ``_SECRET_VALUE`` or ``_AUTH_SCHEME`` finds in one string it
+    finds there, and the letters of two strings never join into a credential word. Every credential word (keys'
+    too) contains a ``_TEXT_NAME_HINT``, so text without one names no credential. True only calls for the scan."""
+    text = "\n".join(_texts(value, []))
+    return bool(
+        _SECRET_VALUE.search(text)
+        or _AUTH_SCHEME.search(text)
+        or _TEXT_NAME_HINT.search(_NOT_LETTERS_NOR_BREAK.sub("", text))
+    )
+
+
 def check_payload(value: Any, *, what: str, cap: int = PAYLOAD_CAP_BYTES, canonical: str | None = None) -> None:
     """Raise PayloadTooLarge or SecretInPayload; the message names the place, never the secret. ``canonical``: the
     value's canonical JSON when the caller already made it (it is not made twice)."""
@@ -209,6 +241,6 @@ def check_payload(value: Any, *, what: str, cap: int = PAYLOAD_CAP_BYTES, canoni
             size=size,
             cap=cap,
         )
-    found = list(scan_payload(value))
+    found = list(scan_payload(value)) if may_hold_secret(value) else []
     if found:
         raise SecretInPayload(f"{what} carries credential-like data at {', '.join(found)}", paths=found)

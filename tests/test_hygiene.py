@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from audit.principals import Principal
 from leases.models import Lease
@@ -24,6 +26,7 @@ from tasks.hygiene import (
     PLAN_CAP_BYTES,
     canonical_json,
     check_payload,
+    may_hold_secret,
     scan_payload,
 )
 from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, PauseReason, TaskStatus
@@ -302,6 +305,81 @@ def test_it_does_not_take_prose_about_credentials_for_a_credential(text: str) ->
     for place, _path in TEXT_PLACES:
         assert list(scan_payload(place(text))) == []
         check_payload(place(text), what="event")
+
+
+# --- may_hold_secret: the scan's one-pass filter -----------------------------------------------------------------
+
+# Pieces of credentials, of prose and of separators: strings drawn from them put credential words, schemes and
+# flags at the very start and end of strings and keys, where a filter over joined text could lose a bound.
+FRAGMENTS = [
+    *SECRET_VALUES,
+    *TEXT_SECRETS,
+    *PROSE,
+    "-u deploy:" + PASSWORD,
+    "--user x:y",
+    "Bearer ",
+    "Basic ",
+    "pass",
+    "word",
+    "tok",
+    "en",
+    "api",
+    "Key",
+    "session",
+    "id",
+    "=",
+    ": ",
+    "\n",
+    " ",
+    '"',
+    "\\",
+    "/",
+    "@",
+    "://",
+    "x",
+    "7",
+]
+TEXT = st.lists(st.sampled_from(FRAGMENTS), max_size=4).map("".join)
+PAYLOADS = st.recursive(
+    st.one_of(TEXT, st.integers(), st.none()),
+    lambda children: st.one_of(st.lists(children, max_size=3), st.dictionaries(TEXT, children, max_size=3)),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(PAYLOADS)
+def test_the_filter_never_lets_through_what_the_scan_finds(payload: Any) -> None:
+    if list(scan_payload(payload)):
+        assert may_hold_secret(payload)
+
+
+@pytest.mark.parametrize("value", [*SECRET_VALUES, *TEXT_SECRETS])
+def test_the_filter_passes_every_credential_on_to_the_scan_wherever_it_sits(value: str) -> None:
+    for place, _path in TEXT_PLACES:
+        assert may_hold_secret(place(value))
+        assert may_hold_secret({"before": "ok", "x": [place(value), "after"]})
+
+
+def test_a_steps_event_takes_the_filters_short_way() -> None:
+    """What a step's event carries — statuses, op keys, remote ids, digests — names no credential: the write is
+    not scanned string by string (else the filter would be dead weight on every write)."""
+    op_key = "rk-" + uuid.uuid4().hex + "-p1-n3-0"
+    payload = {
+        "task": {"status": "running", "attempts_used": 4},
+        "nodes": {
+            "p1/n3": {
+                "status": "succeeded",
+                "output": {"count": 1, "digest": "", "remote_id": "bench:" + op_key, "remote_version": ""},
+                "last_error_class": "",
+                "next_allowed_action": "",
+            }
+        },
+        "operations": {op_key: {"status": "committed", "remote_id": "bench:" + op_key, "failure_class": ""}},
+        "data": {"by": "agent:bench-0", "receipt": {"digest": "sha256:" + "ab" * 32}},
+    }
+    assert not may_hold_secret(payload)
+    assert may_hold_secret({**payload, "data": {"note": "password=" + PASSWORD}})
 
 
 @pytest.mark.parametrize("unit", ["a:", "a=b", "--a=b", "a b:", "://a:b"])
