@@ -161,18 +161,72 @@ def _looks_like_credential(scheme: str, value: str) -> bool:
 
 
 # A credential written as text is named by words that, joined, contain one of these (every entry of _SECRET_WORDS
-# does: "apikey" and "accesskey" contain "key", "sessionid" "session"); text whose letters, joined, contain none
+# does: "secretkey" contains "secret", "sessionid" "session"); text whose letters, joined, contain none
 # names no credential and is not searched for one (the searches below are the costly part of a payload's scan).
-_TEXT_NAME_HINT = re.compile(r"pass|pwd|secret|token|auth|credential|cookie|bearer|key|session", re.IGNORECASE)
+_TEXT_HINTS = (
+    "pass",
+    "pwd",
+    "secret",
+    "token",
+    "auth",
+    "credential",
+    "cookie",
+    "bearer",
+    "apikey",
+    "privatekey",
+    "accesskey",
+    "session",
+)
+
+
+def _hints_a_credential(letters: str) -> bool:
+    lowered = letters.lower()
+    return any(hint in lowered for hint in _TEXT_HINTS)
+
+
+# Every alternative of _SECRET_VALUE contains one of these literally (it is case-sensitive), and _AUTH_SCHEME one
+# of the last two: text without any is not searched (a search costs far more than these substring tests).
+_FORMAT_LITERALS = (
+    "-----BEGIN ",
+    "AKIA",
+    "ASIA",
+    "ghp_",
+    "gho_",
+    "ghu_",
+    "ghs_",
+    "ghr_",
+    "github_pat_",
+    "xox",
+    "sk-",
+    "k_live_",
+    "k_test_",
+    "AIza",
+    "eyJ",
+    "://",
+    "-u",  # "-u user:password" and "--user …"
+)
+_SCHEME_LITERALS = ("Bearer", "Basic")
+
+
+def _has_secret_format(value: str) -> bool:
+    return any(literal in value for literal in _FORMAT_LITERALS) and _SECRET_VALUE.search(value) is not None
+
+
+def _has_auth_scheme(value: str) -> bool:
+    return any(literal in value for literal in _SCHEME_LITERALS) and _AUTH_SCHEME.search(value) is not None
+
+
 _NOT_LETTERS = re.compile(r"[^A-Za-z]+")
 
 
 def _is_secret_value(value: str) -> bool:
-    if _SECRET_VALUE.search(value):
+    if _has_secret_format(value):
         return True
-    if any(_looks_like_credential(m.group(1), m.group(2)) for m in _AUTH_SCHEME.finditer(value)):
+    if _has_auth_scheme(value) and any(
+        _looks_like_credential(m.group(1), m.group(2)) for m in _AUTH_SCHEME.finditer(value)
+    ):
         return True
-    if not _TEXT_NAME_HINT.search(_NOT_LETTERS.sub("", value)):
+    if not _hints_a_credential(_NOT_LETTERS.sub("", value)):
         return False
     return any(
         _is_secret_name_in_text(m.group("name")) and _is_a_value(m.group("value"))
@@ -222,12 +276,10 @@ def may_hold_secret(value: Any) -> bool:
     scans its event). Each string keeps its bounds in the joined text — a line break is neither a word character
     nor a letter, and it is whitespace — so whatever ``_SECRET_VALUE`` or ``_AUTH_SCHEME`` finds in one string it
     finds there, and the letters of two strings never join into a credential word. Every credential word (keys'
-    too) contains a ``_TEXT_NAME_HINT``, so text without one names no credential. True only calls for the scan."""
+    too) contains one of ``_TEXT_HINTS``, so text without one names no credential. True only calls for the scan."""
     text = "\n".join(_texts(value, []))
-    return bool(
-        _SECRET_VALUE.search(text)
-        or _AUTH_SCHEME.search(text)
-        or _TEXT_NAME_HINT.search(_NOT_LETTERS_NOR_BREAK.sub("", text))
+    return (
+        _has_secret_format(text) or _has_auth_scheme(text) or _hints_a_credential(_NOT_LETTERS_NOR_BREAK.sub("", text))
     )
 
 

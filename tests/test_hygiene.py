@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from audit.principals import Principal
 from leases.models import Lease
+from tasks import hygiene
 from tasks.cancel import task_request_cancel
 from tasks.errors import PayloadTooLarge, PlanInvalid, SecretInPayload
 from tasks.events import append_event, event_digest, find_log_problem
@@ -354,11 +355,37 @@ def test_the_filter_never_lets_through_what_the_scan_finds(payload: Any) -> None
         assert may_hold_secret(payload)
 
 
-@pytest.mark.parametrize("value", [*SECRET_VALUES, *TEXT_SECRETS])
+# One example of every credential format _SECRET_VALUE knows, each behind the literal that gates its search.
+FORMAT_SECRETS = [
+    PEM,
+    AWS_KEY,
+    AWS_KEY.replace("AKIA", "ASIA"),
+    *(GITHUB_TOKEN.replace("ghp_", f"gh{kind}_") for kind in "pousr"),
+    "github_pat_" + "A1b2C3d4E5f6G7h8I9j0K1",
+    "xoxp-" + "1234567890-abcdefghij",
+    "sk-" + "A1b2C3d4E5f6G7h8I9j0",
+    "sk_live_" + "A1b2C3d4E5f6G7h8",
+    "rk_test_" + "A1b2C3d4E5f6G7h8",
+    "AIza" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r",
+    JWT,
+    URL_WITH_PASSWORD,
+    "-u deploy:" + PASSWORD,
+    "curl --user deploy:" + PASSWORD,
+]
+
+
+@pytest.mark.parametrize("value", [*SECRET_VALUES, *TEXT_SECRETS, *FORMAT_SECRETS])
 def test_the_filter_passes_every_credential_on_to_the_scan_wherever_it_sits(value: str) -> None:
-    for place, _path in TEXT_PLACES:
+    for place, path in TEXT_PLACES:
         assert may_hold_secret(place(value))
         assert may_hold_secret({"before": "ok", "x": [place(value), "after"]})
+        with pytest.raises(SecretInPayload) as caught:
+            check_payload(place(value), what="event")
+        assert caught.value.details["paths"] == [path]
+
+
+def test_every_credential_word_carries_a_hint_the_filter_looks_for() -> None:
+    assert all(any(hint in word for hint in hygiene._TEXT_HINTS) for word in hygiene._SECRET_WORDS)
 
 
 def test_a_steps_event_takes_the_filters_short_way() -> None:
