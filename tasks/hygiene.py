@@ -270,14 +270,22 @@ def _texts(value: Any, into: list[str]) -> list[str]:
 _NOT_LETTERS_NOR_BREAK = re.compile(r"[^A-Za-z\n]+")
 
 
-def may_hold_secret(value: Any) -> bool:
+def may_hold_secret(value: Any, *, canonical: str | None = None) -> bool:
     """False when no key or string of ``value`` can be judged a credential by ``scan_payload``, decided on all of
     them at once: three searches over their text joined by line breaks, instead of several per string (every write
     scans its event). Each string keeps its bounds in the joined text — a line break is neither a word character
     nor a letter, and it is whitespace — so whatever ``_SECRET_VALUE`` or ``_AUTH_SCHEME`` finds in one string it
     finds there, and the letters of two strings never join into a credential word. Every credential word (keys'
-    too) contains one of ``_TEXT_HINTS``, so text without one names no credential. True only calls for the scan."""
-    text = "\n".join(_texts(value, []))
+    too) contains one of ``_TEXT_HINTS``, so text without one names no credential. True only calls for the scan.
+
+    ``canonical``: the value's canonical JSON, when the caller has it. If it escapes nothing (no backslash), every key
+    and string stands in it verbatim between quotes, and the text with its quotes made line breaks is the joined
+    text, without walking the value; what else it holds (numbers, true, false, null, punctuation) can raise a false
+    alarm, never hide a credential."""
+    if canonical is not None and "\\" not in canonical:
+        text = canonical.replace('"', "\n")
+    else:
+        text = "\n".join(_texts(value, []))
     return (
         _has_secret_format(text) or _has_auth_scheme(text) or _hints_a_credential(_NOT_LETTERS_NOR_BREAK.sub("", text))
     )
@@ -286,13 +294,14 @@ def may_hold_secret(value: Any) -> bool:
 def check_payload(value: Any, *, what: str, cap: int = PAYLOAD_CAP_BYTES, canonical: str | None = None) -> None:
     """Raise PayloadTooLarge or SecretInPayload; the message names the place, never the secret. ``canonical``: the
     value's canonical JSON when the caller already made it (it is not made twice)."""
-    size = len((canonical if canonical is not None else canonical_json(value)).encode())
+    text = canonical if canonical is not None else canonical_json(value)
+    size = len(text.encode())
     if size > cap:
         raise PayloadTooLarge(
             f"{what} is {size} bytes, over the {cap}-byte cap: store a reference (id, version, digest)",
             size=size,
             cap=cap,
         )
-    found = list(scan_payload(value)) if may_hold_secret(value) else []
+    found = list(scan_payload(value)) if may_hold_secret(value, canonical=text) else []
     if found:
         raise SecretInPayload(f"{what} carries credential-like data at {', '.join(found)}", paths=found)
