@@ -86,7 +86,8 @@ def test_a_node_through_run_steps_costs_two_commits_and_at_most_the_budget(make_
 def test_a_node_outside_any_transaction_costs_two_commits_and_no_begin_on_postgresql(
     transactional_db: None, make_task, agent_lease, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """As a worker runs it (autocommit, the database's own clock): one statement per commit on PostgreSQL — no BEGIN, no COMMIT, no separate lease statement, no clock read (one reading, then estimated:
+    """As a worker runs it (autocommit, the database's own clock): one statement per commit on PostgreSQL — no
+    BEGIN, no COMMIT, no separate lease statement, no clock read (one reading, then estimated:
     leases.clock.write_time); on SQLite a transaction of one statement per row. Commits counted as the bench counts
     them (a transaction that wrote, or a write in autocommit)."""
     from harness.bench import StatementCounter
@@ -215,3 +216,22 @@ def test_confirming_inputs_and_cancelling_cost_pinned_statements(make_task, agen
     # (the first audit row of a database also creates the audit chain's head: a SAVEPOINT, an INSERT and a RELEASE),
     # and the webhook outbox's read of the live subscriptions
     assert len(cancel.captured_queries) == (15 if pg else 16), [q["sql"][:70] for q in cancel.captured_queries]
+
+
+def test_psycopg_parses_each_step_statement_once_on_postgresql(make_task, agent_lease, clock) -> None:
+    """A chained write is one long statement (two changes): psycopg must keep its parse of it, as of every other
+    statement of the step path, instead of parsing it again on every commit (leases.db._cache_long_statements)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("psycopg's query cache: PostgreSQL only")
+    import psycopg._queries
+
+    first, second = (make_task(chain_plan("a", "b", "c")) for _ in range(2))
+    run_steps(task_id=first.pk, lease=agent_lease(first), connector=Receipts())
+    lease = agent_lease(second)
+    before = psycopg._queries._query2pg.cache_info()
+    report = run_steps(task_id=second.pk, lease=lease, connector=Receipts())
+    after = psycopg._queries._query2pg.cache_info()
+
+    assert report.directive is not None and report.directive.kind == "done"
+    assert after.misses == before.misses
+    assert after.hits - before.hits == 3 + chain_commits(3)  # the snapshot's reads, then every write
