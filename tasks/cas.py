@@ -149,6 +149,7 @@ def compare_and_set(
     actor: Actor | None = None,
     snapshot: Snapshot | None = None,
     before_event: Callable[[Task, datetime], None] | None = None,
+    then: Change | None = None,
 ) -> Applied:
     """Apply ``change`` if the task is still at ``expected_version``, ``lease`` is still its live lease and the
     table allows this actor this kind of change in the task's status.
@@ -159,22 +160,50 @@ def compare_and_set(
     spares the task read and is returned for the new version. ``before_event`` runs inside the transaction once the
     task row is won, for rows outside the projection. On refusal it raises a named error and nothing is written;
     a refusal for a lease that is no longer live is named first.
+
+    ``then``: a second change, computed on ``project(snapshot, change)``, applied in the same write as the next
+    version (its own event): both land or neither. Its conditions on the task row are judged on the row as read,
+    so it may not ask for a field ``change`` sets (a programming error, refused).
     """
     actor = _actor(lease, actor)
     if snapshot is None or not isinstance(change, Change):
+        if then is not None:
+            raise ValueError("a second change is applied only on the snapshot both were computed on")
         with transaction.atomic():
-            return _write(task_id, expected_version, change, lease, actor, snapshot, before_event)
-    return _write(task_id, expected_version, change, lease, actor, snapshot, before_event)
+            return _write(task_id, expected_version, change, lease, actor, snapshot, before_event, None)
+    return _write(task_id, expected_version, change, lease, actor, snapshot, before_event, then)
+
+
+def project(snapshot: Snapshot, change: Change) -> Snapshot:
+    """The snapshot ``change`` would leave, without writing it (times it takes at the write are the snapshot's):
+    what a second change applied with it (``compare_and_set(then=…)``) is decided on. Updates only: a change that
+    inserts rows cannot be projected."""
+    if any(node.pk is None for node, _fields in change.nodes) or any(op.pk is None for op, _f in change.operations):
+        raise ValueError("a change that inserts rows cannot be projected")
+    now = snapshot.now
+    task = sql.clone(snapshot.task)
+    for name, value in _resolved(change.task, now).items():
+        setattr(task, name, value)
+    task.version = snapshot.version + 1
+    operations = []
+    for op, fields in change.operations:
+        op = sql.clone(op)
+        for name, value in _resolved(fields, now).items():
+            setattr(op, name, value)
+        operations.append(op)
+    nodes = {node.pk: _resolved(fields, now) for node, fields in change.nodes}
+    return after_write(snapshot, task=task, nodes=nodes, operations=operations, now=now, lease_expires_at=None)
 
 
 def _write(
     task_id: int,
     expected_version: int,
-    change: Change | ChangeBuilder,
+    first: Change | ChangeBuilder,
     lease: LeaseRef | None,
     actor: Actor,
     snapshot: Snapshot | None,
     before_event: Callable[[Task, datetime], None] | None,
+    then: Change | None,
 ) -> Applied:
     # The time the write records, on the database clock (estimated without a round trip: clock.write_time) and
     # never before the task's last write, so a task's times follow its versions across processes. The write judges
@@ -189,100 +218,119 @@ def _write(
             task = _task_at(task_id, expected_version)
         if task.updated_at is not None and task.updated_at > now:
             now = task.updated_at
-        if not isinstance(change, Change):
-            change = change(task, now)
+        change = first if isinstance(first, Change) else first(task, now)
+        changes = [change] if then is None else [change, then]
         statuses = permitted(change.kind, actor)
         if task.status not in statuses:
             raise _not_permitted(task_id, task.status, change.kind, actor)
         _check_transitions(task, change)
+        if then is not None:
+            _check_then(task_id, task, change, then, actor, now)
     except TaskError:
         if lease is not None and not lease_live(lease=lease, task_id=task_id):
             _raise_version_conflict_if_moved(task_id, expected_version)
             raise lease_refusal(lease=lease, task_id=task_id) from None
         raise
-    task_fields = _resolved(change.task, now)
-    node_fields = [(node, _resolved(fields, now)) for node, fields in change.nodes]
-    op_fields = [(op, _resolved(fields, now)) for op, fields in change.operations]
-    version = expected_version + 1
-    # The payload is known before any row is written, so the task row's UPDATE — the point where concurrent
+    requires: dict[str, Any] = {}
+    for each in changes:
+        requires |= each.requires
+    # The payloads are known before any row is written, so the task row's UPDATE — the point where concurrent
     # writers serialise — comes first and carries the new head of the event chain.
-    payload: dict[str, Any] = {}
-    if task_fields:
-        payload["task"] = jsonable(task_fields)
-    if node_fields:
-        payload["nodes"] = {node_ref(node): _logged_node(node, fields) for node, fields in node_fields}
-    if op_fields:
-        payload["operations"] = {op.op_key: _logged_operation(op, fields) for op, fields in op_fields}
-    data = change.data
-    if lease is not None and "by" not in data:  # who wrote it: the lease's holder (an agent names itself)
-        data = {**data, "by": f"{lease.holder_kind}:{lease.holder_id}"}
-    if data:
-        payload["data"] = jsonable(_resolved(data, now))
-    event = chain_event(task=task, seq=version, type=change.event, payload=payload, at=now)
-    where, params = _task_condition(task_id, expected_version, statuses, change.requires)
+    task_fields: dict[str, Any] = {}
+    node_fields: list[tuple[Change, Node, dict[str, Any]]] = []
+    op_fields: list[tuple[Operation, dict[str, Any]]] = []
+    events: list[Event] = []
+    for offset, each in enumerate(changes, start=1):
+        fields = _resolved(each.task, now)
+        nodes = [(node, _resolved(values, now)) for node, values in each.nodes]
+        ops = [(op, _resolved(values, now)) for op, values in each.operations]
+        payload: dict[str, Any] = {}
+        if fields:
+            payload["task"] = jsonable(fields)
+        if nodes:
+            payload["nodes"] = {node_ref(node): _logged_node(node, values) for node, values in nodes}
+        if ops:
+            payload["operations"] = {op.op_key: _logged_operation(op, values) for op, values in ops}
+        data = each.data
+        if lease is not None and "by" not in data:  # who wrote it: the lease's holder (an agent names itself)
+            data = {**data, "by": f"{lease.holder_kind}:{lease.holder_id}"}
+        if data:
+            payload["data"] = jsonable(_resolved(data, now))
+        event = chain_event(task=task, seq=expected_version + offset, type=each.event, payload=payload, at=now)
+        task.log_head = event.digest  # the next event chains to this one (the working copy: set again below)
+        events.append(event)
+        task_fields |= fields
+        node_fields += [(each, node, values) for node, values in nodes]
+        op_fields += ops
+    version = expected_version + len(changes)
+    where, params = _task_condition(task_id, expected_version, statuses, requires)
     if (change.kind, actor) in NEEDS_FREE_TASK:
         where += (
             " AND NOT EXISTS (SELECT 1 FROM leases_lease l WHERE l.task_id = tasks_task.id"
             " AND l.released_at IS NULL AND l.expires_at > %s)"
         )
         params.append(connection.ops.adapt_datetimefield_value(clock.now() - lease_grace()))  # a judgement: read
-    update = {**task_fields, "updated_at": now, "log_head": event.digest}
+    update = {**task_fields, "updated_at": now, "log_head": events[-1].digest}
     inserted = [op for op, _fields in op_fields if op.pk is None]
     batch = sql.Batch()
     check = lease_check(lease=lease, task_id=task_id, at=now) if lease is not None else None
     guard = batch.guard(check.guard, check.guard_params) if check is not None else None
-    task_part = batch.update(Task, update, where=where, params=params, increments=("version",))
-    node_parts = [_node_part(batch, task_id, node, fields, change) for node, fields in node_fields]
+    if len(changes) == 1:
+        task_part = batch.update(Task, update, where=where, params=params, increments=("version",))
+    else:
+        task_part = batch.update(Task, {**update, "version": version}, where=where, params=params)
+    node_parts = [_node_part(batch, task_id, node, fields, each) for each, node, fields in node_fields]
     op_parts = [_operation_part(batch, task_id, op, fields, now) for op, fields in op_fields]
-    for receipt in change.receipts:
+    receipts = [receipt for each in changes for receipt in each.receipts]
+    temp_resources = [temp for each in changes for temp in each.temp_resources]
+    for receipt in receipts:
         receipt.received_at = now
         if receipt.operation_id is None:  # pragma: no cover - a receipt names an operation that exists
             raise ValueError("a receipt is recorded for an operation already registered")
         batch.insert(Receipt, sql.row_values(receipt, _RECEIPT_COLUMNS), returning=False)
-    row = sql.row_values(event, _EVENT_COLUMNS)
-    row["payload"] = sql.RawJSON(event.canonical_payload)  # type: ignore[attr-defined]
-    batch.insert(Event, row, returning=False)
+    for event in events:
+        row = sql.row_values(event, _EVENT_COLUMNS)
+        row["payload"] = sql.RawJSON(event.canonical_payload)  # type: ignore[attr-defined]
+        batch.insert(Event, row, returning=False)
     renew = batch.returning(check.renew, check.renew_params, value="expires_at") if check and check.renew else None
-    new_nodes = any(node.pk is None for node, _fields in node_fields)
-    listeners = listeners_of(event)
+    new_nodes = any(node.pk is None for _each, node, _fields in node_fields)
+    listeners = [listeners_of(event) for event in events]
     # One statement commits on its own (PostgreSQL, outside any transaction): no BEGIN and COMMIT round trips.
     # Anything else the change writes besides the batch makes it a transaction.
     alone = (
         connection.vendor == "postgresql"
         and connection.get_autocommit()
         and not new_nodes
-        and not change.temp_resources
+        and not temp_resources
         and before_event is None
-        and not listeners
+        and not any(listeners)
     )
-    with nullcontext() if alone else transaction.atomic():
-        if change.receipts:
-            failpoint("after_receipt", task_id=task_id)
-        try:
+    try:
+        with nullcontext() if alone else transaction.atomic():
+            if receipts:
+                failpoint("after_receipt", task_id=task_id)
             results = batch.run()
-        except sql.PartRefused as refused:  # nothing was written
-            _raise_part_refusal(refused.part, change, node_fields, node_parts, op_fields, op_parts)
-        if guard is not None and results[guard] is None:
-            _raise_version_conflict_if_moved(task_id, expected_version)
-            raise lease_refusal(lease=lease, task_id=task_id)  # type: ignore[arg-type]
-        if results[task_part] != 1:
-            _raise_refusal(task_id, expected_version, change, lease, actor, now)
-        _insert_new_nodes(task_id, node_fields)
-        for op, part in zip((op for op, _f in op_fields), op_parts, strict=True):
-            if op.pk is None:
-                op.pk, op._state.adding = results[part], False
-        for name, value in task_fields.items():  # the row as the UPDATE left it, without reading it again
-            setattr(task, name, value)
-        task.version, task.updated_at, task.log_head = version, now, event.digest
-        if change.temp_resources:
-            retention: timedelta = settings.RECKON_TEMP_RETENTION
-            for temp in change.temp_resources:
-                temp.created_at, temp.retention_until = now, now + retention
-            TempResource.objects.bulk_create(change.temp_resources, ignore_conflicts=True)
-        if before_event is not None:
-            before_event(task, now)
-        event_appended(task, event, listeners)
-    event_written(task, event)
+            _won(task_id, expected_version, change, requires, lease, actor, now, results, guard, task_part)
+            _insert_new_nodes(task_id, [(node, fields) for _each, node, fields in node_fields])
+            for op, part in zip((op for op, _f in op_fields), op_parts, strict=True):
+                if op.pk is None:
+                    op.pk, op._state.adding = results[part], False
+            for name, value in task_fields.items():  # the row as the UPDATE left it, without reading it again
+                setattr(task, name, value)
+            task.version, task.updated_at, task.log_head = version, now, events[-1].digest
+            if temp_resources:
+                retention: timedelta = settings.RECKON_TEMP_RETENTION
+                for temp in temp_resources:
+                    temp.created_at, temp.retention_until = now, now + retention
+                TempResource.objects.bulk_create(temp_resources, ignore_conflicts=True)
+            if before_event is not None:
+                before_event(task, now)
+            for event, told in zip(events, listeners, strict=True):
+                event_appended(task, event, told)
+    except sql.PartRefused as refused:  # nothing was written (named once out of the aborted statement's transaction)
+        _raise_part_refusal(refused.part, node_fields, node_parts, op_fields, op_parts)
+    for event in events:
+        event_written(task, event)
     lease_expires_at: datetime | None = None
     if guard is not None:
         lease_expires_at = clock.as_utc(results[renew] if renew is not None else results[guard])
@@ -295,15 +343,47 @@ def _write(
         written.append(op)
     new_snapshot = None
     if snapshot is not None:
+        changed: dict[int, dict[str, Any]] = {}
+        for _each, node, fields in node_fields:
+            if node.pk is not None:
+                changed[node.pk] = changed.get(node.pk, {}) | fields
         new_snapshot = after_write(
-            snapshot,
-            task=task,
-            nodes={node.pk: fields for node, fields in node_fields if node.pk is not None},
-            operations=written,
-            now=now,
-            lease_expires_at=lease_expires_at,
+            snapshot, task=task, nodes=changed, operations=written, now=now, lease_expires_at=lease_expires_at
         )
     return Applied(version=version, at=now, snapshot=new_snapshot, operations=tuple(written))
+
+
+def _won(
+    task_id: int,
+    expected_version: int,
+    change: Change,
+    requires: dict[str, Any],
+    lease: LeaseRef | None,
+    actor: Actor,
+    now: datetime,
+    results: list[Any],
+    guard: int | None,
+    task_part: int,
+) -> None:
+    """The batch ran: name the refusal if the lease or the task row matched nothing (then nothing was written)."""
+    if guard is not None and results[guard] is None:
+        _raise_version_conflict_if_moved(task_id, expected_version)
+        raise lease_refusal(lease=lease, task_id=task_id)  # type: ignore[arg-type]
+    if results[task_part] != 1:
+        _raise_refusal(task_id, expected_version, change, requires, lease, actor, now)
+
+
+def _check_then(task_id: int, task: Task, change: Change, then: Change, actor: Actor, now: datetime) -> None:
+    """``then`` is permitted on the task as ``change`` leaves it, and asks nothing of a field ``change`` sets."""
+    after = sql.clone(task)
+    for name, value in _resolved(change.task, now).items():
+        setattr(after, name, value)
+    if after.status not in permitted(then.kind, actor):
+        raise _not_permitted(task_id, after.status, then.kind, actor)
+    _check_transitions(after, then)
+    asked = {lookup.split("__")[0] for lookup in then.requires}
+    if asked & set(change.task) or (then.kind, actor) in NEEDS_FREE_TASK or then.temp_resources:
+        raise ValueError(f"{then.event} cannot follow {change.event} in one write")
 
 
 def lock_for_write(task_id: int, lease: LeaseRef | None) -> None:
@@ -403,16 +483,16 @@ def _insert_new_nodes(task_id: int, node_fields: list[tuple[Node, dict[str, Any]
 
 def _raise_part_refusal(
     part: int,
-    change: Change,
-    node_fields: list[tuple[Node, dict[str, Any]]],
+    node_fields: list[tuple[Change, Node, dict[str, Any]]],
     node_parts: list[int | None],
     op_fields: list[tuple[Operation, dict[str, Any]]],
     op_parts: list[int],
 ) -> NoReturn:
     """A node or operation row of the change matched nothing although the task row did: name why."""
-    for (node, _fields), index in zip(node_fields, node_parts, strict=True):
+    for (change, node, _fields), index in zip(node_fields, node_parts, strict=True):
         if index == part:
-            if change.node_requires.get(node.pk, {}):
+            spent = Node.objects.filter(pk=node.pk, attempts__gte=F("max_attempts")).exists()
+            if change.node_requires.get(node.pk, {}) and spent:
                 raise BudgetExhausted(
                     f"node {node.key} used its {node.max_attempts} attempts", scope="node", node=node.key
                 )
@@ -474,7 +554,13 @@ def _check_transitions(task: Task, change: Change) -> None:
 
 
 def _raise_refusal(
-    task_id: int, expected_version: int, change: Change, lease: LeaseRef | None, actor: Actor, now: datetime
+    task_id: int,
+    expected_version: int,
+    change: Change,
+    requires: dict[str, Any],
+    lease: LeaseRef | None,
+    actor: Actor,
+    now: datetime,
 ) -> None:
     """The task row's conditional UPDATE matched nothing: find out which condition failed and name it."""
     row = Task.objects.filter(pk=task_id).first()
@@ -484,7 +570,7 @@ def _raise_refusal(
         raise _conflict(task_id, expected_version, row.version)
     if row.status not in permitted(change.kind, actor):
         raise _not_permitted(task_id, row.status, change.kind, actor)
-    for lookup, value in change.requires.items():
+    for lookup, value in requires.items():
         if not Task.objects.filter(Q(pk=task_id) & Q(**{lookup: value})).exists():
             raise TASK_CONDITIONS[lookup].error()
     if (change.kind, actor) in NEEDS_FREE_TASK:

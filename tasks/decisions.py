@@ -25,6 +25,7 @@ from tasks.errors import (
     NodeNotReady,
     OperationsOpen,
     TakeoverRequested,
+    TaskError,
     TaskNotRunnable,
 )
 from tasks.events import node_ref
@@ -227,6 +228,26 @@ def _send_again(snap: Snapshot, op: Operation) -> Change:
         requires=_START_REQUIRES | (_SPENDS if first else {}),
         node_requires={node.pk: _NODE_SPENDS} if first else {},
     )
+
+
+def shares_next_start(change: Change) -> bool:
+    """Whether the next node's start may be decided on the snapshot ``change`` leaves and written with it (one
+    commit for this node's receipt and the next node's intent: nothing happens outside between the two). Only when
+    ``change`` advances its node and writes nothing but updates besides its receipt."""
+    return change.event == "node_succeeded" and not change.temp_resources
+
+
+def next_start(snap: Snapshot) -> tuple[Change, Operation] | None:
+    """On a snapshot projected from a change that ``shares_next_start``: the start of the next ready node when the
+    directive there is to execute a node not yet registered; None for anything else (an intent to send again, a
+    wait, a stop, the end: the next directive is read after the write, as always)."""
+    d = directive(snap)
+    if d.kind != "execute" or d.op_key:
+        return None
+    try:
+        return start(snap, d.node_key)
+    except TaskError:  # pragma: no cover - the directive said execute: start agrees on the same snapshot
+        return None
 
 
 _START_REQUIRES: dict[str, Any] = {"cancel_requested_at__isnull": True, "inputs_recheck_required": False}

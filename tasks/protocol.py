@@ -6,6 +6,10 @@
     outcome = connector.submit(op.op_key, op.request)             # outside any transaction
     op, snap = step_settle(snap, op.op_key, outcome, lease=…)     # commit 2: receipt, node, task
 
+A worker running a chain of nodes shares commits: ``step_settle_and_start`` writes a node's receipt and, when that
+advances the node and the next directive is to start a fresh node, that node's operation ("may have been sent") in
+the same commit — commit 2 of one node is commit 1 of the next; nothing happens outside between the two.
+
 ``operation_start`` / ``record_outcome`` are the same two writes for a caller that holds no snapshot (they read
 one first). Every write is a compare_and_set on the task version and the caller's lease epoch; the decision of
 what it writes is tasks/decisions.py's. A refusal raises a named error and writes nothing; the caller stops and
@@ -16,7 +20,7 @@ from typing import Any
 
 from leases.services import LeaseRef
 from tasks import decisions
-from tasks.cas import compare_and_set
+from tasks.cas import compare_and_set, project
 from tasks.decisions import Directive, resolved_input
 from tasks.errors import InvalidTransition, TaskNotFound, VersionConflict
 from tasks.models import Node, Operation, Task
@@ -34,6 +38,7 @@ __all__ = [
     "snapshot_at",
     "step_confirm_inputs",
     "step_settle",
+    "step_settle_and_start",
     "step_start",
 ]
 
@@ -83,6 +88,26 @@ def step_settle(
         return op, snap
     applied = compare_and_set(snap.task.pk, snap.version, change, lease=lease, snapshot=snap)
     return applied.operations[0] if applied.operations else op, applied.next_snapshot()
+
+
+def step_settle_and_start(
+    snap: Snapshot, op_key: str, outcome: Outcome, *, lease: LeaseRef
+) -> tuple[Operation, Operation | None, Snapshot]:
+    """``step_settle``, and in the same commit the start of the next node when the outcome advances this one and
+    the directive on the snapshot it leaves is to execute a node not yet registered (tasks.decisions.next_start):
+    the settled operation, the started one (to call next) or None, and the new snapshot."""
+    op = snap.operation(op_key)
+    if op is None:
+        raise _not_outstanding(op_key)
+    change = decisions.settle(snap, op, outcome)
+    if change is None:
+        return op, None, snap
+    following = decisions.next_start(project(snap, change)) if decisions.shares_next_start(change) else None
+    then = following[0] if following is not None else None
+    applied = compare_and_set(snap.task.pk, snap.version, change, lease=lease, snapshot=snap, then=then)
+    settled = applied.operations[0] if applied.operations else op
+    started = applied.operations[-1] if following is not None else None
+    return settled, started, applied.next_snapshot()
 
 
 def _not_outstanding(op_key: str) -> Exception:

@@ -24,7 +24,14 @@ from tasks.failpoints import failpoint
 from tasks.lifecycle import FailureClass, OperationStatus
 from tasks.models import OperationPurpose
 from tasks.outcomes import Accepted, Failed
-from tasks.protocol import Directive, next_directive, step_confirm_inputs, step_settle, step_start
+from tasks.protocol import (
+    Directive,
+    next_directive,
+    step_confirm_inputs,
+    step_settle,
+    step_settle_and_start,
+    step_start,
+)
 from tasks.queries import get_task
 from tasks.recovery import remote_down_record
 from tasks.snapshot import Snapshot, task_snapshot
@@ -46,14 +53,17 @@ def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: in
     """Run the task's ready work with ``lease`` until it is done, must stop or wait, or ``max_steps`` directives.
 
     One snapshot is read at the start; each write returns the next one, so a node costs its two commits and no
-    read. Every write extends the lease (a heartbeat); it is renewed explicitly only when a step wrote nothing
-    (a wait). A lookup that itself fails leaves the operation unknown and ends the run
-    (``stopped_by="remote_unreachable"``); an operation the remote still runs ends it too, with ``wake_at`` set for
-    the next observation: the next run asks again, by op key.
+    read — fewer in a chain: a receipt's commit starts the next node when that is the next directive
+    (``step_settle_and_start``), so n nodes run one after another cost n + 1 commits. Every write extends the
+    lease (a heartbeat); it is renewed explicitly only when a step wrote nothing (a wait). A lookup that itself
+    fails leaves the operation unknown and ends the run (``stopped_by="remote_unreachable"``); an operation the
+    remote still runs ends it too, with ``wake_at`` set for the next observation: the next run asks again, by op
+    key.
     """
     directive: Directive | None = None
     snap: Snapshot | None = None
-    for step in range(max_steps):
+    step = 0
+    while step < max_steps:
         in_hand = ""  # the op key this step sends or settles, for the line logged if the step is refused
         try:
             if snap is None:
@@ -81,19 +91,27 @@ def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: in
             elif d.kind == "execute":
                 failpoint("before_intent", task_id=task_id)
                 op, snap = step_start(snap, d.node_key, lease=lease)
-                in_hand = op.op_key
-                failpoint("before_call", task_id=task_id)
-                if op.purpose == OperationPurpose.COMPENSATION:
-                    outcome = connector.compensate(op.op_key, op.request)
-                else:
-                    outcome = connector.submit(op.op_key, op.request)
-                failpoint("after_call", task_id=task_id)
-                op, snap = step_settle(snap, op.op_key, outcome, lease=lease)
-                failpoint("after_advance", task_id=task_id)
+                while True:  # a chain: each receipt's commit may start the next node (step_settle_and_start)
+                    in_hand = op.op_key
+                    failpoint("before_call", task_id=task_id)
+                    if op.purpose == OperationPurpose.COMPENSATION:
+                        outcome = connector.compensate(op.op_key, op.request)
+                    else:
+                        outcome = connector.submit(op.op_key, op.request)
+                    failpoint("after_call", task_id=task_id)
+                    if step + 1 < max_steps:
+                        _settled, started, snap = step_settle_and_start(snap, op.op_key, outcome, lease=lease)
+                    else:
+                        started, (_settled, snap) = None, step_settle(snap, op.op_key, outcome, lease=lease)
+                    failpoint("after_advance", task_id=task_id)
+                    if started is None:
+                        break
+                    op, step = started, step + 1  # the next node's directive, decided and written with the receipt
             elif d.kind == "wait":
                 return RunReport(step, d, lease, wake_at=d.until)
             else:
                 return RunReport(step, d, lease)
+            step += 1
         except (TaskError, LeaseError) as refusal:
             # One line per refusal that ends a run (lease lost or expired, a version moved by someone else): the
             # domain's other state changes are logged from the event log (observability/logs.py, an event listener).

@@ -54,6 +54,12 @@ def commits(ctx: CaptureQueriesContext) -> int:
     return sum(1 for q in ctx.captured_queries if q["sql"].startswith("RELEASE SAVEPOINT"))
 
 
+def chain_commits(nodes: int) -> int:
+    """A chain of ``nodes`` run by one worker: the first node's start, then each receipt's commit, which starts the
+    next node (tasks.protocol.step_settle_and_start) — at most 2 per node, the issue's budget."""
+    return nodes + 1
+
+
 def test_a_node_through_run_steps_costs_two_commits_and_at_most_the_budget(make_task, agent_lease, clock) -> None:
     task = make_task(chain_plan(*(f"n{i}" for i in range(NODES))))
     lease = agent_lease(task, ttl=timedelta(minutes=5))
@@ -63,21 +69,25 @@ def test_a_node_through_run_steps_costs_two_commits_and_at_most_the_budget(make_
     assert Task.objects.get(pk=task.pk).status == "completed"
     statements = len(ctx.captured_queries)
     print(f"\n[budget] {NODES} nodes: {statements} statements, {commits(ctx)} commits ({statements / NODES:.1f}/node)")
-    assert commits(ctx) == COMMITS_PER_NODE * NODES
+    assert commits(ctx) == chain_commits(NODES) <= COMMITS_PER_NODE * NODES
     assert statements <= STATEMENTS_PER_NODE * NODES
-    # Pinned exactly: three snapshot reads once, then per node two writes. Inside this test's transaction each is a
-    # SAVEPOINT and a RELEASE around, on PostgreSQL, ONE statement checking the lease and writing task, node,
-    # operation (receipt), event and the lease's extension; on SQLite the rows are written one statement each
-    # (lease, task, node, operation, event; a receipt on the second). The test clock reads no time.
+    # Pinned exactly: three snapshot reads once, then NODES + 1 writes. Inside this test's transaction each is a
+    # SAVEPOINT and a RELEASE around, on PostgreSQL, ONE statement checking the lease and writing task, nodes,
+    # operations, receipt, events and the lease's extension; on SQLite the rows are written one statement each:
+    # the first start 5 (lease, task, node, operation, event), each receipt that starts the next node 9 (lease,
+    # task, two nodes, two operations, receipt, two events), the last receipt 6. The test clock reads no time.
     # + 1: the webhook outbox's read of the live subscriptions when the task completes
-    assert statements == 3 + NODES * (6 if connection.vendor == "postgresql" else 15) + 1
+    if connection.vendor == "postgresql":
+        assert statements == 3 + chain_commits(NODES) * 3 + 1
+    else:
+        assert statements == 3 + (5 + 2) + (NODES - 1) * (9 + 2) + (6 + 2) + 1
 
 
 def test_a_node_outside_any_transaction_costs_two_commits_and_no_begin_on_postgresql(
     transactional_db: None, make_task, agent_lease, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """As a worker runs it (autocommit, the database's own clock): per node one statement per commit on
-    PostgreSQL — no BEGIN, no COMMIT, no separate lease statement, no clock read (one reading, then estimated:
+    """As a worker runs it (autocommit, the database's own clock): one statement per commit on PostgreSQL — no
+    BEGIN, no COMMIT, no separate lease statement, no clock read (one reading, then estimated:
     leases.clock.write_time); on SQLite a transaction of one statement per row. Commits counted as the bench counts
     them (a transaction that wrote, or a write in autocommit)."""
     from harness.bench import StatementCounter
@@ -94,14 +104,14 @@ def test_a_node_outside_any_transaction_costs_two_commits_and_no_begin_on_postgr
     assert Task.objects.get(pk=task.pk).status == "completed"
     assert Lease.objects.get(pk=lease.pk).expires_at > before  # every write extended the lease
     print(f"\n[budget, autocommit] {NODES} nodes: {counter.statements} statements, {counter.commits} commits")
-    assert counter.commits == COMMITS_PER_NODE * NODES
+    assert counter.commits == chain_commits(NODES)
     if connection.vendor == "postgresql":
-        # 3 snapshot reads and 1 clock reading once; per node 2 writes; the last write is a transaction (the
-        # webhook outbox listens to the event that completes the task: its read of the live subscriptions)
+        # 3 snapshot reads and 1 clock reading once; one write per commit; the last is a transaction (the webhook
+        # outbox listens to the event that completes the task: its read of the live subscriptions)
         assert counter.transactions == 1
-        assert counter.statements == 3 + 1 + NODES * 2 + 1
+        assert counter.statements == 3 + 1 + chain_commits(NODES) + 1
     else:
-        assert counter.transactions == COMMITS_PER_NODE * NODES
+        assert counter.transactions == chain_commits(NODES)
         assert counter.statements <= (STATEMENTS_PER_NODE - 2) * NODES  # BEGIN and COMMIT are not in this count
 
 
@@ -206,3 +216,22 @@ def test_confirming_inputs_and_cancelling_cost_pinned_statements(make_task, agen
     # (the first audit row of a database also creates the audit chain's head: a SAVEPOINT, an INSERT and a RELEASE),
     # and the webhook outbox's read of the live subscriptions
     assert len(cancel.captured_queries) == (15 if pg else 16), [q["sql"][:70] for q in cancel.captured_queries]
+
+
+def test_psycopg_parses_each_step_statement_once_on_postgresql(make_task, agent_lease, clock) -> None:
+    """A chained write is one long statement (two changes): psycopg must keep its parse of it, as of every other
+    statement of the step path, instead of parsing it again on every commit (leases.db._cache_long_statements)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("psycopg's query cache: PostgreSQL only")
+    import psycopg._queries
+
+    first, second = (make_task(chain_plan("a", "b", "c")) for _ in range(2))
+    run_steps(task_id=first.pk, lease=agent_lease(first), connector=Receipts())
+    lease = agent_lease(second)
+    before = psycopg._queries._query2pg.cache_info()
+    report = run_steps(task_id=second.pk, lease=lease, connector=Receipts())
+    after = psycopg._queries._query2pg.cache_info()
+
+    assert report.directive is not None and report.directive.kind == "done"
+    assert after.misses == before.misses
+    assert after.hits - before.hits == 3 + chain_commits(3)  # the snapshot's reads, then every write
