@@ -14,7 +14,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from harness.bench import FIGURES, PG_ONLY
+from harness.bench import FIGURES, MODES, PG_ONLY
 
 TASKS, NODES, WORKERS = 1, 2, (1, 2)
 RECOVERY_TASKS = 8
@@ -47,9 +47,9 @@ def test_bench_reports_every_figure_positive_and_consistent(tmp_path, django_db_
         assert {"fsync", "synchronous_commit", "wal_sync_method", "full_page_writes"} <= set(env["settings"])
         assert report["durable"]
     assert report["config"] == {"tasks_per_worker": TASKS, "nodes": NODES, "rounds": 3, "workers": list(WORKERS)}
-    assert len(report["runs"]) == 3 * len(WORKERS) * 2  # rounds x worker counts x (raw, reckon)
+    assert len(report["runs"]) == 3 * len(WORKERS) * 3  # rounds x worker counts x (raw, shared, reckon)
 
-    for mode in ("raw", "reckon"):
+    for mode in ("raw", "shared", "reckon"):
         for workers in WORKERS:
             cell = report["figures"][mode][str(workers)]
             assert set(cell) == set(FIGURES)
@@ -63,7 +63,6 @@ def test_bench_reports_every_figure_positive_and_consistent(tmp_path, django_db_
             assert cell["steps"] == TASKS * NODES * workers
             assert cell["steps_per_s"] > 0 and cell["wall_s"] > 0
 
-            raw = report["figures"]["raw"][str(workers)]
             if mode == "raw":  # by construction
                 assert cell["commits_per_step"] == cell["transactions_per_step"] == 2
                 assert cell["statements_per_step"] == 3
@@ -74,6 +73,13 @@ def test_bench_reports_every_figure_positive_and_consistent(tmp_path, django_db_
                     assert cell["rows_written_per_step"] >= 3
                 else:
                     assert cell["rows_written_per_step"] == 3  # 2 inserts, 1 update
+            elif mode == "shared":  # by construction: the same rows, n + 1 commits for n steps
+                assert cell["commits_per_step"] == cell["transactions_per_step"] == (NODES + 1) / NODES
+                assert cell["statements_per_step"] == 3
+                if postgres:
+                    assert cell["round_trips_per_step"] == (3 * NODES + 2 * (NODES + 1)) / NODES
+                else:
+                    assert cell["rows_written_per_step"] == 3
             else:
                 assert cell["statements_per_step"] > 0
                 assert cell["commits_per_step"] >= 1
@@ -83,12 +89,14 @@ def test_bench_reports_every_figure_positive_and_consistent(tmp_path, django_db_
                     assert cell["xact_commit_per_step"] >= cell["commits_per_step"] - 1e-9
                     assert cell["round_trips_per_step"] > cell["statements_per_step"]
 
-        ratio = report["ratios"][str(workers)]
-        runs = {m: [r for r in report["runs"] if r["mode"] == m and r["workers"] == workers] for m in ("raw", "reckon")}
-        paired = [k["steps_per_s"] / w["steps_per_s"] for w, k in zip(runs["raw"], runs["reckon"], strict=True)]
-        assert ratio["steps_per_s"] == statistics.median(paired)
+        runs = {m: [r for r in report["runs"] if r["mode"] == m and r["workers"] == workers] for m in MODES}
         reckon = report["figures"]["reckon"][str(workers)]
-        assert ratio["cpu_ms_per_step"] == reckon["cpu_ms_per_step"] / raw["cpu_ms_per_step"]
+        for base, key in (("raw", "ratios"), ("shared", "ratios_shared")):
+            ratio = report[key][str(workers)]
+            paired = [k["steps_per_s"] / w["steps_per_s"] for w, k in zip(runs[base], runs["reckon"], strict=True)]
+            assert ratio["steps_per_s"] == statistics.median(paired)
+            limit = report["figures"][base][str(workers)]
+            assert ratio["cpu_ms_per_step"] == reckon["cpu_ms_per_step"] / limit["cpu_ms_per_step"]
 
     goals = {g["goal"]: g for g in report["goals"]}
     assert len(goals) == 3
@@ -98,7 +106,7 @@ def test_bench_reports_every_figure_positive_and_consistent(tmp_path, django_db_
     assert any(g["met"] is None and "8 workers" in g["goal"] for g in goals.values())  # not measured here
 
     table = out.getvalue()
-    assert "steps/s" in table and "x raw" in table and "goal:" in table
+    assert "steps/s" in table and "x raw" in table and "x shared" in table and "goal:" in table
     profile = tmp_path / "bench.profile.txt"
     assert report["profile"] == str(profile)
     assert "run_steps" in profile.read_text()
