@@ -19,11 +19,14 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from harness.partitions import (
+    KOMBU_RESTORE_RACE,
     PARTITIONS,
     Lane,
     NeedsFaketime,
     PartitionRow,
+    Tally,
     _clock_offset,
+    _judge_worker_exits,
     _late_lines,
     faketime_library,
     skewed,
@@ -136,3 +139,21 @@ def test_the_stale_workers_log_is_read_from_the_heal_on(tmp_path: Path) -> None:
 
 class _NoWorkers:
     processes = [type("P", (), {"pid": 1})()]
+
+
+def test_the_broker_row_forgives_only_the_worker_exits_kombus_restore_race_explains(tmp_path: Path) -> None:
+    log = tmp_path / "workers.log"
+    log.write_text("consumer: Connection to broker lost.\n")
+    kept, unexplained, explained = Tally(), Tally(), Tally()
+
+    _judge_worker_exits(kept, [1, 2], [1, 2], log)
+    _judge_worker_exits(unexplained, [1, 2], [1, 3], log)
+    log.write_text(log.read_text() + f"CRITICAL celery.worker: {KOMBU_RESTORE_RACE}\n")
+    _judge_worker_exits(explained, [1, 2], [1, 3], log)
+
+    assert (kept.restarted, kept.problems) == (0, [])
+    assert unexplained.restarted == 1 and unexplained.problems == [
+        "1 worker(s) had to be started again, 0 of them on kombu's restore race"
+    ]
+    assert (explained.restarted, explained.problems) == (1, [])
+    assert "1 worker(s) exited on kombu's restore race" in explained.line("broker")
