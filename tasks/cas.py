@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db.models import F, Model, Q
 
 from audit.principals import Principal
 from audit.services import audit_append
@@ -181,16 +181,9 @@ def project(snapshot: Snapshot, change: Change) -> Snapshot:
     if any(node.pk is None for node, _fields in change.nodes) or any(op.pk is None for op, _f in change.operations):
         raise ValueError("a change that inserts rows cannot be projected")
     now = snapshot.now
-    task = sql.clone(snapshot.task)
-    for name, value in _resolved(change.task, now).items():
-        setattr(task, name, value)
+    task = _applied(snapshot.task, _resolved(change.task, now))
     task.version = snapshot.version + 1
-    operations = []
-    for op, fields in change.operations:
-        op = sql.clone(op)
-        for name, value in _resolved(fields, now).items():
-            setattr(op, name, value)
-        operations.append(op)
+    operations = [_applied(op, _resolved(fields, now)) for op, fields in change.operations]
     nodes = {node.pk: _resolved(fields, now) for node, fields in change.nodes}
     return after_write(snapshot, task=task, nodes=nodes, operations=operations, now=now, lease_expires_at=None)
 
@@ -310,7 +303,11 @@ def _write(
             if receipts:
                 failpoint("after_receipt", task_id=task_id)
             results = batch.run()
-            _won(task_id, expected_version, change, requires, lease, actor, now, results, guard, task_part)
+            if guard is not None and results[guard] is None:  # the lease matched nothing: nothing was written
+                _raise_version_conflict_if_moved(task_id, expected_version)
+                raise lease_refusal(lease=lease, task_id=task_id)  # type: ignore[arg-type]
+            if results[task_part] != 1:  # the task row matched nothing: nothing was written
+                _raise_refusal(task_id, expected_version, change, requires, lease, actor, now)
             _insert_new_nodes(task_id, [(node, fields) for _each, node, fields in node_fields])
             for op, part in zip((op for op, _f in op_fields), op_parts, strict=True):
                 if op.pk is None:
@@ -336,11 +333,7 @@ def _write(
         lease_expires_at = clock.as_utc(results[renew] if renew is not None else results[guard])
     written = []  # the operation rows as the change left them (copies of updated ones: the caller's stay as read)
     for op, fields in op_fields:
-        if op not in inserted:
-            op = sql.clone(op)
-            for name, value in fields.items():
-                setattr(op, name, value)
-        written.append(op)
+        written.append(op if op in inserted else _applied(op, fields))
     new_snapshot = None
     if snapshot is not None:
         changed: dict[int, dict[str, Any]] = {}
@@ -353,31 +346,17 @@ def _write(
     return Applied(version=version, at=now, snapshot=new_snapshot, operations=tuple(written))
 
 
-def _won(
-    task_id: int,
-    expected_version: int,
-    change: Change,
-    requires: dict[str, Any],
-    lease: LeaseRef | None,
-    actor: Actor,
-    now: datetime,
-    results: list[Any],
-    guard: int | None,
-    task_part: int,
-) -> None:
-    """The batch ran: name the refusal if the lease or the task row matched nothing (then nothing was written)."""
-    if guard is not None and results[guard] is None:
-        _raise_version_conflict_if_moved(task_id, expected_version)
-        raise lease_refusal(lease=lease, task_id=task_id)  # type: ignore[arg-type]
-    if results[task_part] != 1:
-        _raise_refusal(task_id, expected_version, change, requires, lease, actor, now)
+def _applied[M: Model](row: M, fields: dict[str, Any]) -> M:
+    """A copy of ``row`` with ``fields`` set (the caller's row stays as it was read)."""
+    row = sql.clone(row)
+    for name, value in fields.items():
+        setattr(row, name, value)
+    return row
 
 
 def _check_then(task_id: int, task: Task, change: Change, then: Change, actor: Actor, now: datetime) -> None:
     """``then`` is permitted on the task as ``change`` leaves it, and asks nothing of a field ``change`` sets."""
-    after = sql.clone(task)
-    for name, value in _resolved(change.task, now).items():
-        setattr(after, name, value)
+    after = _applied(task, _resolved(change.task, now))
     if after.status not in permitted(then.kind, actor):
         raise _not_permitted(task_id, after.status, then.kind, actor)
     _check_transitions(after, then)
@@ -491,8 +470,10 @@ def _raise_part_refusal(
     """A node or operation row of the change matched nothing although the task row did: name why."""
     for (change, node, _fields), index in zip(node_fields, node_parts, strict=True):
         if index == part:
-            spent = Node.objects.filter(pk=node.pk, attempts__gte=F("max_attempts")).exists()
-            if change.node_requires.get(node.pk, {}) and spent:
+            if (
+                change.node_requires.get(node.pk, {})
+                and Node.objects.filter(pk=node.pk, attempts__gte=F("max_attempts")).exists()
+            ):
                 raise BudgetExhausted(
                     f"node {node.key} used its {node.max_attempts} attempts", scope="node", node=node.key
                 )
