@@ -390,20 +390,7 @@ class _Worker:
                     db.execute("COMMIT")
                     statements += 3
                     transactions += 2
-        ended, cpu = time.monotonic(), time.process_time() - cpu
-        steps = len(payload["tasks"]) * nodes
-        self._flush_stats(django=False)
-        return {
-            "started": started,
-            "ended": ended,
-            "cpu": cpu,
-            "steps": steps,
-            "statements": statements,
-            "transactions": transactions,
-            "commits": transactions,  # every raw transaction writes
-            "iterations": steps,
-            "rows": self._changes() - changes,
-        }
+        return self._raw_result(payload, started, cpu, statements, transactions, changes)
 
     def _run_raw_shared(self, payload: dict[str, Any]) -> dict[str, Any]:
         nodes: int = payload["nodes"]
@@ -431,8 +418,14 @@ class _Worker:
                         intent_id = cur.fetchone()[0]
                         statements += 1
                 transactions += 1
+        return self._raw_result(payload, started, cpu, statements, transactions, changes)
+
+    def _raw_result(
+        self, payload: dict[str, Any], started: float, cpu: float, statements: int, transactions: int, changes: int
+    ) -> dict[str, Any]:
+        """A raw run's figures, taken once its loop ended (``cpu``: process time at its start)."""
         ended, cpu = time.monotonic(), time.process_time() - cpu
-        steps = len(payload["tasks"]) * nodes
+        steps = len(payload["tasks"]) * payload["nodes"]
         self._flush_stats(django=False)
         return {
             "started": started,
@@ -441,7 +434,7 @@ class _Worker:
             "steps": steps,
             "statements": statements,
             "transactions": transactions,
-            "commits": transactions,
+            "commits": transactions,  # every raw transaction writes
             "iterations": steps,
             "rows": self._changes() - changes,
         }
