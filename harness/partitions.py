@@ -33,8 +33,9 @@ Two rows need no proxy:
   beat drop every scan and wake-up; messages now go stale on the database clock (tasks.jobs.drive_task).
 - **broker restarted** (``broker_restarted``): direct workers on a Redis of the run's own, restarted without
   persistence once a third of the tasks have begun: every queued wake-up and scan, and every message taken but not
-  acknowledged, is lost. The workers reconnect by themselves; the recovery scan, which reads the database, queues
-  every task needing work again once its claim lapses.
+  acknowledged, is lost. The workers reconnect by themselves (one that exits on kombu's restore race is started
+  again, as a supervisor would, and counted); the recovery scan, which reads the database, queues every task needing
+  work again once its claim lapses.
 
 A partition counts (the row's ``fired`` figure, which must equal the tasks) only if it happened as described: the
 operation was still dispatched when the lease lapsed (or 0.3 s after the cut), or went unknown with the remote's
@@ -854,8 +855,8 @@ def _own_redis(workdir: Path) -> Iterator[tuple[str, Callable[[], None]]]:
     process: list[subprocess.Popen[bytes]] = []
 
     def start() -> None:
-        log = (workdir / "redis.log").open("ab")
-        process.append(subprocess.Popen(command, stdout=log, stderr=log))  # noqa: S603
+        with (workdir / "redis.log").open("ab") as log:  # the server keeps its own copy of the descriptor
+            process.append(subprocess.Popen(command, stdout=log, stderr=log))  # noqa: S603
         client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1)
         for _ in range(100):
             try:
@@ -886,8 +887,9 @@ def run_broker_restart(
 ) -> PartitionRow:
     """Direct workers on a Redis of the run's own; once a third of the tasks have begun, the Redis server is
     restarted without persistence: every wake-up and scan queued, and every message a worker had taken but not
-    acknowledged, is gone. The workers are never restarted (they reconnect); the recovery scan — which reads the
-    database, not the broker — queues every task needing work again once its claim lapses. Judged as the kill matrix
+    acknowledged, is gone. The workers are not restarted (they reconnect) but for kombu's restore race
+    (KOMBU_RESTORE_RACE); the recovery scan — which reads the database, not the broker — queues every task needing
+    work again once its claim lapses. Judged as the kill matrix
     judges: nothing lost, nothing duplicated."""
     import kombu.exceptions
 
