@@ -137,7 +137,13 @@ def scope_condition(token: ApiToken) -> Q:
 
 
 def in_scope(token: ApiToken, task: Task) -> bool:
-    return task.kind in token.kinds or (bool(task.project) and task.project in token.projects)
+    return scope_covers(token.kinds, token.projects, task)
+
+
+def scope_covers(kinds: Sequence[str], projects: Sequence[str], task: Task) -> bool:
+    """Whether a scope of ``kinds`` and ``projects`` covers ``task`` (the rule ``in_scope`` and the webhook outbox,
+    which reads the scopes without the tokens, share)."""
+    return task.kind in kinds or (bool(task.project) and task.project in projects)
 
 
 def _scope(names: Sequence[str]) -> list[str]:

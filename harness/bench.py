@@ -31,6 +31,10 @@ leases, by the parent: not measured) and they start together on a barrier. Measu
   ``tup_inserted + tup_updated`` (rows written), and ``pg_stat_wal`` (``wal_sync``, ``wal_records``, ``wal_fpi``,
   ``wal_bytes``). pg_stat_wal is cluster-wide: commits seen in other databases during a window are reported.
 - SQLite: rows written = ``total_changes`` of the workers' connections (inserts, updates and deletes).
+- With 1 worker, the time a Reckon step waits (wall time less client CPU: the database, the commit's fsync, the
+  kernel) against the raw loop's whole step: the ratio Reckon would reach with no client CPU at all.
+- The machine's speed at plain Python (``python_reference_us``): Reckon's client CPU per step moves with it and the
+  raw loop's hardly, so the same code reads a lower ratio on a slower day; compare runs by it first.
 """
 
 from __future__ import annotations
@@ -801,6 +805,33 @@ def _median(values: list[Any]) -> Any:
     return statistics.median(present) if present else None
 
 
+def python_reference_us(rounds: int = 5, loops: int = 2000) -> float:
+    """The machine's speed at plain Python, in µs per loop of a fixed workload like the step's own (build a payload,
+    write it as canonical JSON, hash it, read it back, walk it): the median of ``rounds``. Reckon's client CPU per
+    step moves with it, the raw loop's (mostly libpq and the kernel) hardly, so a ratio read on a slower machine is
+    lower for the same code: compare runs of different days by this figure first."""
+    import hashlib
+
+    def workload(i: int) -> int:
+        payload = {
+            "task": {"status": "running", "attempts_used": i},
+            "nodes": {f"p1/n{n}": {"status": "succeeded", "attempts": 1, "output": {"count": 1}} for n in range(4)},
+            "data": {"op_key": f"rk-{i:032x}-p1-n1-0", "by": "agent:bench"},
+        }
+        text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        back = json.loads(text)
+        return len(digest) + sum(len(str(v)) for node in back["nodes"].values() for v in node.values())
+
+    times = []
+    for _ in range(rounds):
+        started = time.process_time()
+        for i in range(loops):
+            workload(i)
+        times.append((time.process_time() - started) / loops * 1e6)
+    return statistics.median(times)
+
+
 def _environment(vendor: str, stats: _PgStats | None) -> dict[str, Any]:
     import django
 
@@ -811,6 +842,7 @@ def _environment(vendor: str, stats: _PgStats | None) -> dict[str, Any]:
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
         "django_debug": False,  # the workers and the profile run with DEBUG off, as in production
+        "python_reference_us": python_reference_us(),
     }
     if stats is not None:
         import psycopg
@@ -933,6 +965,16 @@ def _report(
         value = ratios[str(workers)]["steps_per_s"] if figure == "ratio" else figures["reckon"][str(workers)][figure]
         met = value >= target if comparison == ">=" else value <= target
         goals.append({"goal": text, "target": target, "value": value, "met": met})
+    waiting = None
+    if 1 in config.workers:  # one worker runs its steps one after another: a step's wall time is CPU or waiting
+        reckon, raw = figures["reckon"]["1"], figures["raw"]["1"]
+        wait_ms = 1000 / reckon["steps_per_s"] - reckon["cpu_ms_per_step"]
+        raw_ms = 1000 / raw["steps_per_s"]
+        waiting = {
+            "reckon_wait_ms_per_step": wait_ms,  # on the database and the kernel: not the client's CPU
+            "raw_ms_per_step": raw_ms,
+            "ratio_with_no_client_cpu": raw_ms / wait_ms if wait_ms > 0 else None,
+        }
     warnings = _durability_warnings(env)
     if config.rounds < 3:
         warnings.append(f"only {config.rounds} round(s): the figures are not medians of 3 or more")
@@ -959,6 +1001,7 @@ def _report(
         "ratios": ratios,  # against the raw limit of the goals: two commits per step
         "ratios_shared": ratios_shared,  # against the raw loop that shares commits along a chain as Reckon does
         "goals": goals,
+        "one_worker_waiting": waiting,
         "runs": runs,
         "profile": str(profile) if profile else None,
     }
@@ -990,6 +1033,8 @@ def format_report(report: dict[str, Any]) -> str:
         f"Python {env['python']}, Django {env['django']}"
         + (f", psycopg {env['psycopg']}" if "psycopg" in env else "")
         + f", {env['cpus']} CPUs, {env['platform']}",
+        f"machine: {env['python_reference_us']:.1f} µs per Python reference loop (harness.bench.python_reference_us;"
+        " Reckon's client CPU moves with it, the raw loop's hardly: compare days by it)",
         "settings: " + ", ".join(f"{k}={v}" for k, v in env["settings"].items()),
         f"{cfg['tasks_per_worker']} tasks per worker x {cfg['nodes']} nodes, {cfg['rounds']} rounds interleaved "
         "(raw, shared, Reckon, …), medians; a step = one node (start, call, receipt); figures per step",
@@ -1020,6 +1065,13 @@ def format_report(report: dict[str, Any]) -> str:
         )
     else:
         lines.append("rows: total_changes of the workers' connections (inserts, updates, deletes)")
+    waiting = report.get("one_worker_waiting")
+    if waiting and waiting["ratio_with_no_client_cpu"] is not None:
+        lines.append(
+            f"1 worker: Reckon waits {waiting['reckon_wait_ms_per_step']:.3f} ms per step (wall - client CPU) against"
+            f" the raw loop's {waiting['raw_ms_per_step']:.3f} ms step: with no client CPU at all the ratio would be"
+            f" {waiting['ratio_with_no_client_cpu']:.2f}"
+        )
     for goal in report["goals"]:
         if goal["met"] is None:
             lines.append(f"goal: {goal['goal']}: not measured")

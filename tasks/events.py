@@ -108,7 +108,10 @@ def _chain_digest(*, task_uid: str, seq: int, type: str, body: str, created_at: 
 
 
 def _scalar(value: str | int) -> str:
-    return json.dumps(value, ensure_ascii=False)
+    return _SCALAR(value)
+
+
+_SCALAR = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps(value, ensure_ascii=False), one encoder for all
 
 
 def chain_event(*, task: Task, seq: int, type: str, payload: dict[str, Any], at: datetime) -> Event:

@@ -216,7 +216,17 @@ def _has_auth_scheme(value: str) -> bool:
     return any(literal in value for literal in _SCHEME_LITERALS) and _AUTH_SCHEME.search(value) is not None
 
 
-_NOT_LETTERS = re.compile(r"[^A-Za-z]+")
+def _letters(text: str, *, breaks: bool = False) -> str:
+    """``text`` without everything but its ASCII letters (and, with ``breaks``, its line breaks), as
+    ``re.sub(r"[^A-Za-z]+", "", text)`` gives it: the UTF-8 bytes of a non-ASCII character (a lone surrogate's too)
+    are all above 127 and go too. ``bytes.translate`` does it in one C pass, several times faster than the search
+    (every write's event is filtered)."""
+    return text.encode("utf-8", "surrogatepass").translate(None, _NOR_BREAK if breaks else _NOT_LETTERS).decode("ascii")
+
+
+_KEPT = frozenset(range(ord("A"), ord("Z") + 1)) | frozenset(range(ord("a"), ord("z") + 1))
+_NOT_LETTERS = bytes(b for b in range(256) if b not in _KEPT)
+_NOR_BREAK = bytes(b for b in range(256) if b not in _KEPT and b != ord("\n"))
 
 
 def _is_secret_value(value: str) -> bool:
@@ -226,7 +236,7 @@ def _is_secret_value(value: str) -> bool:
         _looks_like_credential(m.group(1), m.group(2)) for m in _AUTH_SCHEME.finditer(value)
     ):
         return True
-    if not _hints_a_credential(_NOT_LETTERS.sub("", value)):
+    if not _hints_a_credential(_letters(value)):
         return False
     return any(
         _is_secret_name_in_text(m.group("name")) and _is_a_value(m.group("value"))
@@ -236,7 +246,12 @@ def _is_secret_value(value: str) -> bool:
 
 
 def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return _CANONICAL(value)
+
+
+# What json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str) does, without
+# making an encoder per call (json.dumps makes one whenever an option is not its default): the same text.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode
 
 
 def scan_payload(value: Any, path: str = "$") -> Iterator[str]:
@@ -267,9 +282,6 @@ def _texts(value: Any, into: list[str]) -> list[str]:
     return into
 
 
-_NOT_LETTERS_NOR_BREAK = re.compile(r"[^A-Za-z\n]+")
-
-
 def may_hold_secret(value: Any, *, canonical: str | None = None) -> bool:
     """False when no key or string of ``value`` can be judged a credential by ``scan_payload``, decided on all of
     them at once: three searches over their text joined by line breaks, instead of several per string (every write
@@ -286,9 +298,7 @@ def may_hold_secret(value: Any, *, canonical: str | None = None) -> bool:
         text = canonical.replace('"', "\n")
     else:
         text = "\n".join(_texts(value, []))
-    return (
-        _has_secret_format(text) or _has_auth_scheme(text) or _hints_a_credential(_NOT_LETTERS_NOR_BREAK.sub("", text))
-    )
+    return _has_secret_format(text) or _has_auth_scheme(text) or _hints_a_credential(_letters(text, breaks=True))
 
 
 def check_payload(value: Any, *, what: str, cap: int = PAYLOAD_CAP_BYTES, canonical: str | None = None) -> None:

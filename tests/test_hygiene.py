@@ -413,6 +413,33 @@ def test_a_steps_event_takes_the_filters_short_way() -> None:
     assert may_hold_secret(leaked) and may_hold_secret(leaked, canonical=canonical_json(leaked))
 
 
+@given(st.text(alphabet=st.characters(codec=None)) | st.text())
+@settings(max_examples=300, deadline=None)
+def test_the_letters_the_filter_reads_are_the_ones_the_pattern_leaves(text: str) -> None:
+    """The filter strips text to its letters with bytes.translate; it must leave exactly what the pattern it
+    replaced leaves, whatever the text holds (non-ASCII letters, line breaks, lone surrogates)."""
+    import re
+
+    assert hygiene._letters(text) == re.sub(r"[^A-Za-z]+", "", text)
+    assert hygiene._letters(text, breaks=True) == re.sub(r"[^A-Za-z\n]+", "", text)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(JSON_VALUES)
+@settings(max_examples=300, deadline=None)
+def test_canonical_json_is_the_text_json_dumps_gives(value: Any) -> None:
+    """Digests of stored events are over this text: the shared encoder must write what json.dumps with the same
+    options writes, to the byte."""
+    expected = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    assert canonical_json(value) == expected
+
+
 @pytest.mark.parametrize("unit", ["a:", "a=b", "--a=b", "a b:", "://a:b"])
 def test_scanning_text_stays_linear_in_its_length(unit: str) -> None:
     """Every string of every payload is scanned: text made to make a pattern backtrack must not stall a write
