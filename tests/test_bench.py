@@ -48,8 +48,13 @@ def test_bench_reports_every_figure_positive_and_consistent(tmp_path, django_db_
     one = report["figures"]["reckon"]["1"]
     assert waiting["reckon_wait_ms_per_step"] == pytest.approx(1000 / one["steps_per_s"] - one["cpu_ms_per_step"])
     assert waiting["raw_ms_per_step"] == pytest.approx(1000 / report["figures"]["raw"]["1"]["steps_per_s"])
-    # Reckon's step takes its waiting plus its CPU: without the CPU the ratio of the medians could only be higher.
-    assert waiting["ratio_with_no_client_cpu"] > waiting["raw_ms_per_step"] / (1000 / one["steps_per_s"])
+    if postgres:  # every step waits for its round trips (SQLite's in-process writes may wait for nothing at all)
+        assert waiting["reckon_wait_ms_per_step"] > 0
+    if waiting["reckon_wait_ms_per_step"] > 0:
+        # Reckon's step takes its waiting plus its CPU: without the CPU the ratio of the medians could only be higher.
+        assert waiting["ratio_with_no_client_cpu"] > waiting["raw_ms_per_step"] / (1000 / one["steps_per_s"])
+    else:  # no waiting measured (a CPU-bound step, timer noise): no bound to state
+        assert waiting["ratio_with_no_client_cpu"] is None
     if postgres:
         assert {"fsync", "synchronous_commit", "wal_sync_method", "full_page_writes"} <= set(env["settings"])
         assert report["durable"]
