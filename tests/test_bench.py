@@ -14,7 +14,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from harness.bench import FIGURES, MODES, PG_ONLY
+from harness.bench import FIGURES, MODES, PG_ONLY, PHASES, PhaseTimer
 
 TASKS, NODES, WORKERS = 1, 2, (1, 2)
 RECOVERY_TASKS = 8
@@ -122,6 +122,9 @@ def test_bench_reports_every_figure_positive_and_consistent(tmp_path, django_db_
     profile = tmp_path / "bench.profile.txt"
     assert report["profile"] == str(profile)
     assert "run_steps" in profile.read_text()
+    timed = profile.read_text().split("CPU per step by function", 1)[1]
+    for module, qualname, _importers in PHASES:  # every phase timed and shown
+        assert f"{module}.{qualname} " in timed
 
 
 def test_recovery_bench_kills_every_worker_mid_run_and_counts_no_duplicate(tmp_path, django_db_blocker):
@@ -194,3 +197,30 @@ def test_the_scan_reads_no_history_table_whole(scan_report):
     all out (as the primary key's did under the OR with an EXISTS that workable() had before its UNION)."""
     report, _ = scan_report
     assert report["large"]["full_scans"] == [], report["large"]["plans"]
+
+
+def _phase_functions() -> dict[str, object]:
+    import importlib
+
+    found = {}
+    for module, qualname, importers in PHASES:
+        owner: object = importlib.import_module(module)
+        for part in qualname.split("."):
+            owner = getattr(owner, part)
+        found[f"{module}.{qualname}"] = owner
+        for importer in importers:
+            found[f"{importer}.{qualname}"] = getattr(importlib.import_module(importer), qualname)
+    return found
+
+
+def test_the_phase_timer_times_each_phase_and_puts_every_function_back() -> None:
+    """The profile's per-function table wraps the step path's functions (and the names other modules imported them
+    under) only within its block: afterwards every one is the original again."""
+    before = _phase_functions()
+    with PhaseTimer() as phases:
+        during = _phase_functions()
+        assert all(during[name] is not before[name] for name in before)  # each one timed, wherever it is called from
+        assert during["tasks.runner.step_settle_and_start"] is during["tasks.protocol.step_settle_and_start"]
+    assert _phase_functions() == before
+    assert set(phases.calls) == {f"{module}.{qualname}" for module, qualname, _ in PHASES}
+    assert "tasks.protocol.step_settle_and_start" in phases.table(1)
