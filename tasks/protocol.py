@@ -80,29 +80,34 @@ def step_settle(
 ) -> tuple[Operation, Snapshot]:
     """Commit 2 of a node: what the remote said for ``op_key`` (from the call or a query by op key), on ``snap``.
     A receipt that satisfies the node's evidence advances it in the same transaction; failures branch by class."""
+    settled, _started, new = step_settle_and_start(
+        snap, op_key, outcome, lease=lease, settled_by=settled_by, start_next=False
+    )
+    return settled, new
+
+
+def step_settle_and_start(
+    snap: Snapshot,
+    op_key: str,
+    outcome: Outcome,
+    *,
+    lease: LeaseRef,
+    settled_by: str = "",
+    start_next: bool = True,
+) -> tuple[Operation, Operation | None, Snapshot]:
+    """``step_settle``, and (``start_next``) in the same commit the start of the next node when the outcome
+    advances this one and the directive on the snapshot it leaves is to execute a node not yet registered
+    (tasks.decisions.next_start): the settled operation, the started one (to call next) or None, and the new
+    snapshot."""
     op = snap.operation(op_key)
     if op is None:
         raise _not_outstanding(op_key)
     change = decisions.settle(snap, op, outcome, settled_by=settled_by)
     if change is None:
-        return op, snap
-    applied = compare_and_set(snap.task.pk, snap.version, change, lease=lease, snapshot=snap)
-    return applied.operations[0] if applied.operations else op, applied.next_snapshot()
-
-
-def step_settle_and_start(
-    snap: Snapshot, op_key: str, outcome: Outcome, *, lease: LeaseRef
-) -> tuple[Operation, Operation | None, Snapshot]:
-    """``step_settle``, and in the same commit the start of the next node when the outcome advances this one and
-    the directive on the snapshot it leaves is to execute a node not yet registered (tasks.decisions.next_start):
-    the settled operation, the started one (to call next) or None, and the new snapshot."""
-    op = snap.operation(op_key)
-    if op is None:
-        raise _not_outstanding(op_key)
-    change = decisions.settle(snap, op, outcome)
-    if change is None:
         return op, None, snap
-    following = decisions.next_start(project(snap, change)) if decisions.shares_next_start(change) else None
+    following = None
+    if start_next and decisions.shares_next_start(change):
+        following = decisions.next_start(project(snap, change))
     then = following[0] if following is not None else None
     applied = compare_and_set(snap.task.pk, snap.version, change, lease=lease, snapshot=snap, then=then)
     settled = applied.operations[0] if applied.operations else op

@@ -99,10 +99,9 @@ def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: in
                     else:
                         outcome = connector.submit(op.op_key, op.request)
                     failpoint("after_call", task_id=task_id)
-                    if step + 1 < max_steps:
-                        _settled, started, snap = step_settle_and_start(snap, op.op_key, outcome, lease=lease)
-                    else:
-                        started, (_settled, snap) = None, step_settle(snap, op.op_key, outcome, lease=lease)
+                    _settled, started, snap = step_settle_and_start(
+                        snap, op.op_key, outcome, lease=lease, start_next=step + 1 < max_steps
+                    )
                     failpoint("after_advance", task_id=task_id)
                     if started is None:
                         break
