@@ -3,8 +3,9 @@
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
+from typing import Any
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.utils import CursorWrapper
 
 
@@ -26,15 +27,25 @@ def step_cursor() -> Iterator[CursorWrapper]:
     """The cursor of the step's writes. On PostgreSQL it binds parameters on the server, so psycopg prepares each
     statement after a few runs (prepare_threshold) and the server stops parsing and planning it on every commit —
     Django's own cursors bind on the client, which cannot be prepared. Wrapped like Django's cursors, so execute
-    wrappers and the debug query log see every statement (the statement budgets are counted through them)."""
-    if connection.vendor != "postgresql":
-        with connection.cursor() as cursor:
+    wrappers and the debug query log see every statement (the statement budgets are counted through them).
+
+    One such cursor is kept per database connection and used again by the next step (making one cost more than
+    the statement's own client work did): a new connection gets a new cursor."""
+    db = connections[DEFAULT_DB_ALIAS]  # the wrapper itself: every attribute read through the proxy costs a lookup
+    if db.vendor != "postgresql":
+        with db.cursor() as cursor:
             yield cursor
         return
     import psycopg
 
     _cache_long_statements()
-    connection.ensure_connection()
-    raw = psycopg.Cursor(connection.connection)
-    with connection.wrap_database_errors, connection._prepare_cursor(raw) as cursor:  # type: ignore[attr-defined]
-        yield cursor
+    db.ensure_connection()
+    # Taken while in use, so a step cursor opened inside another gets its own.
+    kept: tuple[Any, psycopg.Cursor[Any]] | None = db.__dict__.pop("_reckon_step_cursor", None)
+    if kept is None or kept[0] is not db.connection or kept[0].closed or kept[1].closed:
+        kept = (db.connection, psycopg.Cursor(db.connection))
+    try:
+        with db.wrap_database_errors:
+            yield db._prepare_cursor(kept[1])  # type: ignore[attr-defined]
+    finally:
+        db._reckon_step_cursor = kept  # type: ignore[attr-defined]

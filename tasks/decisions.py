@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from django.db.models import F
 
-from tasks import opkeys
+from tasks import opkeys, sql
 from tasks.actions import get_action
 from tasks.cas import AtCommit, Change
 from tasks.errors import (
@@ -173,14 +173,15 @@ def start(snap: Snapshot, node_key: str) -> tuple[Change, Operation]:
     resolved = resolved_input(snap.nodes, node)
     request = {"action": node.action, "input": resolved}
     check_payload(request, what=f"request of node {node_key}")
-    op = Operation(
-        node=node,
-        op_key=opkeys.effect(task.uid, node.plan_version, node.key, getattr(node, "retries", 0)),
-        action=node.action,
-        target=str(resolved.get("target", ""))[:300],
-        request=request,
-        request_digest=digest_of(request),
-    )
+    values = {
+        "node_id": node.pk,
+        "op_key": opkeys.effect(task.uid, node.plan_version, node.key, getattr(node, "retries", 0)),
+        "action": node.action,
+        "target": str(resolved.get("target", ""))[:300],
+        "request": request,
+        "request_digest": digest_of(request),
+    }
+    op = sql.new_row(Operation, values, {"node": node})
     change = Change(
         event="operation_dispatched",
         kind=ChangeKind.START,

@@ -3,6 +3,7 @@ here once: the row, the log's summary of it and a node's output all hold the sam
 
 from typing import Any
 
+from tasks import sql
 from tasks.errors import EvidenceInsufficient
 from tasks.lifecycle import NodeStatus
 from tasks.models import Operation, Receipt
@@ -11,14 +12,15 @@ from tasks.outcomes import Committed
 
 def receipt_of(op: Operation, outcome: Committed) -> Receipt:
     """The receipt row for what the remote committed (inserted by the recording compare-and-set)."""
-    return Receipt(
-        operation=op,
-        remote_id=outcome.remote_id,
-        remote_version=outcome.remote_version,
-        count=outcome.count,
-        digest=outcome.digest,
-        data=outcome.data,
-    )
+    values = {
+        "operation_id": op.pk,
+        "remote_id": outcome.remote_id,
+        "remote_version": outcome.remote_version,
+        "count": outcome.count,
+        "digest": outcome.digest,
+        "data": outcome.data,
+    }
+    return sql.new_row(Receipt, values, {"operation": op})
 
 
 RECEIPT_FIELDS = ("remote_id", "remote_version", "count", "digest")

@@ -212,15 +212,16 @@ def after_write(
     """The snapshot of the version a write produced, from the rows it wrote: ``task`` and ``operations`` as the write
     left them (inserted or updated), the changed fields of ``nodes`` (copies: the old snapshot stays as it was)."""
     new_nodes = []
-    for node in snap.nodes:
-        if node.pk in nodes:
+    for node in snap.nodes:  # ``id``, not ``pk``: the property costs a lookup of the primary key's name per read
+        changed = nodes.get(node.id)
+        if changed is not None:
             node = sql.clone(node)
-            for name, value in nodes[node.pk].items():
+            for name, value in changed.items():
                 setattr(node, name, value)
         new_nodes.append(node)
-    by_pk = {n.pk: n for n in new_nodes}
-    written = {op.pk: op for op in operations}
-    rows = [written.pop(op.pk, op) for op in snap.unsettled]  # the ones written replace the ones read
+    by_pk = {n.id: n for n in new_nodes}
+    written = {op.id: op for op in operations}
+    rows = [written.pop(op.id, op) for op in snap.unsettled]  # the ones written replace the ones read
     unsettled = []
     for op in [*rows, *written.values()]:  # then the ones the write inserted
         if op.node_id in by_pk:

@@ -3,7 +3,7 @@ judges expiry on the database server's clock, and appends exactly one chained ev
 """
 
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -366,3 +366,61 @@ def test_operation_transitions_are_exactly_the_documented_set() -> None:
         ("unknown", "rejected"),
         ("unknown", "intent"),
     }
+
+
+def test_a_cloned_row_is_the_copy_copy_would_make_and_shares_nothing_it_could_change() -> None:
+    """The step copies rows it must not change under its caller (tasks.sql.clone): the same values, a state as
+    ``copy.copy`` copies it (its own relation cache, no peers carried over)."""
+    import copy
+
+    from tasks.sql import clone
+
+    node = Node(key="a", status="pending", task_id=7)
+    node._state.adding, node._state.db = False, "default"
+    parent = Task(pk=7, title="t")
+    node._state.fields_cache["task"] = parent
+    node._state.peers = ()  # what a fetched row carries (weak references to its batch)
+    copied, made = copy.copy(node), clone(node)
+    assert made.__dict__.keys() == node.__dict__.keys()
+    assert {k: v for k, v in made.__dict__.items() if k != "_state"} == {
+        k: v for k, v in node.__dict__.items() if k != "_state"
+    }
+    assert made._state.__dict__.keys() == copied._state.__dict__.keys()
+    assert "peers" not in made._state.__dict__
+    assert (made._state.db, made._state.adding) == ("default", False)
+    assert made._state.fields_cache == {"task": parent}
+    made.status = "running"
+    made._state.fields_cache.clear()
+    made._state.adding = True
+    assert node.status == "pending" and node._state.fields_cache == {"task": parent} and not node._state.adding
+
+
+@pytest.mark.parametrize("model", ["event", "operation", "receipt"])
+def test_a_row_made_by_new_row_is_the_row_the_model_makes(model: str) -> None:
+    """tasks.sql.new_row makes the rows the step makes on every commit without Model.__init__: the same fields,
+    defaults made anew per row (no two rows share a dict), the related row cached, a state of an unsaved row."""
+    from tasks.models import Operation, Receipt
+    from tasks.sql import new_row
+
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    node = Node(pk=3, key="a", task_id=7)
+    op = Operation(pk=5, node=node, op_key="k", request={"x": 1})
+    cases: dict[str, tuple[type[Any], dict[str, Any], dict[str, Any], dict[str, Any]]] = {
+        "event": (Event, {"task_id": 7, "seq": 2, "type": "t", "digest": "d", "created_at": at}, {}, {}),
+        "operation": (Operation, {"node_id": 3, "op_key": "k2", "action": "copy"}, {"node": node}, {"node": node}),
+        "receipt": (Receipt, {"operation_id": 5, "remote_id": "r", "count": 2}, {"operation": op}, {"operation": op}),
+    }
+    cls, values, related, kwargs_related = cases[model]
+    plain = {k: v for k, v in values.items() if not (k.endswith("_id") and k[:-3] in kwargs_related)}
+    expected = cls(**plain, **kwargs_related)
+    made, other = new_row(cls, values, related), new_row(cls, values, related)
+
+    def fields(row: Any) -> dict[str, Any]:
+        return {k: v for k, v in row.__dict__.items() if k != "_state"}
+
+    assert fields(made) == fields(expected)
+    assert made._state.adding and made._state.db is None and made.pk is None
+    assert made._state.fields_cache == expected._state.fields_cache
+    for name, value in fields(made).items():
+        if isinstance(value, dict | list):
+            assert value is not fields(other)[name], f"{name}: one default shared by two rows"

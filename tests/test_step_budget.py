@@ -235,3 +235,44 @@ def test_psycopg_parses_each_step_statement_once_on_postgresql(make_task, agent_
     assert report.directive is not None and report.directive.kind == "done"
     assert after.misses == before.misses
     assert after.hits - before.hits == 3 + chain_commits(3)  # the snapshot's reads, then every write
+
+
+def test_the_step_cursor_is_kept_per_connection_and_nested_use_gets_its_own(make_task, agent_lease, clock) -> None:
+    """leases.db.step_cursor keeps one cursor per database connection for the next step; a step cursor opened
+    inside another is a different one (the outer's result stays readable)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the kept cursor: PostgreSQL only")
+    from leases.db import step_cursor
+
+    def raw(wrapper: Any) -> Any:
+        return wrapper.cursor
+
+    with step_cursor() as first:
+        first.execute("SELECT 1")
+        with step_cursor() as inner:
+            inner.execute("SELECT 2")
+            assert raw(inner) is not raw(first)
+            assert inner.fetchone() == (2,)
+        assert first.fetchone() == (1,)
+        kept = raw(first)
+    with step_cursor() as again:
+        assert raw(again) is kept
+    task = make_task(chain_plan("a", "b"))
+    run_steps(task_id=task.pk, lease=agent_lease(task), connector=Receipts())
+    with step_cursor() as after_steps:
+        assert raw(after_steps) is kept
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_connection_gets_a_new_step_cursor() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("the kept cursor: PostgreSQL only")
+    from leases.db import step_cursor
+
+    with step_cursor() as first:
+        kept = first.cursor
+    connection.close()
+    with step_cursor() as fresh:
+        assert fresh.cursor is not kept
+        fresh.execute("SELECT 3")
+        assert fresh.fetchone() == (3,)
