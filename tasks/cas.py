@@ -491,7 +491,11 @@ def _operation_part(batch: sql.Batch, task_id: int, op: Operation, fields: dict[
         op.task_id = task_id
         if op.registered_at is None:
             op.registered_at = now
-        return batch.insert(Operation, sql.row_values(op, _OPERATION_COLUMNS))
+        row = sql.row_values(op, _OPERATION_COLUMNS)
+        canonical = getattr(op, "canonical_request", None)  # the request's JSON, made once by its decision
+        if canonical is not None and "request" not in fields:
+            row["request"] = sql.RawJSON(canonical)
+        return batch.insert(Operation, row)
     where = "id = %s AND task_id = %s AND status = %s"
     return batch.update(Operation, fields, where=where, params=[op.pk, task_id, op.status])
 

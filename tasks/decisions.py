@@ -31,7 +31,7 @@ from tasks.errors import (
 from tasks.events import node_ref
 from tasks.evidence import evidence_problems
 from tasks.failures import PAUSE_REASON, backoff, destination
-from tasks.hygiene import check_payload
+from tasks.hygiene import canonical_json, check_payload
 from tasks.lifecycle import (
     OPEN_OPERATION_STATUSES,
     RUNNABLE_TASK_STATUSES,
@@ -172,16 +172,18 @@ def start(snap: Snapshot, node_key: str) -> tuple[Change, Operation]:
         raise BackoffActive(f"node {node.key} may not run before {node.not_before}", until=node.not_before)
     resolved = resolved_input(snap.nodes, node)
     request = {"action": node.action, "input": resolved}
-    check_payload(request, what=f"request of node {node_key}")
+    body = canonical_json(request)  # made once: for the cap, the digest and the stored value (canonical_request)
+    check_payload(request, what=f"request of node {node_key}", canonical=body)
     values = {
         "node_id": node.pk,
         "op_key": opkeys.effect(task.uid, node.plan_version, node.key, getattr(node, "retries", 0)),
         "action": node.action,
         "target": str(resolved.get("target", ""))[:300],
         "request": request,
-        "request_digest": digest_of(request),
+        "request_digest": digest_of(request, canonical=body),
     }
     op = sql.new_row(Operation, values, {"node": node})
+    op.canonical_request = body  # type: ignore[attr-defined]
     change = Change(
         event="operation_dispatched",
         kind=ChangeKind.START,

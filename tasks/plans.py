@@ -94,8 +94,11 @@ class NodeSpec:
         return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
 
 
-def digest_of(value: Any) -> str:
-    return "sha256:" + hashlib.sha256(canonical_json(value).encode()).hexdigest()
+def digest_of(value: Any, *, canonical: str | None = None) -> str:
+    """``sha256:`` and the hex digest of the value's canonical JSON (``canonical``: that text, when the caller
+    made it already)."""
+    text = canonical if canonical is not None else canonical_json(value)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def validate_plan(document: Any) -> list[NodeSpec]:

@@ -4,6 +4,7 @@ values are adapted by each model field (``get_db_prep_save``), so they are store
 """
 
 from collections.abc import Callable, Iterable
+from datetime import datetime
 from functools import cache
 from typing import Any
 
@@ -52,20 +53,38 @@ _PLAIN_FIELDS = frozenset(
 _PLAIN_VALUES = frozenset({int, str, bool, type(None)})
 
 
+_PLAIN, _AWARE_TIME = 1, 2
+
+
 @cache
-def _plain(model: type[models.Model], names: tuple[str, ...]) -> tuple[bool, ...]:
-    return tuple(field.get_internal_type() in _PLAIN_FIELDS for _column, field in _columns(model, names))
+def _plain(model: type[models.Model], names: tuple[str, ...], vendor: str) -> tuple[int, ...]:
+    """Per field: _PLAIN (see _PLAIN_FIELDS), _AWARE_TIME (a DateTimeField on PostgreSQL, which takes an aware
+    datetime as it is: the field's own adaptation returns it unchanged) or 0 (the field adapts every value)."""
+    kinds = []
+    for _column, field in _columns(model, names):
+        internal = field.get_internal_type()
+        kinds.append(
+            _PLAIN
+            if internal in _PLAIN_FIELDS
+            else _AWARE_TIME
+            if internal == "DateTimeField" and vendor == "postgresql"
+            else 0
+        )
+    return tuple(kinds)
 
 
 def _adapt(model: type[models.Model], names: tuple[str, ...], values: Iterable[Any]) -> list[Any]:
     db = connections[DEFAULT_DB_ALIAS]  # the wrapper itself: every attribute read through the proxy costs a lookup
     return [
         value
-        if plain and type(value) in _PLAIN_VALUES
+        if (kind == _PLAIN and type(value) in _PLAIN_VALUES)
+        or (kind == _AWARE_TIME and type(value) is datetime and value.tzinfo is not None)
         else str(value)
         if isinstance(value, RawJSON)
         else field.get_db_prep_save(value, db)
-        for (_column, field), plain, value in zip(_columns(model, names), _plain(model, names), values, strict=True)
+        for (_column, field), kind, value in zip(
+            _columns(model, names), _plain(model, names, db.vendor), values, strict=True
+        )
     ]
 
 
@@ -120,7 +139,9 @@ def new_row[M: models.Model](
     descriptors, signals: several times the cost, for rows the step makes on every commit). ``values`` by attribute
     name (``node_id``, not ``node``); ``related``: the rows behind foreign keys, cached as assigning them would.
     A model something listens to the init signals of is made by Model.__init__."""
-    if signals.pre_init.has_listeners(model) or signals.post_init.has_listeners(model):
+    if (signals.pre_init.receivers or signals.post_init.receivers) and (
+        signals.pre_init.has_listeners(model) or signals.post_init.has_listeners(model)
+    ):
         row = model(**values)
         for name, value in (related or {}).items():
             setattr(row, name, value)

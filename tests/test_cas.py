@@ -22,6 +22,7 @@ from tasks.lifecycle import (
     Actor,
     ChangeKind,
     NodeStatus,
+    OperationStatus,
     TaskStatus,
     permitted,
 )
@@ -424,3 +425,42 @@ def test_a_row_made_by_new_row_is_the_row_the_model_makes(model: str) -> None:
     for name, value in fields(made).items():
         if isinstance(value, dict | list):
             assert value is not fields(other)[name], f"{name}: one default shared by two rows"
+
+
+@pytest.mark.django_db
+def test_the_batch_adapts_every_value_as_its_field_would() -> None:
+    """tasks.sql._adapt skips a field's own adaptation only where it would return the value unchanged (plain
+    values; an aware datetime on PostgreSQL): for any other value it asks the field."""
+    import warnings
+    from decimal import Decimal
+
+    from django.db import connection
+
+    from tasks.models import Operation, Receipt
+    from tasks.sql import RawJSON, _adapt
+
+    aware = datetime(2026, 1, 1, 12, 30, tzinfo=UTC)
+    naive = aware.replace(tzinfo=None)
+    cases: list[tuple[type[Any], str, Any]] = [
+        (Operation, "registered_at", aware),
+        (Operation, "registered_at", naive),
+        (Operation, "settled_at", None),
+        (Operation, "status", "committed"),
+        (Operation, "status", OperationStatus.COMMITTED),
+        (Operation, "dispatch_count", 3),
+        (Operation, "request", {"a": [1, 2]}),
+        (Receipt, "count", Decimal(4)),
+        (Receipt, "data", {}),
+    ]
+    for model, name, value in cases:
+        field = model._meta.get_field(name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a naive datetime: the field warns, and makes it aware
+            expected = field.get_db_prep_save(value, connection)
+            (adapted,) = _adapt(model, (name,), [value])
+        if hasattr(expected, "obj"):  # psycopg's Jsonb wrapper: compare what it wraps
+            assert type(adapted) is type(expected) and adapted.obj == expected.obj, (name, value)
+        else:  # the same value and type (a plain int where psycopg's Int4 wraps one: the same number stored)
+            same_type = type(adapted) is type(expected) or (type(adapted) is int and isinstance(expected, int))
+            assert adapted == expected and same_type, (name, value, adapted, expected)
+    assert _adapt(Receipt, ("data",), [RawJSON('{"a":1}')]) == ['{"a":1}']

@@ -35,7 +35,7 @@ from tasks.lifecycle import ChangeKind, FailureClass, NodeStatus, OperationStatu
 from tasks.models import Event, Node, Operation, Receipt, Task
 from tasks.outcomes import Accepted, Committed, Failed, NotFound, Unprovable
 from tasks.permissions import PermissionDenied
-from tasks.plans import plan_accept, plan_propose
+from tasks.plans import digest_of, plan_accept, plan_propose
 from tasks.protocol import next_directive, operation_start, record_outcome, step_start
 from tasks.snapshot import task_snapshot
 from tasks.verification import task_quarantine
@@ -246,6 +246,9 @@ def test_start_is_one_commit_registering_the_operation_as_sent_before_the_call(m
     stored = fresh_op(op)
     assert (stored.status, stored.dispatch_count, stored.registered_at) == ("dispatched", 1, clock.now())
     assert stored.op_key == opkeys.effect(task.uid, 1, "a", 0)
+    # the request stored (its JSON written once, by the decision) is the one sent, under the digest registered
+    assert stored.request == op.request and stored.request["action"] == "store.copy_batch"
+    assert stored.request_digest == digest_of(stored.request) == op.request_digest
     event = Event.objects.get(task=task, seq=at + 1)
     assert (event.type, event.payload["data"]["op_key"]) == ("operation_dispatched", op.op_key)
     node, row = fresh_node(task, "a"), fresh_task(task)
