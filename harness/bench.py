@@ -91,6 +91,8 @@ FIGURES = (
     "wall_s",
     "steps_per_s",
     "cpu_ms_per_step",
+    "server_cpu_ms_per_step",
+    "machine_cpu_ms_per_step",
     "statements_per_step",
     "transactions_per_step",
     "round_trips_per_step",
@@ -106,6 +108,7 @@ FIGURES = (
 )
 PG_ONLY = frozenset(
     {
+        "server_cpu_ms_per_step",
         "round_trips_per_step",
         "xact_commit_per_step",
         "wal_syncs_per_step",
@@ -606,6 +609,54 @@ class _Pool:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# CPU on this machine (Linux /proc): with more workers than cores the steps compete for the same CPU, clients and
+# server together, and the throughput ratio follows the whole machine's CPU per step, not the client's alone.
+
+
+def machine_cpu_seconds() -> float | None:
+    """The CPU time this machine has spent busy since boot (user, nice, system, irq, softirq: all cores), or None
+    without /proc/stat."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = (fields + [0] * 7)[:7]
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def processes_cpu_seconds(named: Callable[[str], bool]) -> float | None:
+    """The CPU time (user and system) of the running processes whose name ``named`` accepts, or None without
+    /proc. A process that ends between two readings takes its time with it: read around work whose processes live
+    through it (the server's)."""
+    if not Path("/proc/self/stat").exists():
+        return None
+    total = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as stat:
+                text = stat.read()
+        except OSError:  # ended meanwhile
+            continue
+        name, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
+        if named(name):
+            total += int(rest[11]) + int(rest[12])  # utime, stime (fields 14 and 15 of proc(5))
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _local_server(settings_dict: dict[str, Any]) -> bool:
+    """Whether the database server runs on this machine (its processes' CPU can be read)."""
+    host = str(settings_dict.get("HOST") or "")
+    return host in ("", "localhost", "127.0.0.1", "::1") or host.startswith("/")
+
+
+def _is_postgres(name: str) -> bool:
+    return name.startswith(("postgres", "postmaster"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Server statistics (PostgreSQL)
 
 
@@ -670,6 +721,7 @@ class _Bench:
     pool: _Pool
     stats: _PgStats | None
     log: Callable[[str], None]
+    local_server: bool = False  # the database server's processes run on this machine (their CPU is read)
     runs: list[dict[str, Any]] = field(default_factory=list)
     batch: int = 0
 
@@ -724,12 +776,19 @@ class _Bench:
         def snapshot() -> None:
             if self.stats:
                 before.update(self.stats.snapshot())
+            before["cpu"] = self._cpu()
 
         results = self.pool.run(mode, payloads, snapshot)
+        cpu = [None if b is None or a is None else a - b for b, a in zip(before.pop("cpu"), self._cpu(), strict=True)]
         server = self.stats.delta(before, self.stats.snapshot(), flushes=workers) if self.stats else None
         if ids:
             self._check_completed(ids)
-        return self._figures(mode, workers, results, server)
+        return self._figures(mode, workers, results, server, cpu)
+
+    def _cpu(self) -> tuple[float | None, float | None]:
+        """(the machine's busy CPU seconds, the local PostgreSQL server's) now; None where it cannot be read."""
+        server = processes_cpu_seconds(_is_postgres) if self.stats and self.local_server else None
+        return machine_cpu_seconds(), server
 
     def _check_completed(self, ids: list[int]) -> None:
         from tasks.lifecycle import TaskStatus
@@ -740,7 +799,12 @@ class _Bench:
             raise BenchError(f"{len(left)} bench task(s) did not complete: {left[:5]}")
 
     def _figures(
-        self, mode: str, workers: int, results: list[dict[str, Any]], server: dict[str, float] | None
+        self,
+        mode: str,
+        workers: int,
+        results: list[dict[str, Any]],
+        server: dict[str, float] | None,
+        cpu: list[float | None],
     ) -> dict[str, Any]:
         steps = sum(r["steps"] for r in results)
         wall = max(r["ended"] for r in results) - min(r["started"] for r in results)
@@ -754,6 +818,8 @@ class _Bench:
             "wall_s": wall,
             "steps_per_s": steps / wall,
             "cpu_ms_per_step": 1000 * sum(r["cpu"] for r in results) / steps,
+            "machine_cpu_ms_per_step": None if cpu[0] is None else 1000 * cpu[0] / steps,
+            "server_cpu_ms_per_step": None if cpu[1] is None else 1000 * cpu[1] / steps,
             "statements_per_step": statements / steps,
             "transactions_per_step": transactions / steps,
             "round_trips_per_step": (statements + 2 * transactions) / steps if pg else None,
@@ -1009,7 +1075,7 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = print) -> dict[s
             log(f"bench: {env['database']}; starting {max(config.workers)} worker processes")
             pool = _Pool(max(config.workers), config.workers, db_name)
             try:
-                bench = _Bench(config, db_name, vendor, pool, stats, log)
+                bench = _Bench(config, db_name, vendor, pool, stats, log, _local_server(settings_dict))
                 for mode in MODES:  # warm-up: imports, caches, prepared statements; not recorded
                     bench.run_once(mode, max(config.workers), 1)
                 for r in range(config.rounds):
@@ -1112,6 +1178,8 @@ COLUMNS = (
     # (figure, header, format)
     ("steps_per_s", "steps/s", "{:.1f}"),
     ("cpu_ms_per_step", "cpu ms", "{:.3f}"),
+    ("server_cpu_ms_per_step", "srv cpu", "{:.3f}"),
+    ("machine_cpu_ms_per_step", "all cpu", "{:.3f}"),
     ("statements_per_step", "stmts", "{:.1f}"),
     ("round_trips_per_step", "trips", "{:.1f}"),
     ("transactions_per_step", "txns", "{:.2f}"),
@@ -1156,6 +1224,10 @@ def format_report(report: dict[str, Any]) -> str:
     )
     lines.append("steps/s x raw, x shared: median of the rounds' ratios; other x: ratio of the medians")
     lines.append("stmts, txns (explicit), commits (transactions that wrote): counted in the workers")
+    lines.append(
+        "cpu ms: the workers' own CPU; all cpu: the whole machine's busy CPU over the run (/proc/stat: clients,"
+        " server and the rest)" + ("; srv cpu: the PostgreSQL server's processes on this machine" if vendor_pg else "")
+    )
     if vendor_pg:
         lines.append(
             "trips: stmts + BEGIN/COMMIT; xact: pg_stat_database.xact_commit incl. read-only; rows: tup_inserted +"

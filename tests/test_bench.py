@@ -14,13 +14,22 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from harness.bench import FIGURES, MODES, PG_ONLY, PHASES, PhaseTimer
+from harness.bench import (
+    FIGURES,
+    MODES,
+    PG_ONLY,
+    PHASES,
+    PhaseTimer,
+    machine_cpu_seconds,
+    processes_cpu_seconds,
+)
 
 TASKS, NODES, WORKERS = 1, 2, (1, 2)
 RECOVERY_TASKS = 8
 SCAN_PENDING, SCAN_SMALL, SCAN_LARGE = 20, 200, 2_000
-# Figures that may be 0 in a short window: commits elsewhere on the server, full-page images.
-ZERO_OK = {"other_db_commits", "wal_fpi_per_step"}
+# Figures that may be 0 in a short window: commits elsewhere on the server, full-page images, CPU read from /proc
+# (counted in ticks of 10 ms: a run of a few steps may fall within one).
+ZERO_OK = {"other_db_commits", "wal_fpi_per_step", "server_cpu_ms_per_step", "machine_cpu_ms_per_step"}
 
 
 def test_bench_reports_every_figure_positive_and_consistent(tmp_path, django_db_blocker):
@@ -119,6 +128,7 @@ def test_bench_reports_every_figure_positive_and_consistent(tmp_path, django_db_
 
     table = out.getvalue()
     assert "steps/s" in table and "x raw" in table and "x shared" in table and "goal:" in table
+    assert "all cpu" in table and ("srv cpu" in table) == postgres
     profile = tmp_path / "bench.profile.txt"
     assert report["profile"] == str(profile)
     assert "run_steps" in profile.read_text()
@@ -224,3 +234,28 @@ def test_the_phase_timer_times_each_phase_and_puts_every_function_back() -> None
     assert _phase_functions() == before
     assert set(phases.calls) == {f"{module}.{qualname}" for module, qualname, _ in PHASES}
     assert "tasks.protocol.step_settle_and_start" in phases.table(1)
+
+
+def test_the_cpu_readings_grow_with_the_cpu_spent() -> None:
+    """The bench's machine and server CPU columns read /proc: the machine's busy time and a set of processes' own
+    time both grow by at least most of what this process spends (the suite runs on Linux)."""
+    import os
+    import time
+
+    with open(f"/proc/{os.getpid()}/stat") as stat:
+        text = stat.read()
+    mine = text[text.index("(") + 1 : text.rindex(")")]
+    machine, me, other = (
+        machine_cpu_seconds(),
+        processes_cpu_seconds(lambda n: n == mine),
+        processes_cpu_seconds(lambda n: n == "no such process name"),
+    )
+    assert machine is not None and me is not None and other == 0
+    started = time.process_time()
+    while time.process_time() - started < 0.3:
+        sum(range(1000))
+    spent = time.process_time() - started
+    machine_after, me_after = machine_cpu_seconds(), processes_cpu_seconds(lambda n: n == mine)
+    assert machine_after is not None and me_after is not None
+    assert me_after - me >= spent - 0.05  # ticks of 10 ms
+    assert machine_after - machine >= spent - 0.05
