@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import threading
@@ -38,6 +37,7 @@ from django.db import connections
 from api.models import ApiToken
 from api.tokens import TOKEN_PREFIX, token_hash
 from harness.bench import BenchConnector, chain_plan, scratch_database
+from harness.ports import free_port
 from leases import clock
 from leases.services import lease_acquire
 from tasks.plans import task_create
@@ -187,9 +187,7 @@ class _web_server:
         self.process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> str:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()
         env = {
             **os.environ,
             "DATABASE_URL": self.database_url,

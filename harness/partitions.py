@@ -65,6 +65,7 @@ from agents import migrate_project
 from harness import killmatrix
 from harness.faultproxy import FaultProxy
 from harness.killmatrix import MAX_BATCH, OBJECTS, SCAN_EVERY, Row, Scenario, StoreProcess, Workers
+from harness.ports import free_port
 from leases import clock
 from leases.models import Lease
 from observability.logs import STATE_LOGGER
@@ -840,16 +841,13 @@ def _own_redis(workdir: Path) -> Iterator[tuple[str, Callable[[], None]]]:
     """A Redis server of the run's own on a free loopback port, nothing persisted (what it holds is lost with it, as
     a broker restarted without persistence loses its queues); yields its URL and a function that restarts it."""
     import shutil
-    import socket
 
     import redis
 
     binary = shutil.which("redis-server")
     if binary is None:
         raise NeedsRedis("'broker restarted' starts a Redis server of its own: install redis-server")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     command += ["--dir", str(workdir)]
     process: list[subprocess.Popen[bytes]] = []

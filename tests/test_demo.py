@@ -6,7 +6,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -24,6 +23,7 @@ from agents.demo_logins import DEMO_LOGINS
 from agents.demo_states import CREATED_BY, SCENARIOS
 from api.tokens import api_token_authenticate
 from audit.models import AuditEvent
+from harness.ports import free_port
 from tasks.lifecycle import OperationStatus, PauseReason, TaskStatus
 from tasks.models import Event, Operation, Task
 from tasks.permissions import roles_of
@@ -174,9 +174,7 @@ def test_load_demo_runs_again_without_duplicates_and_gives_fresh_passwords(db: N
 
 
 def test_load_demo_without_the_simulator_says_so_and_loads_no_task(db: None) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing listens once it closes
+    port = free_port()  # nothing listens on it
     with pytest.raises(CommandError, match="does not answer"):
         call_command("load_demo", store_url=f"http://127.0.0.1:{port}", wait=0.5, stdout=StringIO())
     assert not Task.objects.exists()
@@ -220,12 +218,6 @@ def test_dev_prints_its_help_without_installing_anything(tmp_path: Path) -> None
         assert "installing" not in done.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
@@ -257,12 +249,12 @@ def _answers(url: str) -> bool:
 def test_dev_demo_serves_and_ctrl_c_stops_every_process_it_started(tmp_path: Path) -> None:
     """``./dev demo`` in its own session (as a terminal would run it): once the URL answers, SIGINT to the script
     alone — its children never see it — must stop every process of the session."""
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
     env |= {
         "RECKON_DATA_DIR": str(tmp_path / "demo"),
         "RECKON_DEMO_PORT": str(port),
-        "RECKON_DEMO_STORE_PORT": str(_free_port()),
+        "RECKON_DEMO_STORE_PORT": str(free_port()),
     }
     log = (tmp_path / "demo.log").open("w")
     demo = subprocess.Popen(  # noqa: S603

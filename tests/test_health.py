@@ -2,10 +2,11 @@
 check when the database or the broker cannot be reached (a real refused connection, not a mock)."""
 
 import json
-import socket
 
 import pytest
 from django.test import Client, override_settings
+
+from harness.ports import free_port
 
 pytestmark = pytest.mark.django_db
 
@@ -23,15 +24,8 @@ def test_readiness_checks_the_database_and_the_broker(client: Client) -> None:
     assert response.json() == {"status": "ok", "checks": {"database": "ok", "broker": "ok"}}
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port  # nothing listens once it closes
-
-
 def test_a_broker_that_refuses_makes_it_unready_and_says_nothing_of_where(client: Client) -> None:
-    url = f"redis://127.0.0.1:{_closed_port()}/0"
+    url = f"redis://127.0.0.1:{free_port()}/0"
     with override_settings(CELERY_BROKER_URL=url, CELERY_BROKER_TRANSPORT_OPTIONS={}):
         response = client.get("/readyz")
     assert response.status_code == 503

@@ -24,6 +24,7 @@ import pytest
 
 from api.tokens import api_token_issue
 from harness.killmatrix import database_url
+from harness.ports import free_port
 from harness.wait_for import alive
 from tasks.models import Task
 from tasks.plans import task_create
@@ -34,13 +35,6 @@ WORKERS = 2
 START_SECONDS = 120  # deployment checks, migrate, collectstatic (~200 files, hashed and gzipped) and the boot
 STOP_SECONDS = 40  # more than the config's graceful_timeout (25 s)
 CONFIG = ROOT / "console" / "gunicorn.conf.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def _wait_until(condition: Callable[[], bool], seconds: float, what: str) -> None:
@@ -92,7 +86,7 @@ def served(transactional_db: None, tmp_path: Path) -> Iterator[Served]:
     one connection at a time here (``--worker-connections 1``, through GUNICORN_CMD_ARGS, which gunicorn applies
     over the config file): a connection held open on one worker makes the next go to the other, so the test can
     show two processes serving without relying on how the kernel happens to spread connections."""
-    port = _free_port()
+    port = free_port()
     env = {
         "DATABASE_URL": database_url(),
         "RECKON_DATA_DIR": str(tmp_path / "data"),
@@ -265,7 +259,7 @@ class HeldRequest:
     ids=["no-secret-key", "the-development-key", "debug-on"],
 )
 def test_serve_refuses_without_a_secret_key_or_with_debug_on(tmp_path: Path, env: dict[str, str], says: str) -> None:
-    port = _free_port()
+    port = free_port()
     env = {"RECKON_DATA_DIR": str(tmp_path / "data"), "RECKON_BIND": f"127.0.0.1:{port}"} | env
     process, log = _serve(tmp_path, env)
     assert process.wait(120) == 1

@@ -30,6 +30,7 @@ from django.db import connection
 
 from agents import migrate_project
 from harness.killmatrix import StoreProcess, database_url
+from harness.ports import free_port
 from leases.beat import BEAT_LEASE
 from leases.models import BeatLease, Lease
 from tasks.cleanup import ENDED
@@ -145,13 +146,6 @@ def _get(url: str) -> int:
         return 0
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def _cpu_seconds(pid: int) -> float:
     """A process's CPU time so far (user + system), where /proc tells; -1 elsewhere."""
     try:
@@ -198,7 +192,7 @@ def test_the_production_topology_loses_nothing_when_each_process_is_stopped_with
     # The store's state in memory (never restarted here): its state file, rewritten at every write, would be the
     # run's bottleneck.
     store = StoreProcess(tmp_path / "store.json", persist=False)
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if k not in ("RECKON_ENV", "DJANGO_DEBUG", "RECKON_FAILPOINTS")}
     env |= {

@@ -1,13 +1,13 @@
 """The object-store simulator, as a real process, and its connector: DESIGN §6 classes and §9 faults."""
 
 import json
-import socket
 import time
 from typing import Any
 
 import pytest
 
 from agents.demo import migration_plan
+from harness.ports import free_port
 from leases.services import lease_acquire, lease_renew
 from tasks.connectors.base import Connector, SourceNotFound
 from tasks.connectors.objectstore import ObjectStoreConnector
@@ -119,9 +119,7 @@ def test_a_copy_larger_than_the_transaction_boundary_is_refused(simulator: Simul
 
 
 def test_an_unreachable_store_is_unavailable_not_unknown(simulator: Simulator) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens on it
     store = ObjectStoreConnector(f"http://127.0.0.1:{port}", timeout=1)
     outcome = store.submit("op-1", prepare())
     assert isinstance(outcome, Failed) and outcome.failure_class == FailureClass.DEPENDENCY_UNAVAILABLE
