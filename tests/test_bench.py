@@ -259,3 +259,47 @@ def test_the_cpu_readings_grow_with_the_cpu_spent() -> None:
     assert machine_after is not None and me_after is not None
     assert me_after - me >= spent - 0.05  # ticks of 10 ms
     assert machine_after - machine >= spent - 0.05
+
+
+def test_the_ab_bench_takes_the_variants_in_turns_and_switches_each_off_again(tmp_path, django_db_blocker):
+    """``bench ab``: every variant measured in every batch, in turns (A, B, A, B, …), each switched on only for its
+    own batches and off after them; figures per step for each, and each against the first (the baseline)."""
+    from tests import ab_variants
+
+    ab_variants.CALLS.clear()
+    out = io.StringIO()
+    with django_db_blocker.unblock():
+        call_command(
+            "bench",
+            "ab",
+            variants="tests.ab_variants",
+            tasks=1,
+            nodes=2,
+            batches=3,
+            json=str(tmp_path / "b.json"),
+            stdout=out,
+            stderr=io.StringIO(),
+        )
+    report = json.loads((tmp_path / "bench-ab.json").read_text())
+    assert report["order"] == ["baseline", "recorded"] * 3
+    assert ab_variants.CALLS == ["baseline", "on", "off"] * 4  # a warm-up, then 3 batches
+    for name in ("baseline", "recorded"):
+        assert len(report["batches"][name]) == 3
+        cell = report["figures"][name]
+        assert cell["cpu_ms_per_step"] > 0 and cell["wall_ms_per_step"] >= cell["cpu_ms_per_step"] * 0.5
+        assert cell["cpu_ms_min"] <= cell["cpu_ms_per_step"]
+        if connection.vendor == "postgresql":
+            assert cell["server_cpu_ms_per_step"] is not None and cell["server_cpu_ms_per_step"] >= 0
+        else:
+            assert cell["server_cpu_ms_per_step"] is None
+    assert report["against_baseline"]["baseline"]["cpu_ms_per_step"] == 1
+    assert "recorded" in out.getvalue() and "x baseline" in out.getvalue()
+
+
+def test_the_ab_bench_refuses_a_module_without_variants() -> None:
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="VARIANTS"):
+        call_command("bench", "ab", variants="tests.test_bench", stdout=io.StringIO(), stderr=io.StringIO())
+    with pytest.raises(CommandError, match="--variants"):
+        call_command("bench", "ab", stdout=io.StringIO(), stderr=io.StringIO())

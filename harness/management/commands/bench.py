@@ -1,6 +1,7 @@
 """./dev manage bench — Reckon's step protocol against the raw limit of its two commits (harness/bench.py); ``bench
 recovery`` and ``bench scan`` — a crash of every worker, and the recovery scan beside a large history
-(harness/bench_recovery.py)."""
+(harness/bench_recovery.py); ``bench ab --variants MODULE`` — variants of the step path measured batch by batch,
+interleaved, in one process (harness/bench_ab.py)."""
 
 import json
 from pathlib import Path
@@ -10,6 +11,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from harness.bench import BenchConfig, BenchError, format_report, run_bench
+from harness.bench_ab import AbConfig, AbError, format_ab, run_ab
 from harness.bench_recovery import (
     RecoveryBenchError,
     RecoveryConfig,
@@ -21,7 +23,7 @@ from harness.bench_recovery import (
     run_scan,
 )
 
-PARTS = ("steps", "recovery", "scan")
+PARTS = ("steps", "recovery", "scan", "ab")
 
 
 def _workers(text: str) -> tuple[int, ...]:
@@ -40,7 +42,8 @@ class Command(BaseCommand):
         "against the raw limit of its two commits, with 1 and 8 workers. recovery: seconds until every reference "
         "task is done after every worker was SIGKILLed mid-run, against the same work uncrashed (and duplicate side "
         "effects counted by the simulator: the run fails on any). scan: the recovery scan's time with pending tasks "
-        "beside few and many finished ones, and its plans. On the configured backend, in a throw-away database."
+        "beside few and many finished ones, and its plans. ab: variants of the step path (--variants MODULE), batch "
+        "by batch, interleaved, in one process. On the configured backend, in a throw-away database."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -63,6 +66,11 @@ class Command(BaseCommand):
         recovery.add_argument(
             "--crashed-only", action="store_true", help="the crashed phase alone: its invariants, no ratio (tests)"
         )
+        ab = parser.add_argument_group("ab (uses --tasks per batch and --nodes)")
+        ab.add_argument(
+            "--variants", default="", help="a module defining VARIANTS = {name: (on, off)}; first: baseline"
+        )
+        ab.add_argument("--batches", type=int, default=15, help="batches per variant (default 15)")
         scan = parser.add_argument_group("scan")
         scan.add_argument("--pending", type=int, default=1000, help="pending tasks (default 1000)")
         scan.add_argument("--small", type=int, default=1000, help="finished tasks, first (default 1000)")
@@ -81,6 +89,22 @@ class Command(BaseCommand):
             self._recovery(options, json_dir / "bench-recovery.json")
         if "scan" in parts:
             self._scan(options, json_dir / "bench-scan.json")
+        if "ab" in parts:
+            self._ab(options, json_dir / "bench-ab.json")
+
+    def _ab(self, options: dict[str, Any], path: Path) -> None:
+        if not options["variants"]:
+            raise CommandError("bench ab needs --variants MODULE (a module defining VARIANTS)")
+        config = AbConfig(
+            variants=options["variants"], tasks=options["tasks"], nodes=options["nodes"], batches=options["batches"]
+        )
+        try:
+            report = run_ab(config, log=lambda line: self.stderr.write(line))
+        except (AbError, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
+        _write(path, report)
+        self.stdout.write(format_ab(report))
+        self.stdout.write(f"report: {path}")
 
     def _recovery(self, options: dict[str, Any], path: Path) -> None:
         config = RecoveryConfig(
