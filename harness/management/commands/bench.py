@@ -4,6 +4,7 @@ recovery`` and ``bench scan`` — a crash of every worker, and the recovery scan
 interleaved, in one process (harness/bench_ab.py)."""
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -98,13 +99,7 @@ class Command(BaseCommand):
         config = AbConfig(
             variants=options["variants"], tasks=options["tasks"], nodes=options["nodes"], batches=options["batches"]
         )
-        try:
-            report = run_ab(config, log=lambda line: self.stderr.write(line))
-        except (AbError, ValueError) as exc:
-            raise CommandError(str(exc)) from exc
-        _write(path, report)
-        self.stdout.write(format_ab(report))
-        self.stdout.write(f"report: {path}")
+        self._part(lambda log: run_ab(config, log=log), (AbError, ValueError), format_ab, path)
 
     def _recovery(self, options: dict[str, Any], path: Path) -> None:
         config = RecoveryConfig(
@@ -113,13 +108,9 @@ class Command(BaseCommand):
             objects=options["objects"],
             uncrashed=not options["crashed_only"],
         )
-        try:
-            report = run_recovery(config, log=lambda line: self.stderr.write(line))
-        except (RecoveryBenchError, ValueError) as exc:
-            raise CommandError(str(exc)) from exc
-        _write(path, report)
-        self.stdout.write(format_recovery(report))
-        self.stdout.write(f"report: {path}")
+        report = self._part(
+            lambda log: run_recovery(config, log=log), (RecoveryBenchError, ValueError), format_recovery, path
+        )
         if failures := recovery_failures(report):
             raise CommandError("recovery bench: " + "; ".join(failures))
 
@@ -127,13 +118,24 @@ class Command(BaseCommand):
         config = ScanConfig(
             pending=options["pending"], small=options["small"], large=options["large"], repeat=options["repeat"]
         )
+        self._part(lambda log: run_scan(config, log=log), (RecoveryBenchError, ValueError), format_scan, path)
+
+    def _part(
+        self,
+        run: Callable[[Callable[[str], None]], dict[str, Any]],
+        errors: tuple[type[Exception], ...],
+        fmt: Callable[[dict[str, Any]], str],
+        path: Path,
+    ) -> dict[str, Any]:
+        """Run one part (its progress on stderr), write its JSON report to ``path`` and print its table."""
         try:
-            report = run_scan(config, log=lambda line: self.stderr.write(line))
-        except (RecoveryBenchError, ValueError) as exc:
+            report = run(lambda line: self.stderr.write(line))
+        except errors as exc:
             raise CommandError(str(exc)) from exc
         _write(path, report)
-        self.stdout.write(format_scan(report))
+        self.stdout.write(fmt(report))
         self.stdout.write(f"report: {path}")
+        return report
 
     def _steps(self, options: dict[str, Any]) -> None:
         json_path = Path(options["json"]) if options["json"] else Path(settings.DATA_DIR) / "bench.json"
