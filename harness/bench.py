@@ -66,6 +66,8 @@ from tasks.outcomes import Committed, NotFound, Outcome
 if TYPE_CHECKING:
     from multiprocessing.synchronize import Barrier
 
+    from leases.models import Lease
+
 # Safe before Django is set up: the worker processes import this module to find their entry point.
 ACTION = "bench.commit"
 register_action(ACTION, description="benchmark: an effect an in-process connector commits at once")
@@ -194,6 +196,20 @@ class BenchConnector:
 
     def compensate(self, op_key: str, request: dict[str, Any]) -> Outcome:
         return self._commit(op_key)
+
+
+def bench_tasks(count: int, nodes: int, *, label: str, holder: str) -> list[tuple[int, Lease]]:
+    """``count`` tasks of a ``nodes``-node chain, each with an agent lease of ``holder``: (task id, lease)."""
+    from leases.services import lease_acquire
+    from tasks.plans import task_create
+
+    plan = chain_plan(nodes)
+    made = []
+    for t in range(count):
+        task = task_create(kind="bench", title=f"bench {label}.{t}", plan=plan, created_by="bench")
+        lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id=holder, ttl=timedelta(hours=1))
+        made.append((task.pk, lease))
+    return made
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -631,19 +647,22 @@ def processes_cpu_seconds(named: Callable[[str], bool]) -> float | None:
     through it (the server's)."""
     if not Path("/proc/self/stat").exists():
         return None
-    total = 0
+    total = 0.0
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as stat:
-                text = stat.read()
-        except OSError:  # ended meanwhile
-            continue
-        name, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
-        if named(name):
-            total += int(rest[11]) + int(rest[12])  # utime, stime (fields 14 and 15 of proc(5))
-    return total / os.sysconf("SC_CLK_TCK")
+        if entry.name.isdigit() and (found := process_cpu(entry.name)) is not None and named(found[0]):
+            total += found[1]
+    return total
+
+
+def process_cpu(pid: int | str) -> tuple[str, float] | None:
+    """Process ``pid``'s name and CPU time (user and system, seconds) from /proc, or None (no such process here)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            text = stat.read()
+    except OSError:  # ended, or another machine's
+        return None
+    name, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
+    return name, (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15 of proc(5)
 
 
 def _local_server(settings_dict: dict[str, Any]) -> bool:
@@ -733,21 +752,11 @@ class _Bench:
                 cursor.execute("SELECT pg_stat_force_next_flush()")
 
     def _reckon_payloads(self, workers: int, tasks: int) -> tuple[list[dict[str, Any]], list[int]]:
-        from leases.services import lease_acquire
-        from tasks.plans import task_create
-
         self.batch += 1
-        plan = chain_plan(self.config.nodes)
         payloads, ids = [], []
         for w in range(workers):
-            mine = []
-            for t in range(tasks):
-                task = task_create(kind="bench", title=f"bench {self.batch}.{w}.{t}", plan=plan, created_by="bench")
-                lease = lease_acquire(
-                    task_id=task.pk, holder_kind="agent", holder_id=f"bench-{w}", ttl=timedelta(hours=1)
-                )
-                mine.append((task.pk, lease))
-                ids.append(task.pk)
+            mine = bench_tasks(tasks, self.config.nodes, label=f"{self.batch}.{w}", holder=f"bench-{w}")
+            ids += [task_id for task_id, _lease in mine]
             payloads.append({"nodes": self.config.nodes, "tasks": mine})
         return payloads, ids
 

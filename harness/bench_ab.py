@@ -13,15 +13,13 @@ baseline's. This is how the changes in the README's Benchmark section were judge
 from __future__ import annotations
 
 import importlib
-import os
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
-from harness.bench import BenchConnector, chain_plan, scratch_database
+from harness.bench import BenchConnector, bench_tasks, process_cpu, scratch_database
 
 type Switch = Callable[[], None]
 FIGURES = ("cpu_ms_per_step", "wall_ms_per_step", "server_cpu_ms_per_step")
@@ -64,25 +62,8 @@ def _backend_cpu_seconds() -> float | None:
         return None
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
-        pid = cursor.fetchone()[0]
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:  # another machine's process
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _tasks(count: int, nodes: int, batch: str) -> list[tuple[int, Any]]:
-    from leases.services import lease_acquire
-    from tasks.plans import task_create
-
-    made = []
-    for t in range(count):
-        task = task_create(kind="bench", title=f"ab {batch}.{t}", plan=chain_plan(nodes), created_by="bench")
-        lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="bench-ab", ttl=timedelta(hours=1))
-        made.append((task.pk, lease))
-    return made
+        found = process_cpu(cursor.fetchone()[0])
+    return None if found is None else found[1]
 
 
 def _run(made: list[tuple[int, Any]], nodes: int) -> None:
@@ -106,7 +87,7 @@ def run_ab(config: AbConfig, log: Callable[[str], None] = print) -> dict[str, An
     try:
         with scratch_database():
             for name, (on, off) in variants.items():  # warm-up: caches, prepared statements; not recorded
-                made = _tasks(2, config.nodes, f"warm-{name}")
+                made = bench_tasks(2, config.nodes, label=f"ab warm-{name}", holder="bench-ab")
                 on()
                 try:
                     _run(made, config.nodes)
@@ -114,7 +95,7 @@ def run_ab(config: AbConfig, log: Callable[[str], None] = print) -> dict[str, An
                     off()
             for round_ in range(config.batches):
                 for name, (on, off) in variants.items():
-                    made = _tasks(config.tasks, config.nodes, f"{round_}-{name}")
+                    made = bench_tasks(config.tasks, config.nodes, label=f"ab {round_}-{name}", holder="bench-ab")
                     on()
                     try:
                         server = _backend_cpu_seconds()

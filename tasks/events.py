@@ -123,8 +123,18 @@ def chain_event(*, task: Task, seq: int, type: str, payload: dict[str, Any], at:
     check_payload(payload, what=f"event {type}", canonical=body)
     prev = GENESIS_DIGEST if seq == 1 else task.log_head
     digest = _chain_digest(task_uid=str(task.uid), seq=seq, type=type, body=body, created_at=at.isoformat(), prev=prev)
-    values = {"task_id": task.pk, "seq": seq, "type": type, "payload": payload, "prev_digest": prev, "digest": digest}
-    event = sql.new_row(Event, values | {"created_at": at})
+    event = sql.new_row(
+        Event,
+        {
+            "task_id": task.pk,
+            "seq": seq,
+            "type": type,
+            "payload": payload,
+            "prev_digest": prev,
+            "digest": digest,
+            "created_at": at,
+        },
+    )
     event.canonical_payload = body  # type: ignore[attr-defined]
     return event
 

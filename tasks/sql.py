@@ -57,7 +57,7 @@ _PLAIN, _AWARE_TIME = 1, 2
 
 
 @cache
-def _plain(model: type[models.Model], names: tuple[str, ...], vendor: str) -> tuple[int, ...]:
+def _kinds(model: type[models.Model], names: tuple[str, ...], vendor: str) -> tuple[int, ...]:
     """Per field: _PLAIN (see _PLAIN_FIELDS), _AWARE_TIME (a DateTimeField on PostgreSQL, which takes an aware
     datetime as it is: the field's own adaptation returns it unchanged) or 0 (the field adapts every value)."""
     kinds = []
@@ -83,7 +83,7 @@ def _adapt(model: type[models.Model], names: tuple[str, ...], values: Iterable[A
         if isinstance(value, RawJSON)
         else field.get_db_prep_save(value, db)
         for (_column, field), kind, value in zip(
-            _columns(model, names), _plain(model, names, db.vendor), values, strict=True
+            _columns(model, names), _kinds(model, names, db.vendor), values, strict=True
         )
     ]
 
