@@ -93,6 +93,7 @@ FIGURES = (
     "wall_s",
     "steps_per_s",
     "cpu_ms_per_step",
+    "cpu_reference_loops_per_step",
     "server_cpu_ms_per_step",
     "machine_cpu_ms_per_step",
     "statements_per_step",
@@ -1088,10 +1089,14 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = print) -> dict[s
                 for mode in MODES:  # warm-up: imports, caches, prepared statements; not recorded
                     bench.run_once(mode, max(config.workers), 1)
                 for r in range(config.rounds):
+                    # The machine's speed now: a shared machine's moves within minutes (cpu refs, below).
+                    reference = python_reference_us(rounds=3, loops=1000)
                     for workers in config.workers:
                         for mode in MODES:
                             run = bench.run_once(mode, workers, config.tasks)
                             run["round"] = r + 1
+                            run["reference_us"] = reference
+                            run["cpu_reference_loops_per_step"] = 1000 * run["cpu_ms_per_step"] / reference
                             bench.runs.append(run)
                             log(f"  round {r + 1} {mode:6} {workers} worker(s): {run['steps_per_s']:8.1f} steps/s")
                 profile_path = None
@@ -1174,6 +1179,7 @@ def _report(
         "ratios": ratios,  # against the raw limit of the goals: two commits per step
         "ratios_shared": ratios_shared,  # against the raw loop that shares commits along a chain as Reckon does
         "goals": goals,
+        "reference_us_rounds": _median([r.get("reference_us") for r in runs]),  # the machine during the rounds
         "one_worker_waiting": waiting,
         "runs": runs,
         "profile": str(profile) if profile else None,
@@ -1187,6 +1193,7 @@ COLUMNS = (
     # (figure, header, format)
     ("steps_per_s", "steps/s", "{:.1f}"),
     ("cpu_ms_per_step", "cpu ms", "{:.3f}"),
+    ("cpu_reference_loops_per_step", "cpu refs", "{:.1f}"),
     ("server_cpu_ms_per_step", "srv cpu", "{:.3f}"),
     ("machine_cpu_ms_per_step", "all cpu", "{:.3f}"),
     ("statements_per_step", "stmts", "{:.1f}"),
@@ -1234,8 +1241,10 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append("steps/s x raw, x shared: median of the rounds' ratios; other x: ratio of the medians")
     lines.append("stmts, txns (explicit), commits (transactions that wrote): counted in the workers")
     lines.append(
-        "cpu ms: the workers' own CPU; all cpu: the whole machine's busy CPU over the run (/proc/stat: clients,"
-        " server and the rest)" + ("; srv cpu: the PostgreSQL server's processes on this machine" if vendor_pg else "")
+        "cpu ms: the workers' own CPU; cpu refs: the same in Python reference loops timed before each round (the"
+        " code's cost with the machine's speed taken out); all cpu: the whole machine's busy CPU over the run"
+        " (/proc/stat: clients, server and the rest)"
+        + ("; srv cpu: the PostgreSQL server's processes on this machine" if vendor_pg else "")
     )
     if vendor_pg:
         lines.append(
@@ -1256,6 +1265,14 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(f"goal: {goal['goal']}: not measured")
         else:
             lines.append(f"goal: {goal['goal']}: {goal['value']:.2f} — {'met' if goal['met'] else 'NOT met'}")
+    reference = report.get("reference_us_rounds")
+    one = report["figures"]["reckon"].get("1", {}).get("cpu_reference_loops_per_step")
+    if reference and one is not None:
+        lines.append(
+            f"machine during the rounds: {reference:.1f} µs per reference loop (median); Reckon's step cost"
+            f" {one:.1f} loops of client CPU (1 worker), and the CPU goal's 2 ms is {2000 / reference:.1f} loops"
+            " on this machine: a slower machine asks the same code for less"
+        )
     if report["profile"]:
         lines.append(f"profile: {report['profile']}")
     return "\n".join(lines)

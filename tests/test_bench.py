@@ -69,6 +69,17 @@ def test_bench_reports_every_figure_positive_and_consistent(tmp_path, django_db_
         assert report["durable"]
     assert report["config"] == {"tasks_per_worker": TASKS, "nodes": NODES, "rounds": 3, "workers": list(WORKERS)}
     assert len(report["runs"]) == 3 * len(WORKERS) * 3  # rounds x worker counts x (raw, shared, reckon)
+    # The machine's speed is timed before each round; a run's CPU is also read in that round's reference loops.
+    for round_ in (1, 2, 3):
+        runs = [run for run in report["runs"] if run["round"] == round_]
+        assert len({run["reference_us"] for run in runs}) == 1 and runs[0]["reference_us"] > 0
+        for run in runs:
+            assert run["cpu_reference_loops_per_step"] == pytest.approx(
+                1000 * run["cpu_ms_per_step"] / run["reference_us"]
+            )
+    per_round = {run["round"]: run["reference_us"] for run in report["runs"]}
+    assert report["reference_us_rounds"] == statistics.median(per_round.values())  # every round runs alike
+    assert f"{2000 / report['reference_us_rounds']:.1f} loops" in out.getvalue()
 
     for mode in ("raw", "shared", "reckon"):
         for workers in WORKERS:
