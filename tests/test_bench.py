@@ -71,9 +71,9 @@ def test_bench_reports_every_figure_positive_and_consistent(tmp_path, django_db_
     assert len(report["runs"]) == 3 * len(WORKERS) * 3  # rounds x worker counts x (raw, shared, reckon)
     # The machine's speed is timed before each round; a run's CPU is also read in that round's reference loops.
     for round_ in (1, 2, 3):
-        runs = [run for run in report["runs"] if run["round"] == round_]
-        assert len({run["reference_us"] for run in runs}) == 1 and runs[0]["reference_us"] > 0
-        for run in runs:
+        in_round = [run for run in report["runs"] if run["round"] == round_]
+        assert len({run["reference_us"] for run in in_round}) == 1 and in_round[0]["reference_us"] > 0
+        for run in in_round:
             assert run["cpu_reference_loops_per_step"] == pytest.approx(
                 1000 * run["cpu_ms_per_step"] / run["reference_us"]
             )
