@@ -7,7 +7,7 @@ and one scratch database, the variants taking turns batch by batch (A, B, A, B, 
 — which move the bench's figures by tens of percent within minutes on a shared machine — hit every variant alike.
 Per variant it reports the median and the minimum of the batches' client CPU, wall time and, for a PostgreSQL
 server on this machine, the connection's backend CPU (from /proc), each per step, and the medians against the
-baseline's. This is how the changes in the README's Benchmark section were judged.
+baseline's. This is how the changes in docs/benchmark.md were judged.
 """
 
 from __future__ import annotations
