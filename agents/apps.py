@@ -1,5 +1,6 @@
 """The reference agents as an app: at start-up it registers the actions its plans name and, per task kind, the
-connector a worker drives such a task with (tasks/actions.py, tasks/registry.py). The domain never imports it."""
+connector a worker drives such a task with (tasks/core/actions.py, tasks/engine/registry.py). The domain never imports
+it."""
 
 from django.apps import AppConfig
 
@@ -10,8 +11,8 @@ class AgentsConfig(AppConfig):
 
     def ready(self) -> None:
         from agents import migrate_project
-        from tasks.actions import register_action
-        from tasks.registry import register_kind
+        from tasks.core.actions import register_action
+        from tasks.engine.registry import register_kind
 
         for name, description in migrate_project.STORE_ACTIONS.items():
             register_action(name, description=description)

@@ -1,5 +1,5 @@
 """The demo's logins: an operator, two admins (a forced release is reviewed by another admin), an auditor and an
-outsider with no role. Roles and the operator's grant go through the audited services (tasks/permissions.py), the
+outsider with no role. Roles and the operator's grant go through the audited services (tasks/access/permissions.py), the
 first admin through the same bootstrap as ``manage.py create_admin``. Passwords are generated on every load and
 returned to be printed once; only their hashes are stored."""
 
@@ -13,8 +13,16 @@ from django.db import transaction
 from agents.demo_agent import API_KIND
 from agents.migrate_project import KIND
 from audit.principals import Principal
-from tasks.permissions import ADMIN, AUDITOR, OPERATOR, GrantRefused, admin_bootstrap, permission_grant, role_grant
-from tasks.permissions import roles_of as _roles_of
+from tasks.access.permissions import (
+    ADMIN,
+    AUDITOR,
+    OPERATOR,
+    GrantRefused,
+    admin_bootstrap,
+    permission_grant,
+    role_grant,
+)
+from tasks.access.permissions import roles_of as _roles_of
 
 FIRST_ADMIN = "admin"
 # username → its role ("" for none), in the order they are printed.

@@ -1,5 +1,6 @@
 """The demo's tasks (``./dev demo``, ``manage.py load_demo``): one per state a person meets in the console, each
-driven there the way it happens in production — the reference agent's worker loop (``tasks.runner.run_task_once``)
+driven there the way it happens in production — the reference agent's worker loop
+(``tasks.engine.runner.run_task_once``)
 against the object-store simulator (harness/simulator.py), with the store's fault injection standing in for the
 outage, the dropped connection or the revoked permission, and people acting through the services (cancel). No
 status column is written here: what the console shows is what the services decided.
@@ -21,13 +22,13 @@ from django.db import connection
 
 from agents.demo import SOURCE_DIGEST, migration_plan
 from agents.migrate_project import KIND, connector, plan
+from agents.objectstore import ObjectStoreConnector
 from audit.principals import Principal
-from tasks.cancel import task_request_cancel
-from tasks.connectors.objectstore import ObjectStoreConnector
+from tasks.engine.plans import task_create
+from tasks.engine.runner import run_task_once
+from tasks.engine.verification import task_verify_log
 from tasks.models import Receipt, Task
-from tasks.plans import task_create
-from tasks.runner import run_task_once
-from tasks.verification import task_verify_log
+from tasks.people.cancel import task_request_cancel
 
 CREATED_BY = "agent:demo"  # every demo task is created by this agent; load_demo loads them once
 HOLDER = "agent:demo-loader"  # the worker identity that drives them while loading
@@ -113,7 +114,7 @@ def _create(demo: Demo, project: str, title: str, **plan_options: Any) -> Task:
 
 
 def _op_key(task: Task, node_key: str) -> str:
-    """The op-key prefix of a node's effect on the task's first plan (tasks/opkeys.py's format), any retry."""
+    """The op-key prefix of a node's effect on the task's first plan (tasks/core/opkeys.py's format), any retry."""
     return f"rk-{task.uid.hex}-p1-{node_key}-"
 
 
@@ -179,7 +180,7 @@ def permission_revoked(demo: Demo) -> Task:
 
 def budget_exhausted(demo: Demo) -> Task:
     """The only attempt of a copy met an outage: its budget is spent, the task pauses and a person takes over
-    with the takeover package (tasks.takeover.takeover_package)."""
+    with the takeover package (tasks.reads.takeover.takeover_package)."""
     task = _create(demo, "juniper", "a copy's attempt budget is spent", copy_attempts=1)
     demo.store.fault("dependency_unavailable", match=_op_key(task, "copy-batch-1"))
     return _drive(demo, task)

@@ -1,10 +1,11 @@
 """The reference agent: "migrate a project" into the object store. The example to copy.
 
-It uses only Reckon's public services — ``tasks.plans.task_create`` to register the plan, ``tasks.runner`` (or the
+It uses only Reckon's public services — ``tasks.engine.plans.task_create`` to register the plan,
+``tasks.engine.runner`` (or the
 Celery job ``tasks.drive_task``) to run it, the connector contract for everything external — and holds no rule of
 its own. The plan: prepare the target, copy the objects in batches, verify every digest against the source
 snapshot, switch the project's reference (irreversible; its compensation points it back). The temporary staging
-copies each batch leaves are recorded from the receipts and deleted once the task ends (``tasks/cleanup.py``).
+copies each batch leaves are recorded from the receipts and deleted once the task ends (``tasks/engine/cleanup.py``).
 
 Batches are sized by the remote's transaction boundary (``store.max_batch()``, the most objects one copy may span),
 never by what a model proposes: ``n`` objects are ``ceil(n / max_batch)`` batches, each its own operation and op key.
@@ -17,9 +18,9 @@ from typing import Any
 
 from django.conf import settings
 
-from tasks.connectors.objectstore import ObjectStoreConnector
+from agents.objectstore import ObjectStoreConnector
+from tasks.engine.plans import task_create
 from tasks.models import Task
-from tasks.plans import task_create
 
 KIND = "migrate_project"
 # The object store's actions a plan of this kind may name (registered at start-up by agents/apps.py).
@@ -126,7 +127,7 @@ def start(
     confirm_switch: bool = False,
 ) -> Task:
     """Register the migration of ``objects`` objects of ``source`` (a versioned ref) as a task; a worker (or
-    ``tasks.runner.run_task_once``) runs it. The batch size is the store's transaction boundary, or ``max_batch``
+    ``tasks.engine.runner.run_task_once``) runs it. The batch size is the store's transaction boundary, or ``max_batch``
     when that is smaller. The source must still be at the ref's version."""
     now = store.current_version(source["locator"])
     if now != source["version"]:

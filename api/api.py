@@ -16,10 +16,9 @@ from api.http import ApiError
 from api.ratelimit import RateLimited
 from api.steps import router as steps_router
 from api.tasks import router as tasks_router
-from api.webhooks import router as webhooks_router
-from hooks.errors import WebhookError
+from audit.errors import Refused
 from leases.errors import LeaseError, LeaseHeld, LeaseRefused, RenewalOutOfOrder
-from tasks.errors import TaskError, VersionConflict
+from tasks.core.errors import VersionConflict
 from tasks.models import Task
 
 
@@ -83,8 +82,8 @@ def _invalid(request: HttpRequest, error: ValidationError) -> HttpResponse:
     )
 
 
-@api.exception_handler(TaskError)
-def _task_error(request: HttpRequest, error: TaskError) -> HttpResponse:
+@api.exception_handler(Refused)
+def _task_error(request: HttpRequest, error: Refused) -> HttpResponse:
     if isinstance(error, VersionConflict):
         return _version_conflict(request, error)
     return problem_of(request, error)
@@ -119,11 +118,6 @@ def _api_error(request: HttpRequest, error: ApiError) -> HttpResponse:
     return problem_of(request, error)
 
 
-@api.exception_handler(WebhookError)
-def _webhook_error(request: HttpRequest, error: WebhookError) -> HttpResponse:
-    return problem_of(request, error)
-
-
 @api.exception_handler(RateLimited)
 def _rate_limited(request: HttpRequest, error: RateLimited) -> HttpResponse:
     return problem(request, code="rate_limited", detail=str(error), headers={"Retry-After": str(error.retry_after)})
@@ -143,4 +137,3 @@ def _http_error(request: HttpRequest, error: HttpError) -> HttpResponse:
 
 api.add_router("/", tasks_router)
 api.add_router("/", steps_router)
-api.add_router("/", webhooks_router)

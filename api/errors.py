@@ -1,6 +1,7 @@
 """Every error of the agent API as RFC 9457 problem details (``application/problem+json``), mapped once here.
 
-A named error (``tasks.errors``, ``leases.errors``, ``tasks.permissions.PermissionDenied``, the API's own) is
+A named error (``tasks.core.errors``, ``leases.errors``, ``tasks.access.permissions.PermissionDenied``, the API's own)
+is
 answered with the status its ``code`` maps to and the stable type ``https://reckon.dev/problems/<code>``; a code
 not in the table is a 409 (a rule refused the request: re-read and decide), never a 500. Validation errors carry
 field-level ``errors``."""

@@ -7,12 +7,12 @@ from ninja import Schema
 from pydantic import Field, model_validator
 
 from leases.models import Lease
-from tasks.decisions import Directive
-from tasks.detail import RemoteDown
-from tasks.lifecycle import FailureClass
+from tasks.core.lifecycle import FailureClass
+from tasks.core.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
+from tasks.decide.change import Snapshot
+from tasks.decide.decisions import Directive
 from tasks.models import Node, Operation, Task
-from tasks.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
-from tasks.snapshot import Snapshot
+from tasks.reads.detail import RemoteDown
 
 Name = Annotated[str, Field(min_length=1, max_length=100)]
 # Request integers are strict: JSON true is not 1, "5" is not 5 (pydantic's lax mode would take both).
@@ -102,7 +102,7 @@ def task_summary(task: Task) -> TaskSummary:
 
 
 def task_out(snap: Snapshot, remote: RemoteDown | None = None) -> TaskOut:
-    """``remote``: tasks.detail.remote_down(task), read by the caller (a new task has none)."""
+    """``remote``: tasks.reads.detail.remote_down(task), read by the caller (a new task has none)."""
     keys = {n.pk: n.key for n in snap.nodes}
     return TaskOut(
         **task_summary(snap.task).model_dump(),

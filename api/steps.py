@@ -1,4 +1,5 @@
-"""/api/v1/tasks/{id}/lease, …/directive, …/operations, …/inputs: the step protocol of tasks/protocol.py over HTTP.
+"""/api/v1/tasks/{id}/lease, …/directive, …/operations, …/inputs: the step protocol of tasks/engine/protocol.py over
+HTTP.
 
 Each handler reads the token, the headers (api/http.py), calls one service and answers; the rules — who may hold
 the lease, what the next step is, what a receipt proves — are the services'. Every write is the services'
@@ -33,10 +34,11 @@ from api.schemas import (
 from api.tokens import in_scope
 from leases.models import HolderKind, Lease
 from leases.services import lease_acquire, lease_release, lease_renew
-from tasks.errors import TaskNotFound
+from tasks.core.errors import TaskNotFound
+from tasks.decide.change import Snapshot
+from tasks.engine.protocol import next_directive, snapshot_at, step_confirm_inputs, step_settle, step_start
+from tasks.engine.snapshot import task_snapshot
 from tasks.models import Operation, Task
-from tasks.protocol import next_directive, snapshot_at, step_confirm_inputs, step_settle, step_start
-from tasks.snapshot import Snapshot, task_snapshot
 
 router = Router(tags=["steps"])
 

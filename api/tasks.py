@@ -34,14 +34,14 @@ from api.schemas import (
     task_summary,
 )
 from api.tokens import in_scope, token_tasks
-from tasks.cancel import task_request_cancel
-from tasks.detail import remote_down
-from tasks.errors import TaskNotFound
+from tasks.access.permissions import PermissionDenied
+from tasks.core.errors import TaskNotFound
+from tasks.engine.plans import plan_accept, plan_propose, task_create
+from tasks.engine.snapshot import task_snapshot
 from tasks.models import PlanRevision, Task
-from tasks.permissions import PermissionDenied
-from tasks.plans import plan_accept, plan_propose, task_create
-from tasks.queries import Order, page
-from tasks.snapshot import task_snapshot
+from tasks.people.cancel import task_request_cancel
+from tasks.reads.detail import remote_down
+from tasks.reads.queries import Order, page
 
 PAGE_DEFAULT, PAGE_MAX = 50, 200
 

@@ -17,8 +17,8 @@ from api.models import ApiToken
 from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
+from tasks.access.permissions import require_admin
 from tasks.models import Task
-from tasks.permissions import require_admin
 
 TOKEN_PREFIX = "rk_"  # noqa: S105 (a prefix that marks a token, not a secret)
 NAME_MAX = 100  # a kind or a project: tasks.models.Task's columns
@@ -154,5 +154,5 @@ def _scope(names: Sequence[str]) -> list[str]:
 
 
 def token_tasks(token: ApiToken) -> "QuerySet[Task]":
-    """The tasks in the token's scope (page them with tasks.queries.page)."""
+    """The tasks in the token's scope (page them with tasks.reads.queries.page)."""
     return Task.objects.filter(scope_condition(token))

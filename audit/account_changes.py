@@ -1,7 +1,8 @@
 """Every change of access the database saw, on the audit chain.
 
 Reckon's services audit the role and scope changes they make (who, why: ``role_granted``, ``scope_granted``, …) and
-a signal audits superuser and staff flags saved through the ORM (tasks/account_audit.py). Neither sees a change made
+a signal audits superuser and staff flags saved through the ORM (tasks/access/account_audit.py). Neither sees a change
+made
 past them: a bulk ``update()``, raw SQL, a shell, the Django admin's group and permission fields. So the database
 captures them all itself — triggers on the account tables write an AccountChange row in the transaction of the
 change (audit/capture_sql.py) — and this module folds each captured row into the audit chain as

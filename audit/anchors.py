@@ -4,7 +4,8 @@ The triggers keep the audit chain and the event logs append-only against everyon
 whoever can write SQLite's file). Such a person can cut a chain's tail and roll its head back so that the database
 reads consistently; only a record kept elsewhere shows the chain once went further. A checkpoint is one JSON line —
 when, the audit chain's head (seq, digest), and what the other apps' head sources add (the tasks' log heads,
-tasks/anchors.py) — signed with HMAC-SHA256 under RECKON_ANCHOR_KEY, a key the database never holds, and appended to
+tasks/engine/anchors.py) — signed with HMAC-SHA256 under RECKON_ANCHOR_KEY, a key the database never holds, and
+appended to
 RECKON_ANCHOR_PATH (opened O_APPEND, created 0600, fsynced). Each line also names the MAC of the line before it, so a
 line taken out of the middle is seen. A line whose MAC does not verify is reported and never trusted.
 
@@ -283,7 +284,7 @@ def audit_anchor_problem(anchors: AnchorFile) -> str | None:
 # --- the verdict: what the anchors say of every chain now ---------------------------------------------------------
 
 # name → a function given the verified anchor file that returns one sentence per chain of its app that no longer
-# reaches the head a checkpoint vouched for (tasks/anchors.py: a task's log cut, rewritten, or the task gone).
+# reaches the head a checkpoint vouched for (tasks/engine/anchors.py: a task's log cut, rewritten, or the task gone).
 type HeadChecker = Callable[[AnchorFile], list[str]]
 _CHECKERS: dict[str, HeadChecker] = {}
 

@@ -8,7 +8,7 @@ from django.db.models import QuerySet
 
 from audit.models import AuditEvent, VerificationRun
 
-# The audit actions of a forced release and of its review (tasks/forced_release.py).
+# The audit actions of a forced release and of its review (tasks/people/forced_release.py).
 FORCED_RELEASE_ACTIONS = ("lease_forced_release", "forced_release_accepted", "forced_release_disputed")
 ACTOR_KINDS = ("user", "agent", "system")
 

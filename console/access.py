@@ -2,15 +2,15 @@
 LoginRequiredMiddleware); logged in without a Reckon role, 403 everywhere; a task the user may not see, 404 (its
 existence is not disclosed); a task they may see but not operate, 403 on every action.
 
-The user's roles are read once per request (tasks.permissions.roles_of caches them on the request's user object),
-so a page that checks several times, and the task lists filtered by viewable_by, ask the database once."""
+The user's roles are read once per request (tasks.access.permissions.roles_of caches them on the request's user object),
+so a page that checks several times, and the task lists filtered by viewable_condition, ask the database once."""
 
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest
 
 from audit.principals import Principal
+from tasks.access.permissions import ADMIN, AUDITOR, can_operate, can_view, roles_of
 from tasks.models import Task
-from tasks.permissions import ADMIN, AUDITOR, can_operate, can_view, roles_of
 
 
 def principal(request: HttpRequest) -> Principal:

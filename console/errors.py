@@ -1,6 +1,7 @@
 """A service's named refusal, as the console tells it to a person: mapped here once, for every view.
 
-Each refusal's stable ``code`` (tasks.errors, leases.errors, tasks.permissions and the other named errors) has one
+Each refusal's stable ``code`` (tasks.core.errors, leases.errors, tasks.access.permissions and the other named errors)
+has one
 sentence that says what happened and what the person can do about it; the service's own text follows as the
 detail (which node, which operation, which holder). A refusal always means nothing was written.
 """
@@ -11,7 +12,7 @@ from leases.errors import LeaseError
 
 # code → what happened, and what to do. Every named refusal has one (tests/test_console_takeover.py checks).
 SENTENCES: dict[str, str] = {
-    # tasks.errors
+    # tasks.core.errors
     "task_error": "The action was refused.",
     "task_not_found": "This task does not exist (any more). Go back to the task list.",
     "version_conflict": "The task changed since you opened this page: nothing was saved. Read the page again and "
@@ -42,7 +43,7 @@ SENTENCES: dict[str, str] = {
     "takeover_refused": "The takeover was refused.",
     "note_refused": "The note is empty or too long: write what you saw, briefly.",
     "bulk_refused": "The bulk action cannot run as asked: check the selection, the action and the reason.",
-    # tasks.permissions
+    # tasks.access.permissions
     "permission_denied": "You may not do this on this task. Ask an admin to grant you the task, or its project.",
     "grant_refused": "That grant already exists, or there is nothing to revoke.",
     "role_refused": "That role change would change nothing, or leave Reckon without an admin.",

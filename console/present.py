@@ -5,7 +5,7 @@ for a state that waits, what it waits for. The queue's badges and the detail pag
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.lifecycle import TERMINAL_TASK_STATUSES, PauseReason, TaskStatus
+from tasks.core.lifecycle import TERMINAL_TASK_STATUSES, PauseReason, TaskStatus
 from tasks.querysets import Attention
 
 

@@ -309,7 +309,7 @@ RECKON_LEASE_TTL = timedelta(seconds=int(os.environ.get("RECKON_LEASE_TTL_SECOND
 RECKON_LEASE_GRACE = timedelta(seconds=int(os.environ.get("RECKON_LEASE_GRACE_SECONDS", "15")))
 # A person's takeover lease: renewed by the open console page; the grace covers a dropped connection.
 RECKON_OPERATOR_LEASE_TTL = timedelta(seconds=int(os.environ.get("RECKON_OPERATOR_LEASE_TTL_SECONDS", "120")))
-# Temp resources a task's effects leave behind are deleted once the task ends (tasks/cleanup.py); this bound is
+# Temp resources a task's effects leave behind are deleted once the task ends (tasks/engine/cleanup.py); this bound is
 # recorded with each (TempResource.retention_until) for operators to see how long one is expected to live.
 RECKON_TEMP_RETENTION = timedelta(hours=int(os.environ.get("RECKON_TEMP_RETENTION_HOURS", "24")))
 # Budgets and backoff (DESIGN §6): persisted per node and per task.
@@ -378,7 +378,8 @@ CELERY_BEAT_SCHEDULE["api-idempotency-expire"] = {"task": "api.expire_idempotenc
 RECKON_METRICS_TOKEN = os.environ.get("RECKON_METRICS_TOKEN", "")
 RECKON_METRICS_CACHE_SECONDS = float(os.environ.get("RECKON_METRICS_CACHE_SECONDS", "5"))
 
-# Liveness (issue 11, helper "liveness"; tasks/recovery.py, tasks/jobs.py): the recovery scan has a queue of its own,
+# Liveness (issue 11, helper "liveness"; tasks/engine/recovery.py, tasks/jobs.py): the recovery scan has a queue of its
+# own,
 # so it never waits behind the wake-ups it queued; every worker started without -Q consumes both queues (a worker
 # started with -Q names the queues it serves: give one of them RECKON_SCAN_QUEUE). A wake-up message is stale
 # RECKON_WAKE_UP_EXPIRY_SECONDS after it is due, on the database clock, and until then no other wake-up is queued for
@@ -401,7 +402,8 @@ CELERY_BEAT_SCHEDULE["recovery-scan"] = {
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 INSTALLED_APPS.append("observability")
 
-# Chain heads anchored outside the database (helper "anchor", issue 11; audit/anchors.py, tasks/anchors.py): every
+# Chain heads anchored outside the database (helper "anchor", issue 11; audit/anchors.py, tasks/engine/anchors.py):
+# every
 # RECKON_ANCHOR_SECONDS the beat appends a checkpoint of the audit chain's head and the tasks' log heads, signed with
 # HMAC-SHA256 under RECKON_ANCHOR_KEY (the base64 text of 32 random bytes; the database never holds it), to
 # RECKON_ANCHOR_PATH (default DATA_DIR/anchors/heads.log, created 0600, only appended to). verify_audit and

@@ -6,7 +6,7 @@
 A *step* is one node driven from ready to done: its intent registered, the call made, its receipt recorded.
 
 - **Reckon**: tasks of ``nodes`` chained nodes (action ``bench.commit``, evidence ``remote_id`` and ``count``), each
-  driven by ``tasks.runner.run_steps`` with an in-process connector that answers every call with a ``Committed``
+  driven by ``tasks.engine.runner.run_steps`` with an in-process connector that answers every call with a ``Committed``
   receipt at once — so the figures are Reckon's own cost, not a remote's.
 - **raw**: the least any design with the same guarantees must do per step, in plain psycopg (SQLite: the sqlite3
   module with the pragmas of ``console/settings.py``): commit 1 inserts an intent row; commit 2 inserts a receipt
@@ -60,8 +60,8 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.db import connections
 
-from tasks.actions import register_action
-from tasks.outcomes import Committed, NotFound, Outcome
+from tasks.core.actions import register_action
+from tasks.core.outcomes import Committed, NotFound, Outcome
 
 if TYPE_CHECKING:
     from multiprocessing.synchronize import Barrier
@@ -154,7 +154,7 @@ class BenchConfig:
         if not self.workers or min(self.workers) < 1:
             raise ValueError("worker counts must be at least 1")
         if self.nodes > 100:
-            raise ValueError("a plan has at most 100 nodes (tasks.plans.MAX_NODES)")
+            raise ValueError("a plan has at most 100 nodes (tasks.core.plan.MAX_NODES)")
 
 
 def chain_plan(nodes: int) -> dict[str, Any]:
@@ -202,7 +202,7 @@ class BenchConnector:
 def bench_tasks(count: int, nodes: int, *, label: str, holder: str) -> list[tuple[int, Lease]]:
     """``count`` tasks of a ``nodes``-node chain, each with an agent lease of ``holder``: (task id, lease)."""
     from leases.services import lease_acquire
-    from tasks.plans import task_create
+    from tasks.engine.plans import task_create
 
     plan = chain_plan(nodes)
     made = []
@@ -478,7 +478,7 @@ class _Worker:
         cur.execute("COMMIT")
 
     def run_reckon(self, payload: dict[str, Any]) -> dict[str, Any]:
-        from tasks.runner import run_steps
+        from tasks.engine.runner import run_steps
 
         connector = BenchConnector()
         counter = StatementCounter(self.django)
@@ -801,7 +801,7 @@ class _Bench:
         return machine_cpu_seconds(), server
 
     def _check_completed(self, ids: list[int]) -> None:
-        from tasks.lifecycle import TaskStatus
+        from tasks.core.lifecycle import TaskStatus
         from tasks.models import Task
 
         left = list(Task.objects.filter(pk__in=ids).exclude(status=TaskStatus.COMPLETED).values_list("pk", "status"))
@@ -854,7 +854,7 @@ class _Bench:
     def profile(self, path: Path) -> None:
         from pyinstrument import Profiler
 
-        from tasks.runner import run_steps
+        from tasks.engine.runner import run_steps
 
         payloads, ids = self._reckon_payloads(1, self.config.tasks)
         connector = BenchConnector()
@@ -890,18 +890,18 @@ class _Bench:
 # profiler inflates code of many small calls (pyinstrument put the webhook outbox's ORM read at ~8 % of a step,
 # timed on its own it was ~5 %).
 PHASES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("tasks.protocol", "step_settle_and_start", ("tasks.runner",)),
-    ("tasks.protocol", "step_start", ("tasks.runner",)),
-    ("tasks.snapshot", "task_snapshot", ("tasks.runner", "tasks.protocol")),
-    ("tasks.cas", "compare_and_set", ("tasks.protocol",)),
-    ("tasks.sql", "Batch.run", ()),
-    ("tasks.events", "chain_event", ("tasks.cas",)),
-    ("tasks.decisions", "settle", ()),
-    ("tasks.decisions", "next_start", ()),
-    ("tasks.cas", "project", ("tasks.protocol",)),
-    ("tasks.snapshot", "after_write", ("tasks.cas",)),
-    ("tasks.events", "event_appended", ("tasks.cas",)),
-    ("tasks.events", "event_written", ("tasks.cas",)),
+    ("tasks.engine.protocol", "step_settle_and_start", ("tasks.engine.runner",)),
+    ("tasks.engine.protocol", "step_start", ("tasks.engine.runner",)),
+    ("tasks.engine.snapshot", "task_snapshot", ("tasks.engine.runner", "tasks.engine.protocol")),
+    ("tasks.engine.cas", "compare_and_set", ("tasks.engine.protocol",)),
+    ("tasks.engine.sql", "Batch.run", ()),
+    ("tasks.engine.events", "chain_event", ("tasks.engine.cas",)),
+    ("tasks.decide.decisions", "settle", ()),
+    ("tasks.decide.decisions", "next_start", ()),
+    ("tasks.engine.cas", "project", ("tasks.engine.protocol",)),
+    ("tasks.engine.snapshot", "after_write", ("tasks.engine.cas",)),
+    ("tasks.engine.events", "event_appended", ("tasks.engine.cas",)),
+    ("tasks.engine.events", "event_written", ("tasks.engine.cas",)),
 )
 
 

@@ -2,7 +2,7 @@
 
 MODULE defines ``VARIANTS``: a mapping of a name to two functions, one that switches the variant on (a monkeypatch,
 a setting, DDL on the scratch database) and one that switches it off again; the first variant is the baseline,
-usually ``(lambda: None, lambda: None)``. Batches of tasks run through ``tasks.runner.run_steps`` in one process
+usually ``(lambda: None, lambda: None)``. Batches of tasks run through ``tasks.engine.runner.run_steps`` in one process
 and one scratch database, the variants taking turns batch by batch (A, B, A, B, …), so that the machine's moments
 — which move the bench's figures by tens of percent within minutes on a shared machine — hit every variant alike.
 Per variant it reports the median and the minimum of the batches' client CPU, wall time and, for a PostgreSQL
@@ -67,7 +67,7 @@ def _backend_cpu_seconds() -> float | None:
 
 
 def _run(made: list[tuple[int, Any]], nodes: int) -> None:
-    from tasks.runner import run_steps
+    from tasks.engine.runner import run_steps
 
     connector = BenchConnector()
     for task_id, lease in made:

@@ -6,7 +6,7 @@
 A *step* is one node driven from ready to done (the bench's unit, harness/bench.py): its intent registered, the
 call made (to an in-process remote that commits at once), its receipt recorded.
 
-- **in process**: ``tasks.runner.run_steps`` in this process, one task after another — a Celery worker's path.
+- **in process**: ``tasks.engine.runner.run_steps`` in this process, one task after another — a Celery worker's path.
 - **over HTTP**: a real web server (gunicorn with console/gunicorn.conf.py, ``--web-workers`` processes) on the
   same database, driven by ``reckon_client.Reckon.run`` — an agent's path: per node a directive read, the intent
   POST, the outcome POST (and one lease acquire, directive and release per task), each a real HTTP request on a
@@ -40,8 +40,8 @@ from harness.bench import BenchConnector, chain_plan, scratch_database
 from harness.ports import free_port
 from leases import clock
 from leases.services import lease_acquire
-from tasks.plans import task_create
-from tasks.runner import run_steps
+from tasks.engine.plans import task_create
+from tasks.engine.runner import run_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 KIND = "bench_http"

@@ -209,14 +209,14 @@ class ScanPoint:
 def scan_reads() -> tuple[Any, Any]:
     """The querysets the scan job evaluates (tasks.jobs.recovery_scan), unevaluated."""
     from leases import clock
-    from tasks.bulk import STALLED_AFTER_SECONDS
+    from tasks.engine.recovery import tasks_needing_work
+    from tasks.engine.registry import known_kinds
     from tasks.models import BulkRun, BulkRunStatus
-    from tasks.recovery import tasks_needing_work
-    from tasks.registry import known_kinds
+    from tasks.people.bulk import STALLED_AFTER_SECONDS
 
     now = clock.now()
     needing = tasks_needing_work(now).filter(kind__in=known_kinds()).values_list("pk", "version")
-    cutoff = now - timedelta(seconds=STALLED_AFTER_SECONDS)  # as tasks.bulk.bulk_runs_stalled reads
+    cutoff = now - timedelta(seconds=STALLED_AFTER_SECONDS)  # as tasks.people.bulk.bulk_runs_stalled reads
     unfinished = [BulkRunStatus.PENDING, BulkRunStatus.RUNNING]
     stalled = BulkRun.objects.filter(status__in=unfinished, created_at__lt=cutoff).values_list("pk", flat=True)
     return needing, stalled
@@ -224,9 +224,9 @@ def scan_reads() -> tuple[Any, Any]:
 
 def _time_scan() -> tuple[float, int]:
     from leases import clock
-    from tasks.bulk import bulk_runs_stalled
-    from tasks.recovery import tasks_needing_work
-    from tasks.registry import known_kinds
+    from tasks.engine.recovery import tasks_needing_work
+    from tasks.engine.registry import known_kinds
+    from tasks.people.bulk import bulk_runs_stalled
 
     started = time.perf_counter()
     seen = list(tasks_needing_work().filter(kind__in=known_kinds()).values_list("pk", "version"))
@@ -415,7 +415,7 @@ def _environment(config: RecoveryConfig, workdir: Path) -> Iterator[tuple[Any, A
 
 
 def _create(store: Any, n: int, tag: str, objects: int) -> list[int]:
-    from tasks.connectors.objectstore import ObjectStoreConnector
+    from agents.objectstore import ObjectStoreConnector
 
     connector = ObjectStoreConnector(store.url)
     ids = []

@@ -29,22 +29,22 @@ from django.conf import settings
 from django.contrib.auth.models import Group, User
 
 from agents import migrate_project
+from agents.objectstore import Idempotency, ObjectStoreConnector
+from audit.errors import Refused
 from audit.principals import Principal
-from tasks.cancel import task_request_cancel
-from tasks.cleanup import ENDED
-from tasks.connectors.objectstore import Idempotency, ObjectStoreConnector
-from tasks.errors import TaskError
-from tasks.evidence import evidence_problems
-from tasks.failpoints import hits
+from tasks.core.lifecycle import OPEN_OPERATION_STATUSES, NodeStatus, OperationStatus, TaskStatus, TempResourceStatus
+from tasks.decide.evidence import evidence_problems
+from tasks.engine.cleanup import ENDED
+from tasks.engine.failpoints import hits
+from tasks.engine.verification import find_problems
 from tasks.jobs import drive_task, recovery_scan
-from tasks.lifecycle import OPEN_OPERATION_STATUSES, NodeStatus, OperationStatus, TaskStatus
-from tasks.models import Event, Node, Operation, OperationPurpose, Receipt, Task, TempResource, TempResourceStatus
-from tasks.takeover import (
+from tasks.models import Event, Node, Operation, OperationPurpose, Receipt, Task, TempResource
+from tasks.people.cancel import task_request_cancel
+from tasks.people.takeover import (
     NodeResult,
     takeover_claim,
     takeover_submit,
 )
-from tasks.verification import find_problems
 
 ROOT = Path(settings.BASE_DIR)
 SCAN_EVERY = 2.0
@@ -403,7 +403,7 @@ def _change_inputs_and_hand_back(
                 results=[NodeResult(node_key="approve-switch", remote_id=f"approval:{operator.id}:{task_id}")],
                 note="approved in the kill matrix",
             )
-        except TaskError:
+        except Refused:
             continue
         handed.add(task_id)
         wake(task_id)

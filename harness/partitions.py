@@ -4,7 +4,8 @@ the fault proxy (harness/faultproxy.py), with the kill matrix's processes, count
 Each scenario starts the simulator, a *direct* Celery worker (its own connections to the database and the remote)
 and a few *lanes* (``--lanes``, default 3): a lane is one more worker whose connection to the database — or to the
 remote — goes through a fault proxy of its own, with its own queue, and with a short pause after each dispatch
-commit (``before_call=sleep(…)``, tasks/failpoints.py) so that the controller (this process) can cut it off there.
+commit (``before_call=sleep(…)``, tasks/engine/failpoints.py) so that the controller (this process) can cut it off
+there.
 Every task is sent to a lane first; the lane's worker runs it until its k-th dispatch (k = the task's number mod 6:
 prepare, each copy batch, verify, the irreversible switch), where the controller partitions it:
 
@@ -62,6 +63,7 @@ from typing import Literal
 from django.db import connection
 
 from agents import migrate_project
+from agents.objectstore import ObjectStoreConnector
 from harness import killmatrix
 from harness.faultproxy import FaultProxy
 from harness.killmatrix import MAX_BATCH, OBJECTS, SCAN_EVERY, Row, Scenario, StoreProcess, Workers
@@ -69,10 +71,9 @@ from harness.ports import free_port
 from leases import clock
 from leases.models import Lease
 from observability.logs import STATE_LOGGER
-from tasks.connectors.objectstore import ObjectStoreConnector
-from tasks.failpoints import hits
+from tasks.core.lifecycle import OperationStatus
+from tasks.engine.failpoints import hits
 from tasks.jobs import drive_task
-from tasks.lifecycle import OperationStatus
 from tasks.models import Operation
 
 PAUSE_MS = 500  # a lane worker's pause after each dispatch commit: the controller's window to partition it

@@ -8,9 +8,14 @@ class HooksConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # The outbox is written inside the transaction of every event it maps (tasks/events.py): the step's hot
+        # The outbox is written inside the transaction of every event it maps (tasks/engine/events.py): the step's hot
         # path appends only events it does not listen to, which cost a dict lookup.
         from hooks.services import SOURCE_EVENTS, outbox_listener
-        from tasks.events import listen
+        from tasks.engine.events import listen
 
         listen(SOURCE_EVENTS, outbox_listener, on_finish=True)
+        # The agent API's /webhooks routes are this app's (hooks/api.py), added to the one API: hooks builds on api.
+        from api.api import api
+        from hooks.api import router
+
+        api.add_router("/", router)

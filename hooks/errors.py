@@ -1,8 +1,10 @@
 """The named refusals of webhook subscriptions. ``code`` is stable: the agent API answers it as problem details
 (api/errors.py maps it to a status). A refusal is raised before anything is written."""
 
+from audit.errors import Refused
 
-class WebhookError(Exception):
+
+class WebhookError(Refused):
     code = "webhook_error"
 
 

@@ -4,22 +4,13 @@ a duplicate finds the delivery claimed or done (``skipped``); a lost one is foun
 from typing import Any
 
 from celery import Task, shared_task
-from django.conf import settings
 
-from hooks.services import deliver, deliveries_due, deliveries_expire
+from hooks.services import deliver, deliveries_due, deliveries_expire, enqueue_delivery
 from leases import clock
 
 # A retry asked for further away than this is left to the sweep (it finds the delivery from the database): a broker
 # holding a message with a countdown of hours is a message likely to be lost or redelivered anyway.
 MAX_COUNTDOWN_SECONDS = 300.0
-
-
-def enqueue_delivery(delivery_id: str, *, countdown: float = 0.0, queue: str = "") -> None:
-    queue = queue or settings.RECKON_WEBHOOK_QUEUE
-    options: dict[str, Any] = {"countdown": countdown} if countdown else {}
-    if queue:
-        options["queue"] = queue
-    deliver_webhook.apply_async((delivery_id,), **options)
 
 
 @shared_task(name="hooks.deliver", acks_late=True, ignore_result=True, bind=True)

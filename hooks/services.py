@@ -1,11 +1,11 @@
 """Webhooks: an agent's subscriptions, the outbox written with the change, and the signed, retried delivery.
 
-Every rule about webhooks is here; the API handlers (api/webhooks.py) and the Celery jobs (hooks/jobs.py) call
+Every rule about webhooks is here; the API handlers (hooks/api.py) and the Celery jobs (hooks/jobs.py) call
 these functions and nothing else.
 
 - A subscription belongs to a token: the token's scope says which tasks' events it receives, the token's liveness
   is the subscription's. Its secret is made here, returned once, stored to sign, never listed, sent or logged.
-- The outbox: ``outbox_listener`` is called inside the transaction that appends an event (tasks/events.py). It
+- The outbox: ``outbox_listener`` is called inside the transaction that appends an event (tasks/engine/events.py). It
   writes one delivery per matching live subscription, so a change that rolls back leaves no delivery and a
   committed one always has its delivery; the Celery job is asked for on commit only. A lost message costs latency
   (the sweep finds the row), never the delivery.
@@ -31,20 +31,21 @@ from typing import Any, Literal
 from urllib.parse import parse_qsl, urlsplit
 
 import httpx
+from celery import current_app
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, transaction
 from django.db.models import F, QuerySet
 
 from api.models import ApiToken
 from api.tokens import scope_covers
+from audit.hygiene import scan_payload
 from audit.principals import Principal
 from audit.services import audit_append
 from hooks import signing
 from hooks.errors import WebhookEventsInvalid, WebhookLimitReached, WebhookNotFound, WebhookUrlInvalid
 from hooks.models import URL_MAX, WEBHOOK_EVENTS, DeliveryStatus, WebhookDelivery, WebhookSubscription
 from leases import clock
-from tasks.events import ENDING_STATUSES
-from tasks.hygiene import scan_payload
+from tasks.engine.events import ENDING_STATUSES
 from tasks.models import Event, Task
 
 logger = logging.getLogger(__name__)
@@ -155,7 +156,7 @@ def _valid_events(events: Sequence[str]) -> list[str]:
 def webhook_events_of(event: Event) -> list[tuple[str, dict[str, Any]]]:
     """The webhook events a task event is, with their ``data``: none, one, or two (a cancel that stops the task at
     once is ``cancel_requested`` and ``task_finished``). References only: what the event's payload already holds,
-    which passed the hygiene check (tasks/hygiene.py) — never a secret."""
+    which passed the hygiene check (audit/hygiene.py) — never a secret."""
     payload: dict[str, Any] = event.payload or {}
     task: dict[str, Any] = payload.get("task") or {}
     data: dict[str, Any] = payload.get("data") or {}
@@ -210,7 +211,8 @@ def webhook_events_of(event: Event) -> list[tuple[str, dict[str, Any]]]:
 
 
 def outbox_listener(task: Task, event: Event) -> None:
-    """Write the deliveries of ``event`` in its transaction (tasks/events.py calls this there). One query when the
+    """Write the deliveries of ``event`` in its transaction (tasks/engine/events.py calls this there). One query when
+    the
     event is a webhook event (the live subscriptions), one insert when some match; nothing at all for the others
     (the listener is registered for SOURCE_EVENTS and for the events that end a task only)."""
     found = webhook_events_of(event)
@@ -271,8 +273,6 @@ def _json_list(value: Any) -> list[str]:
 
 
 def _send_later(delivery_ids: Iterable[str]) -> None:
-    from hooks.jobs import enqueue_delivery  # Celery entry points sit above the services they call
-
     for delivery_id in delivery_ids:
         enqueue_delivery(delivery_id)
 
@@ -447,3 +447,13 @@ def deliveries_expire(*, limit: int = 1000) -> int:
     pks = list(old.order_by("pk").values_list("pk", flat=True)[:limit])
     deleted, _ = WebhookDelivery.objects.filter(pk__in=pks).delete()
     return deleted
+
+
+def enqueue_delivery(delivery_id: str, *, countdown: float = 0.0, queue: str = "") -> None:
+    """Ask a worker to send the delivery (after ``countdown`` seconds, on ``queue`` or the webhook queue)."""
+    queue = queue or settings.RECKON_WEBHOOK_QUEUE
+    options: dict[str, Any] = {"countdown": countdown} if countdown else {}
+    if queue:
+        options["queue"] = queue
+    # Named, not imported: the job (hooks/jobs.py) sits above the services it calls.
+    current_app.tasks["hooks.deliver"].apply_async((delivery_id,), **options)

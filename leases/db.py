@@ -12,9 +12,10 @@ from django.db.backends.utils import CursorWrapper
 @cache
 def _cache_long_statements() -> None:
     """psycopg keeps its parse of a query (placeholders to $n) only below 4 KiB and 50 parameters
-    (``psycopg._queries``): a chained step's batch (two changes, tasks/cas.py) is longer and was parsed again on
+    (``psycopg._queries``): a chained step's batch (two changes, tasks/engine/cas.py) is longer and was parsed again on
     every commit, at more CPU than the rest of the commit's client work. The step's statements are a few fixed
-    shapes (tasks.sql._batch_sql), so the cache (128 entries) keeps its purpose. tests/test_step_budget.py fails if
+    shapes (tasks.engine.sql._batch_sql), so the cache (128 entries) keeps its purpose. tests/test_step_budget.py fails
+    if
     a psycopg upgrade stops reading these names."""
     import psycopg._queries
 

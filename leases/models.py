@@ -10,7 +10,7 @@ class HolderKind(models.TextChoices):
 class ReleaseReason(models.TextChoices):
     RELEASED = "released"  # the holder gave it back
     EXPIRED = "expired"  # closed by the next acquire, after expiry plus grace
-    FORCED = "forced"  # an admin removed the holder (tasks/forced_release.py)
+    FORCED = "forced"  # an admin removed the holder (tasks/people/forced_release.py)
 
 
 class LeaseQuerySet(models.QuerySet["Lease"]):
@@ -23,7 +23,7 @@ class Lease(models.Model):
     """One grant of the right to advance a task. Rows are history; at most one per task is open.
 
     The ``epoch`` is the fencing token: it grows by one with every grant on the task, and every
-    state write compares it (tasks.cas.compare_and_set), so a holder that lost its lease can
+    state write compares it (tasks.engine.cas.compare_and_set), so a holder that lost its lease can
     change nothing.
     """
 

@@ -1,7 +1,7 @@
 """Agent leases: acquire, renew, release. Every write is a conditional UPDATE or a constrained INSERT.
 
 Times come from ``leases.clock`` (the database server's clock). Human takeover and forced release
-build on the same rows (tasks/takeover.py, tasks/forced_release.py).
+build on the same rows (tasks/people/takeover.py, tasks/people/forced_release.py).
 """
 
 from dataclasses import dataclass, field
@@ -48,7 +48,7 @@ def _task_state(task_id: int) -> tuple[int, str]:
 
 
 # The task statuses in which an agent may not be granted a lease. leases knows nothing of task statuses: the
-# tasks app sets this at start-up from its one table (tasks.lifecycle.AGENT_LEASABLE).
+# tasks app sets this at start-up from its one table (tasks.core.lifecycle.AGENT_LEASABLE).
 _agent_barred: frozenset[str] = frozenset()
 
 
@@ -123,7 +123,7 @@ def _close_lapsed(task_id: int, now: datetime) -> None:
 
 
 def lease_force_close(*, lease: Lease) -> Lease:
-    """Close a holder's lease against its will (the admin's forced release, in tasks.takeover). After this no
+    """Close a holder's lease against its will (the admin's forced release, in tasks.people.takeover). After this no
     write with its epoch can land: every compare-and-set checks the epoch's lease is open."""
     with transaction.atomic():
         now = clock.now()
@@ -224,7 +224,7 @@ class LeaseRef(Protocol):
 
 @dataclass(frozen=True)
 class LeaseCheck:
-    """The caller's lease, judged inside a write (``tasks.sql.Batch``), on the database clock.
+    """The caller's lease, judged inside a write (``tasks.engine.sql.Batch``), on the database clock.
 
     ``guard`` returns one row — the lease's expiry — when the lease is still ``task_id``'s open lease at its epoch
     and not expired, and locks it: a concurrent forced release or re-grant waits for the write's commit, or the
@@ -279,3 +279,9 @@ def lease_refusal(*, lease: LeaseRef, task_id: int) -> LeaseError:
     if row is None or row.task_id != task_id or row.epoch != lease.epoch or row.released_at is not None:
         return LeaseLost(task_id, lease.epoch, row.release_reason if row and row.released_at else "")
     return LeaseExpired(task_id, lease.epoch, row.expires_at)
+
+
+def operator_ttl() -> timedelta:
+    """A person's takeover lease: its ttl (renewed by the page every third of it)."""
+    ttl: timedelta = settings.RECKON_OPERATOR_LEASE_TTL
+    return ttl

@@ -241,7 +241,7 @@ inline land(k, res) {
   fi
 }
 
-/* tasks/connectors (connector.submit): POST /ops/<op_key>, then the answer or a timeout */
+/* tasks/engine/connectors.py (connector.submit): POST /ops/<op_key>, then the answer or a timeout */
 inline call(k, res) {
   atomic {
     assert(op_st[k] != O_NONE);                             /* P2 intent_first: registered before the call */

@@ -18,7 +18,7 @@ class ObservabilityConfig(AppConfig):
 
         from observability import tracing
         from observability.logs import STATE_EVENTS, bind, log_state_change, unbind
-        from tasks.events import observe
+        from tasks.engine.events import observe
 
         observe(STATE_EVENTS, log_state_change, on_finish=True)  # one line per state change
         observe(STATE_EVENTS, tracing.record_state_change, on_finish=True)  # and an event on its span, traced

@@ -10,7 +10,7 @@ by people) or ``json`` (one JSON object per line, for a log shipper). This modul
 configured: it imports nothing of Django's models.
 
 State changes are logged from the event log, not from the domain code: ``log_state_change`` observes the events
-every change appends (tasks.events.observe, once the change is written) and prints one line per event — an intent
+every change appends (tasks.engine.events.observe, once the change is written) and prints one line per event — an intent
 registered (its op key), an outcome recorded (op key, outcome; the node advanced with it), the task's other changes —
 with the task id, the version the change made and the op key as fields.
 """
@@ -233,7 +233,7 @@ def _follow(task_id: int, version: int) -> None:
 
 
 def log_state_change(task: "Task", event: "Event") -> None:
-    """tasks.events observer: one line for ``event``, printed once the change is written — after its commit where
+    """tasks.engine.events observer: one line for ``event``, printed once the change is written — after its commit where
     the change commits on its own; inside the caller's transaction where the change is part of one (a person's
     decision with its audit row), so a transaction rolled back after its change leaves a line with no event behind
     it: the event log is the record, these lines are its echo. Costs nothing when the logger is off

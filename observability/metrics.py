@@ -37,10 +37,10 @@ from prometheus_client.registry import Collector
 from audit.models import VerificationRun
 from leases import clock
 from leases.models import ForcedRelease, Lease
-from tasks.lifecycle import PauseReason, TaskStatus
-from tasks.models import Event, Operation, Task, TaskWakeUp, TempResource, TempResourceStatus
+from tasks.core.lifecycle import PauseReason, TaskStatus, TempResourceStatus
+from tasks.models import Event, Operation, Task, TaskWakeUp, TempResource
 
-# A step's settlement (commit 2 of tasks/protocol.py) appends exactly one of these events: the step's outcome.
+# A step's settlement (commit 2 of tasks/engine/protocol.py) appends exactly one of these events: the step's outcome.
 STEP_OUTCOME_EVENTS: dict[str, str] = {
     "node_succeeded": "succeeded",
     "evidence_insufficient": "evidence_insufficient",
@@ -287,9 +287,9 @@ def _chain_verification() -> Iterator[Metric]:
 
 
 def _wake_ups() -> Iterator[Metric]:
-    """What tasks/recovery.py records of wake-ups, in one pass over its rows: the claim taken when one is queued
+    """What tasks/engine/recovery.py records of wake-ups, in one pass over its rows: the claim taken when one is queued
     (at most one per task version), the counts of claims taken and refused (a second wake-up for a version already
-    queued is deduplicated at enqueue: tasks.recovery.wake_up_claim returned False and nothing was sent), and a
+    queued is deduplicated at enqueue: tasks.engine.recovery.wake_up_claim returned False and nothing was sent), and a
     remote that stays down. The counts live on the task's row (``TaskWakeUp.queued_count`` /
     ``deduplicated_count``), bumped by the claim's own statement, so every process's wake-ups are counted."""
     now = clock.now()

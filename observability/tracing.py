@@ -211,7 +211,8 @@ def job_finished(task_id: str, state: str | None) -> None:
 
 
 def record_state_change(task: Any, event: Any) -> None:
-    """tasks.events observer: each state change is an event on the span that made it (the request's or the job's),
+    """tasks.engine.events observer: each state change is an event on the span that made it (the request's or the
+    job's),
     named as its log line, with the task id, the version the change made and the op key — so the trace shows which
     versions a request or a wake-up wrote, and which op keys it registered and settled."""
     if not _enabled:
@@ -239,7 +240,7 @@ def _remote_call(name: str, op_key: str | None = None, **attributes: Any) -> Ite
 
 
 class TracedConnector:
-    """A connector (tasks/connectors/base.py's contract) whose every remote call is a span; the outcome's class is
+    """A connector (tasks/engine/connectors.py's contract) whose every remote call is a span; the outcome's class is
     recorded on it. Everything else is the wrapped connector's."""
 
     def __init__(self, inner: Any) -> None:
@@ -279,7 +280,7 @@ class TracedConnector:
 def trace_registered_connectors() -> None:
     """Wrap the connector factory of every task kind registered so far (the apps before this one in
     INSTALLED_APPS register theirs in ready())."""
-    from tasks import registry
+    from tasks.engine import registry
 
     for kind in registry.known_kinds():
         spec = registry._KINDS[kind]

@@ -4,7 +4,7 @@ Every service raises before it writes, or inside the transaction it rolls back: 
 database, the audit chain and the retention folder as they were.
 """
 
-from tasks.errors import TaskError
+from tasks.core.errors import TaskError
 
 
 class RetentionError(TaskError):

@@ -31,6 +31,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
+from audit.hygiene import PayloadTooLarge, canonical_json, check_payload
 from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
@@ -46,10 +47,9 @@ from retention.errors import (
     RetentionRefused,
 )
 from retention.models import RetainedKind, RetainedObject, RetainedStatus
-from tasks.errors import PayloadTooLarge, TaskNotFound
-from tasks.hygiene import canonical_json, check_payload
+from tasks.access.permissions import require_operate
+from tasks.core.errors import TaskNotFound
 from tasks.models import Task
-from tasks.permissions import require_operate
 
 ORPHAN_GRACE = timedelta(minutes=1)
 # retain inserts its row within half the grace of sealing the file, or starts again: so a file older than the

@@ -1,7 +1,7 @@
 """Read-only admin views: every write goes through the services, never through a form on a domain row.
 
 Django's own account admin too, where it grants access: a user's groups (Reckon's roles), permissions, superuser,
-staff and active flags, and the groups themselves, change only through tasks/permissions.py (the console's Roles
+staff and active flags, and the groups themselves, change only through tasks/access/permissions.py (the console's Roles
 page), which enforces its rules (the last admin is never revoked) and audits who did it and why. The Django admin
 still shows them, and still edits a name, an e-mail address or a password.
 """
@@ -49,7 +49,7 @@ ACCESS_FIELDS = ("is_active", "is_staff", "is_superuser", "groups", "user_permis
 
 
 class AccountAdmin(UserAdmin):  # type: ignore[type-arg]
-    """Accounts without their access fields: those are the Roles page's (tasks.permissions)."""
+    """Accounts without their access fields: those are the Roles page's (tasks.access.permissions)."""
 
     readonly_fields = (*UserAdmin.readonly_fields, *ACCESS_FIELDS, "last_login", "date_joined")
 

@@ -6,7 +6,7 @@ class TasksConfig(AppConfig):
 
     def ready(self) -> None:
         from leases.services import bar_agents_in
-        from tasks.lifecycle import AGENT_LEASABLE, TaskStatus
+        from tasks.core.lifecycle import AGENT_LEASABLE, TaskStatus
 
         bar_agents_in(frozenset(s.value for s in set(TaskStatus) - AGENT_LEASABLE))
-        from tasks import account_audit  # noqa: F401  # audits superuser/staff flag changes (createsuperuser, admin)
+        from tasks.access import account_audit  # noqa: F401  # audits superuser/staff flag changes (createsuperuser, admin)

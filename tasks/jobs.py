@@ -11,21 +11,21 @@ from django.db import InterfaceError, OperationalError, close_old_connections
 from django.utils import timezone
 
 from leases import clock
-from tasks.bulk import bulk_run_apply, bulk_runs_stalled
-from tasks.failures import backoff
-from tasks.models import Task as TaskRow
-from tasks.recovery import (
+from tasks.core.failures import backoff
+from tasks.engine.recovery import (
     tasks_needing_work,
     wake_up_begin,
     wake_up_claim,
     wake_up_defer,
     wake_up_unclaim,
 )
-from tasks.registry import connector_for, known_kinds
-from tasks.runner import run_task_once
+from tasks.engine.registry import connector_for, known_kinds
+from tasks.engine.runner import run_task_once
+from tasks.models import Task as TaskRow
+from tasks.people.bulk import bulk_run_apply, bulk_runs_stalled
 
 # A wake-up asked for further away than this is left to the recovery scan (it finds the task from the database, and
-# not before it is due: tasks.recovery.wake_up_defer).
+# not before it is due: tasks.engine.recovery.wake_up_defer).
 MAX_COUNTDOWN_SECONDS = 300.0
 
 
@@ -40,7 +40,8 @@ WAKE_UP_RETRIES = 5
 
 @shared_task(name="tasks.drive_task", acks_late=True, ignore_result=True, bind=True)
 def drive_task(self: Task[Any, Any], task_id: int, seen_version: int | None = None, until: str | None = None) -> str:
-    """One wake-up, with the connector registered for the task's kind (tasks/registry.py); a kind no app registered
+    """One wake-up, with the connector registered for the task's kind (tasks/engine/registry.py); a kind no app
+    registered
     raises UnknownTaskKind (the worker logs it; the task is left as it is, for the scan to find again).
 
     ``until`` (a wake-up queued under a claim): the database time its claim lapses at. A message that arrives later
@@ -49,7 +50,7 @@ def drive_task(self: Task[Any, Any], task_id: int, seen_version: int | None = No
     would drop every wake-up and every scan as expired (the "clocks skewed" partition row).
 
     A database connection lost mid-way (OperationalError): the runner gives the lease back on a new connection, and
-    this wake-up is sent again after a growing, jittered delay (tasks.failures.backoff)."""
+    this wake-up is sent again after a growing, jittered delay (tasks.core.failures.backoff)."""
     try:
         if until is not None and clock.now() > datetime.fromisoformat(until):
             return "skipped: stale (its claim lapsed on the database clock)"
@@ -72,7 +73,7 @@ def _drive(job: Task[Any, Any], task_id: int, seen_version: int | None) -> str:
     wake = run_task_once(task_id=task_id, holder_id=_holder_id(), connector=connector, seen_version=seen_version)
     if wake.wake_at is not None and wake.version is not None:
         # Backoff, an accepted operation to observe, a remote that is down: ask for the next wake-up, once per
-        # version (tasks.recovery.wake_up_claim). Losing this message costs only latency (the scan finds the task
+        # version (tasks.engine.recovery.wake_up_claim). Losing this message costs only latency (the scan finds the task
         # when its claim lapses); a duplicate finds nothing to do.
         countdown = max(0.0, (wake.wake_at - clock.now()).total_seconds())
         if countdown > MAX_COUNTDOWN_SECONDS:  # no message: the scan wakes it when due, not before
@@ -102,14 +103,14 @@ def recovery_scan(queue: str = "") -> int:
     """Wake a worker for every task that needs one, naming the version seen; return how many were queued.
 
     At most one wake-up per (task, version) is ever queued: the scan reads only tasks without a live claim, and
-    claims each before sending (tasks.recovery.wake_up_claim), so scans run back to back, or on two workers, add
+    claims each before sending (tasks.engine.recovery.wake_up_claim), so scans run back to back, or on two workers, add
     nothing. Each message is stale once its claim lapses (RECKON_WAKE_UP_EXPIRY, on the database clock): a stale
     one is dropped unrun (``drive_task``'s ``until``), a lost one stops blocking and the next scan queues it again.
     Beat sends the scan itself on a queue of its own (RECKON_SCAN_QUEUE), so it never waits behind the wake-ups it
     queued; a scan carries no expiry (a worker would judge it on its own clock): scans that piled up while no worker
     ran each cost a read that finds every task claimed.
 
-    Only tasks of a kind with a connector registered here (tasks/registry.py): a kind that agents drive over the
+    Only tasks of a kind with a connector registered here (tasks/engine/registry.py): a kind that agents drive over the
     API has none, and its agent — not a worker — is the one to come back for it."""
     seen = list(tasks_needing_work().filter(kind__in=known_kinds()).values_list("pk", "version"))
     sent = 0
@@ -129,7 +130,8 @@ def recovery_scan(queue: str = "") -> int:
 
 @shared_task(name="tasks.apply_bulk_run", acks_late=True, ignore_result=True)
 def apply_bulk_run(run_id: int) -> str:
-    """Apply a confirmed bulk run (tasks.bulk.bulk_run_apply), task by task. A redelivered message finishes what is
+    """Apply a confirmed bulk run (tasks.people.bulk.bulk_run_apply), task by task. A redelivered message finishes what
+    is
     left and changes nothing twice: each item is finished once, each change is version-checked."""
     run = bulk_run_apply(run_id=run_id)
     return f"bulk run {run.pk}: {run.status}"
@@ -138,11 +140,11 @@ def apply_bulk_run(run_id: int) -> str:
 @shared_task(name="tasks.verify_logs", ignore_result=True)
 def verify_logs(username: str) -> int:
     """An admin's "verify now", on a worker: walking every task's log takes minutes with many tasks. The admin is
-    checked again here (tasks.oversight.logs_verify); the run records what it found."""
+    checked again here (tasks.people.oversight.logs_verify); the run records what it found."""
     from django.contrib.auth.models import User
 
     from audit.principals import Principal
-    from tasks.oversight import logs_verify
+    from tasks.people.oversight import logs_verify
 
     user = User.objects.filter(username=username).first()
     if user is None:

@@ -4,7 +4,7 @@ from typing import Any, NoReturn
 from django.db import models
 from django.db.models import Q
 
-from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, PauseReason, TaskStatus
+from tasks.core.lifecycle import FailureClass, NodeStatus, OperationStatus, PauseReason, TaskStatus, TempResourceStatus
 from tasks.querysets import TaskQuerySet
 
 type _Enum = type[TaskStatus | PauseReason | NodeStatus | OperationStatus | FailureClass]
@@ -169,7 +169,7 @@ class Node(models.Model):
 class OperationPurpose(models.TextChoices):
     EFFECT = "effect"  # a node's side effect: its receipt must satisfy the node's evidence spec
     COMPENSATION = "compensation"  # undoes a committed effect, started only by a person's explicit choice
-    CLEANUP = "cleanup"  # deletes a temp resource once the task has ended (tasks/cleanup.py)
+    CLEANUP = "cleanup"  # deletes a temp resource once the task has ended (tasks/engine/cleanup.py)
 
 
 class Operation(models.Model):
@@ -305,13 +305,6 @@ class Event(models.Model):
         raise EventRefused("events are append-only: no delete")
 
 
-class TempResourceStatus(models.TextChoices):
-    ACTIVE = "active"
-    CLEANING = "cleaning"
-    DELETED = "deleted"
-    STUCK = "stuck"  # the remote refused every delete (tasks/cleanup.py): a person must look; no more wake-ups
-
-
 class TempResource(models.Model):
     """Something a task created that must be cleaned up; cleanup is an operation with its own receipt."""
 
@@ -354,7 +347,7 @@ class TempResource(models.Model):
 
 class ScopeGrant(models.Model):
     """An operator may operate every task of a project, or of a kind (``*`` matches any). Object permissions
-    (django-guardian) grant single tasks; both are granted and revoked by tasks.permissions, audited."""
+    (django-guardian) grant single tasks; both are granted and revoked by tasks.access.permissions, audited."""
 
     user = models.ForeignKey("auth.User", on_delete=models.CASCADE, related_name="reckon_scope_grants")
     project = models.CharField(max_length=100, default="*")
@@ -394,7 +387,8 @@ class Attachment(models.Model):
 
 
 class BulkOperation(models.TextChoices):
-    """The named operations a person applies to a filtered set of tasks (tasks/bulk.py), each through one service."""
+    """The named operations a person applies to a filtered set of tasks (tasks/people/bulk.py), each through one
+    service."""
 
     RESUME = "resume", "Resume the agent (it re-checks its inputs first)"
     CANCEL = "cancel", "Cancel"
@@ -460,13 +454,13 @@ class BulkRunItem(models.Model):
 
 
 class TaskWakeUp(models.Model):
-    """A task's worker wake-ups, as the database knows them (tasks/recovery.py; owned by the liveness work).
+    """A task's worker wake-ups, as the database knows them (tasks/engine/recovery.py; owned by the liveness work).
 
     ``queued_version``/``queued_until``: a wake-up for that version is on the broker until then, so nobody queues
     another (deduplication at enqueue). The wake-up clears it when it runs; a lost message stops blocking at
     ``queued_until`` (the message's own expiry), so the recovery scan still makes it good.
     ``remote_down_*``: the task's remote could not be reached that many times in a row, since then; it is asked
-    again no earlier than ``remote_next_ask_at`` (tasks.failures.backoff: growing, jittered, capped)."""
+    again no earlier than ``remote_next_ask_at`` (tasks.core.failures.backoff: growing, jittered, capped)."""
 
     task = models.OneToOneField(Task, on_delete=models.CASCADE, primary_key=True, related_name="wake_up")
     queued_version = models.PositiveBigIntegerField(null=True, blank=True)
@@ -482,7 +476,8 @@ class TaskWakeUp(models.Model):
 
     class Meta:
         indexes = [
-            # Serve the recovery scan's "a wake-up is queued" and "its remote is resting" (tasks.recovery): the few
+            # Serve the recovery scan's "a wake-up is queued" and "its remote is resting" (tasks.engine.recovery): the
+            # few
             # live claims and outages, not a row per task ever woken.
             models.Index(fields=["queued_until"], condition=Q(queued_until__isnull=False), name="wake_up_queued_idx"),
             models.Index(

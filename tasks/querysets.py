@@ -1,7 +1,7 @@
-"""``Task.objects``: the named selections every reader builds on (tasks/queries.py, the console, the agent API).
+"""``Task.objects``: the named selections every reader builds on (tasks/reads/queries.py, the console, the agent API).
 
-tasks/models.py attaches this QuerySet, so this module cannot import tasks.models (nor the modules that do) when
-it loads: the row classes are imported inside the methods, when they run.
+tasks/models.py attaches this QuerySet, so this module does not import tasks.models: the other row classes are
+found by name in Django's app registry when a method runs (``_rows``).
 """
 
 from datetime import datetime
@@ -9,7 +9,7 @@ from functools import reduce
 from operator import or_
 from typing import TYPE_CHECKING, Any, Self, TypedDict, TypeVar
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.apps import apps
 from django.db import NotSupportedError, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import (
@@ -31,8 +31,8 @@ from django.db.models.sql.compiler import SQLCompiler
 from leases import clock
 from leases.models import Lease, LeaseReservation
 from leases.services import lease_grace
-from tasks.actions import get_action, known_actions
-from tasks.lifecycle import (
+from tasks.core.actions import approval_actions
+from tasks.core.lifecycle import (
     NOT_ENDED,
     OPEN_OPERATION_STATUSES,
     TERMINAL_TASK_STATUSES,
@@ -42,6 +42,7 @@ from tasks.lifecycle import (
     OperationStatus,
     PauseReason,
     TaskStatus,
+    TempResourceStatus,
 )
 
 if TYPE_CHECKING:
@@ -53,9 +54,9 @@ if TYPE_CHECKING:
 _Task = TypeVar("_Task", bound="Task", covariant=True)
 
 WORKABLE = sorted(s.value for s in WORKABLE_TASK_STATUSES)
-# Operation.failure_class of an unknown operation the remote can neither dedupe nor answer for (tasks.decisions).
+# Operation.failure_class of an unknown operation the remote can neither dedupe nor answer for (tasks.decide.decisions).
 UNPROVABLE = "unprovable"
-# In these, next_directive never reaches the plan's nodes (tasks.decisions.directive).
+# In these, next_directive never reaches the plan's nodes (tasks.decide.decisions.directive).
 _DIRECTIVE_STOPS_BEFORE_NODES = sorted(
     TERMINAL_TASK_STATUSES | {TaskStatus.QUARANTINED, TaskStatus.HUMAN, TaskStatus.PAUSED}
 )
@@ -92,7 +93,7 @@ class Holding(TypedDict):
 
 
 class Overview(Progress, Holding):
-    """What tasks.queries.task_overview() annotates (besides with_attention()'s booleans)."""
+    """What tasks.reads.queries.task_overview() annotates (besides with_attention()'s booleans)."""
 
 
 def attention_field(reason: Attention) -> str:
@@ -100,31 +101,35 @@ def attention_field(reason: Attention) -> str:
     return f"attention_{reason.value}"
 
 
+def _rows(model: str) -> QuerySet[Any]:
+    """Every row of the tasks model named ``model``."""
+    rows: QuerySet[Any] = apps.get_model("tasks", model)._default_manager.all()
+    return rows
+
+
 class TaskQuerySet(models.QuerySet[_Task]):
     def workable(self, now: datetime | None = None) -> Self:
         """What the recovery scan hands to a worker: workable tasks, and ended tasks with temp resources left to
         delete, that nobody holds (no lease still inside its grace) and no person waits for."""
-        from tasks.models import Task, TempResource, TempResourceStatus
-
         now = now or clock.now()
         held = Lease.objects.open().filter(task_id=OuterRef("pk"), expires_at__gt=now - lease_grace())
         reserved = LeaseReservation.objects.filter(task_id=OuterRef("pk"))
         ended = sorted(s.value for s in TERMINAL_TASK_STATUSES)
         # A UNION of two index range reads (task_status_idx; temp_resource_status_idx): an OR with an EXISTS would
         # read every task row, finished ones included, and the scan would slow as history grows (bench scan).
-        litter = TempResource.objects.filter(
-            status__in=[TempResourceStatus.ACTIVE, TempResourceStatus.CLEANING], task__status__in=ended
-        ).values("task_id")
-        candidates = Task.objects.filter(status__in=WORKABLE).values("pk").union(litter)
+        litter = (
+            _rows("TempResource")
+            .filter(status__in=[TempResourceStatus.ACTIVE, TempResourceStatus.CLEANING], task__status__in=ended)
+            .values("task_id")
+        )
+        candidates = _rows("Task").filter(status__in=WORKABLE).values("pk").union(litter)
         return self.filter(pk__in=candidates).exclude(Exists(held)).exclude(Exists(reserved))
 
     def with_progress(self) -> "TaskQuerySet[WithAnnotations[Task, Progress]]":
         """Annotates ``nodes_total`` and ``nodes_done`` (on the current plan) and ``open_operations`` (dispatched,
         accepted or unknown), each a correlated COUNT: no JOIN, so no row fan-out to undo with DISTINCT."""
-        from tasks.models import Node, Operation
-
-        plan = Node.objects.filter(task_id=OuterRef("pk"), plan_version=OuterRef("plan_version"))
-        open_operations = Operation.objects.filter(
+        plan = _rows("Node").filter(task_id=OuterRef("pk"), plan_version=OuterRef("plan_version"))
+        open_operations = _rows("Operation").filter(
             task_id=OuterRef("pk"), status__in=sorted(s.value for s in OPEN_OPERATION_STATUSES)
         )
         return self.annotate(
@@ -144,7 +149,7 @@ class TaskQuerySet(models.QuerySet[_Task]):
 
     def with_attention(self) -> Self:
         """Annotates one boolean per Attention reason (``attention_field(reason)``); read them with
-        tasks.queries.attention_reasons. Part of the same query: no query per task."""
+        tasks.reads.queries.attention_reasons. Part of the same query: no query per task."""
         return self.annotate(
             **{
                 attention_field(reason): ExpressionWrapper(condition, output_field=BooleanField())
@@ -157,20 +162,6 @@ class TaskQuerySet(models.QuerySet[_Task]):
         annotated = self.with_attention()
         return annotated.filter(reduce(or_, (Q(**{attention_field(reason): True}) for reason in Attention)))
 
-    def operable_by(self, user: AbstractBaseUser | AnonymousUser) -> Self:
-        """The tasks ``user`` may operate, as tasks.permissions.can_operate decides for one task: one query."""
-        from audit.principals import Principal
-        from tasks.permissions import operable_condition
-
-        return self.filter(operable_condition(Principal.of_user(user)))
-
-    def viewable_by(self, user: AbstractBaseUser | AnonymousUser) -> Self:
-        """The tasks ``user`` may see (tasks.permissions.can_view): one query."""
-        from audit.principals import Principal
-        from tasks.permissions import viewable_condition
-
-        return self.filter(viewable_condition(Principal.of_user(user)))
-
 
 def _count(rows: QuerySet[Any]) -> Coalesce:
     """COUNT(*) of ``rows`` (filtered on ``task_id=OuterRef("pk")``) as a correlated subquery."""
@@ -179,16 +170,14 @@ def _count(rows: QuerySet[Any]) -> Coalesce:
 
 
 def _attention_conditions() -> dict[Attention, Q]:
-    from tasks.models import Node, Operation, TempResource, TempResourceStatus
-
     def exists(rows: QuerySet[Any]) -> Q:
         return Q(Exists(rows.filter(task_id=OuterRef("pk"))))
 
-    unknown = Operation.objects.filter(status=OperationStatus.UNKNOWN.value)
+    unknown = _rows("Operation").filter(status=OperationStatus.UNKNOWN.value)
     # An operation already unknown when its lookup came back unprovable keeps its failure class: the task's pause
-    # says it (tasks.decisions.settle).
+    # says it (tasks.decide.decisions.settle).
     paused_unprovable = Q(status=TaskStatus.PAUSED.value, status_reason=PauseReason.UNPROVABLE.value)
-    spent_node = Node.objects.filter(
+    spent_node = _rows("Node").filter(
         plan_version=OuterRef("plan_version"), status=NodeStatus.PENDING.value, attempts__gte=F("max_attempts")
     )
     budget_exhausted = Q(status=TaskStatus.PAUSED.value, status_reason=PauseReason.BUDGET_EXHAUSTED.value) | (
@@ -205,29 +194,24 @@ def _attention_conditions() -> dict[Attention, Q]:
         Attention.UNPROVABLE_OPERATION: exists(unknown.filter(failure_class=UNPROVABLE))
         | (paused_unprovable & exists(unknown)),
         Attention.BUDGET_EXHAUSTED: budget_exhausted,
-        Attention.TEMP_RESOURCE_STUCK: exists(TempResource.objects.filter(status=TempResourceStatus.STUCK.value)),
+        Attention.TEMP_RESOURCE_STUCK: exists(_rows("TempResource").filter(status=TempResourceStatus.STUCK.value)),
         Attention.TAKEOVER_REQUESTED: exists(LeaseReservation.objects.all()),
     }
-
-
-def approval_actions() -> tuple[str, ...]:
-    """The registered actions of kind approval (tasks.actions), sorted."""
-    return tuple(sorted(name for name in known_actions() if (spec := get_action(name)) and spec.kind == "approval"))
 
 
 def _awaiting_approval() -> Q:
     """next_directive would say ``stop: awaiting_approval``: nothing comes before the plan's nodes (no pause, no
     person, no cancel, no takeover request, no recheck, no unsettled operation), and the first ready node — the
     lowest position among pending nodes of the current plan whose dependencies all succeeded — is an approval."""
-    from tasks.models import Node, Operation
-
     approvals = list(approval_actions())
     plan_of_outer = {"task_id": OuterRef("task_id"), "plan_version": OuterRef("plan_version")}
-    ready_before = Node.objects.filter(**plan_of_outer, position__lt=OuterRef("position")).filter(_ready())
-    first_ready_approval = Node.objects.filter(
-        task_id=OuterRef("pk"), plan_version=OuterRef("plan_version"), action__in=approvals
-    ).filter(_ready(), ~Exists(ready_before))
-    unsettled = Operation.objects.filter(
+    ready_before = _rows("Node").filter(**plan_of_outer, position__lt=OuterRef("position")).filter(_ready())
+    first_ready_approval = (
+        _rows("Node")
+        .filter(task_id=OuterRef("pk"), plan_version=OuterRef("plan_version"), action__in=approvals)
+        .filter(_ready(), ~Exists(ready_before))
+    )
+    unsettled = _rows("Operation").filter(
         task_id=OuterRef("pk"), status__in=sorted(s.value for s in UNSETTLED_OPERATION_STATUSES)
     )
     reserved = LeaseReservation.objects.filter(task_id=OuterRef("pk"))
@@ -242,10 +226,9 @@ def _awaiting_approval() -> Q:
 
 def _ready() -> Q:
     """The node of the enclosing query is pending and every node it depends on (same task and plan) succeeded."""
-    from tasks.models import Node
-
     unmet = (
-        Node.objects.filter(task_id=OuterRef("task_id"), plan_version=OuterRef("plan_version"))
+        _rows("Node")
+        .filter(task_id=OuterRef("task_id"), plan_version=OuterRef("plan_version"))
         .exclude(status=NodeStatus.SUCCEEDED.value)
         .filter(JsonArrayHas(OuterRef("depends_on"), F("key")))
     )

@@ -13,8 +13,8 @@ from audit.principals import Principal
 from leases.clock import ControllableClock, use_clock
 from leases.models import Lease
 from leases.services import lease_acquire
+from tasks.engine.plans import task_create
 from tasks.models import Task
-from tasks.plans import task_create
 from tests.simulator_fixture import Simulator
 
 # The append-only and capture triggers on SQLite (tasks/migrations/0009, audit/migrations/0002, 0003 and 0006): how to
@@ -180,7 +180,8 @@ def store(simulator: Simulator) -> Simulator:
 def person(name: str, *roles: str, superuser: bool = False, staff: bool = False) -> Principal:
     """A user in the given role groups, as a principal. The groups come from a migration; a transactional test
     flushes them, so they are made again when missing."""
-    # Set-up state, saved as a fixture is loaded (raw): not a superuser change under test (tasks/account_audit.py).
+    # Set-up state, saved as a fixture is loaded (raw): not a superuser change under test
+    # (tasks/access/account_audit.py).
     user = User(username=name, is_superuser=superuser, is_staff=staff)
     user.set_unusable_password()
     user.save_base(raw=True)

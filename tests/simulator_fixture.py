@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.killmatrix import StoreProcess
-from tasks.lifecycle import FailureClass
+from tasks.core.lifecycle import FailureClass
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,9 +1,9 @@
 """Protocol steps for tests: each reads the task version afresh, as a well-behaved agent does."""
 
 from leases.models import Lease
+from tasks.core.outcomes import Outcome
+from tasks.engine.protocol import operation_start, record_outcome
 from tasks.models import Operation, Task
-from tasks.outcomes import Outcome
-from tasks.protocol import operation_start, record_outcome
 
 
 def version(task: Task) -> int:

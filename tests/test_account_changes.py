@@ -20,7 +20,7 @@ from audit.append_only import AUDIT_TRIGGERS, missing_triggers
 from audit.jobs import fold_account_changes_job
 from audit.models import AccountChange, AuditEvent
 from audit.services import verify_audit
-from tasks.permissions import ADMIN, OPERATOR
+from tasks.access.permissions import ADMIN, OPERATOR
 from tests.conftest import as_a_tamperer, person
 
 
@@ -232,8 +232,8 @@ def test_folds_racing_each_other_put_each_change_on_the_chain_once() -> None:
 def test_reckon_s_own_grants_are_captured_whatever_path_scope_grants_and_agent_tokens(clean_slate: None) -> None:
     from api.models import ApiToken
     from api.tokens import api_token_issue, api_token_revoke
+    from tasks.access.permissions import permission_grant
     from tasks.models import ScopeGrant
-    from tasks.permissions import permission_grant
 
     admin = person("ann", ADMIN)
     hal = User.objects.create_user("hal")
@@ -275,7 +275,7 @@ def test_reckon_s_own_grants_are_captured_whatever_path_scope_grants_and_agent_t
 
 
 def test_the_django_admin_shows_access_but_does_not_change_it(clean_slate: None, client: Any) -> None:
-    """The Django admin's account forms would change roles past tasks.permissions (its last-admin rule, its audit
+    """The Django admin's account forms would change roles past tasks.access.permissions (its last-admin rule, its audit
     of who and why): the access fields are read-only there, groups cannot be edited, accounts not added."""
     root = User.objects.create_superuser("root", password="a long enough password 1")
     ivy = User.objects.create_user("ivy", email="ivy@example.com")

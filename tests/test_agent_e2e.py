@@ -28,9 +28,9 @@ from examples.bench_http import bench
 from examples.migrate_agent import KIND, ObjectStore, _outcome, plan
 from harness.killmatrix import database_url
 from leases.models import Lease
-from tasks.lifecycle import NodeStatus, OperationStatus, TaskStatus
+from tasks.core.lifecycle import NodeStatus, OperationStatus, TaskStatus
 from tasks.models import Node, Operation, Task
-from tasks.takeover import takeover_claim, takeover_submit
+from tasks.people.takeover import takeover_claim, takeover_submit
 from tests.conftest import person
 from tests.simulator_fixture import ROOT, Simulator
 

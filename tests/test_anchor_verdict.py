@@ -13,10 +13,10 @@ from pytest_django.fixtures import Settings as SettingsWrapper
 
 from audit.anchors import AnchorVerdict, anchor_heads, anchors_verify, read_anchors
 from leases.clock import ControllableClock
-from tasks import anchors as task_anchors
-from tasks.anchors import find_anchor_problem
+from tasks.engine import anchors as task_anchors
+from tasks.engine.anchors import find_anchor_problem
+from tasks.engine.verification import task_quarantine
 from tasks.models import Event, Task
-from tasks.verification import task_quarantine
 from tests.conftest import as_a_tamperer, chain_plan
 from tests.test_anchoring import (
     ROW,

@@ -1,4 +1,4 @@
-"""Chain heads anchored outside the database (issue 11, audit/anchors.py, tasks/anchors.py).
+"""Chain heads anchored outside the database (issue 11, audit/anchors.py, tasks/engine/anchors.py).
 
 Someone with database superuser rights gets past the append-only triggers, cuts a chain's tail and rolls its head
 back so that the database reads consistently: verify_audit and verify_log, which read only the database, pass. A
@@ -27,10 +27,10 @@ from audit.models import AuditEvent, AuditHead
 from audit.principals import Principal
 from audit.services import audit_append, verify_audit
 from leases.clock import ControllableClock
-from tasks.anchors import OVERLAP, anchored_task_heads, find_anchor_problem
+from tasks.core.outcomes import Committed
+from tasks.engine.anchors import OVERLAP, anchored_task_heads, find_anchor_problem
+from tasks.engine.verification import find_problems, task_quarantine
 from tasks.models import Event, Task
-from tasks.outcomes import Committed
-from tasks.verification import find_problems, task_quarantine
 from tests.conftest import _SQLITE_TRIGGER_CREATES, as_a_tamperer, chain_plan
 from tests.steps import record, send
 

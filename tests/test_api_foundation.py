@@ -16,11 +16,12 @@ from api.errors import CONTENT_TYPE, STATUS_OF, problem, problem_type, status_of
 from api.models import ApiToken
 from api.tokens import api_token_issue, api_token_revoke
 from api.urls import MAX_BODY
+from audit.hygiene import SecretInPayload
 from audit.principals import Principal
 from leases.errors import LeaseHeld
-from tasks.errors import SecretInPayload, TaskNotFound, VersionConflict
+from tasks.access.permissions import PermissionDenied
+from tasks.core.errors import TaskNotFound, VersionConflict
 from tasks.models import Task
-from tasks.permissions import PermissionDenied
 from tests.conftest import chain_plan, person, snapshot
 
 pytestmark = pytest.mark.django_db

@@ -51,8 +51,8 @@ from api.models import ApiToken
 from api.tokens import api_token_issue
 from hooks.models import WEBHOOK_EVENTS
 from leases.services import lease_acquire
+from tasks.engine.plans import task_create
 from tasks.models import Task
-from tasks.plans import task_create
 from tests.conftest import chain_plan, person
 
 ApiCase = Case[Any]

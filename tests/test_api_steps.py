@@ -17,9 +17,9 @@ from api.tokens import api_token_issue, api_token_revoke
 from audit.models import AuditEvent
 from audit.principals import Principal
 from leases.models import Lease
+from tasks.access.permissions import permission_grant
 from tasks.models import Event, Operation, Task
-from tasks.permissions import permission_grant
-from tasks.takeover import takeover_claim
+from tasks.people.takeover import takeover_claim
 from tests.conftest import chain_plan, person, snapshot
 
 pytestmark = pytest.mark.django_db
@@ -469,9 +469,9 @@ def test_an_agent_proposes_and_accepts_a_replan_under_its_lease(agent: Agent) ->
 
 def test_the_recovery_scan_leaves_a_kind_agents_drive_over_the_api_to_its_agent(agent: Agent) -> None:
     """No connector is registered here for the API agent's kind: no worker is woken for it (it would only fail)."""
+    from tasks.engine.recovery import tasks_needing_work
+    from tasks.engine.registry import known_kinds
     from tasks.jobs import recovery_scan
-    from tasks.recovery import tasks_needing_work
-    from tasks.registry import known_kinds
 
     task = created(agent)
     assert KIND not in known_kinds()

@@ -15,7 +15,7 @@ from api.models import ApiToken
 from api.tokens import TokenError, api_token_authenticate, api_token_issue, api_token_revoke
 from audit.models import AuditEvent
 from audit.principals import Principal
-from tasks.permissions import PermissionDenied
+from tasks.access.permissions import PermissionDenied
 from tests.conftest import person, snapshot
 
 pytestmark = pytest.mark.django_db

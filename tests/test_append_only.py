@@ -15,8 +15,8 @@ from audit.append_only import AUDIT_TRIGGERS, missing_triggers
 from audit.models import AuditEvent, AuditHead
 from audit.principals import Principal
 from audit.services import audit_append, verify_audit
+from tasks.engine.verification import EVENT_TRIGGERS
 from tasks.models import Event, EventRefused, Task
-from tasks.verification import EVENT_TRIGGERS
 from tests.conftest import chain_plan
 
 

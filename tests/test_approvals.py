@@ -1,4 +1,5 @@
-"""A person approves an approval node (tasks/approvals.py): an audited compare-and-set under their takeover lease,
+"""A person approves an approval node (tasks/people/approvals.py): an audited compare-and-set under their takeover
+lease,
 its event in the log, a receipt that names the approval record and states what was approved — and every way to
 approve what may not be approved is refused, writing nothing."""
 
@@ -9,15 +10,16 @@ import pytest
 from audit.models import AuditEvent
 from audit.principals import Principal
 from leases.services import lease_release
-from tasks.approvals import approvable_nodes, approval_record_id, node_approve, node_approve_and_resume
-from tasks.errors import InvalidTransition, NodeNotReady, OperationsOpen, TaskError, VersionConflict
-from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, TaskStatus
+from tasks.access.permissions import PermissionDenied, permission_grant
+from tasks.core.errors import InvalidTransition, NodeNotReady, OperationsOpen, TaskError, VersionConflict
+from tasks.core.lifecycle import FailureClass, NodeStatus, OperationStatus, TaskStatus
+from tasks.core.outcomes import Committed, Failed
+from tasks.decide.decisions import approvable_nodes
+from tasks.engine.protocol import next_directive
+from tasks.engine.verification import find_problems
 from tasks.models import Event, Node, Operation, Receipt, Task
-from tasks.outcomes import Committed, Failed
-from tasks.permissions import PermissionDenied, permission_grant
-from tasks.protocol import next_directive
-from tasks.takeover import takeover_claim, takeover_submit
-from tasks.verification import find_problems
+from tasks.people.approvals import approval_record_id, node_approve, node_approve_and_resume
+from tasks.people.takeover import takeover_claim, takeover_submit
 from tests.conftest import SOURCE_REF, effect_node, person, snapshot
 from tests.steps import record, send, version
 
@@ -259,7 +261,7 @@ def test_approve_and_resume_leaves_nothing_when_the_hand_back_is_refused(make_ta
     def refuse_the_hand_back(**_kwargs: Any) -> Task:
         raise PermissionDenied("the hand-back is refused")
 
-    monkeypatch.setattr("tasks.approvals.takeover_submit", refuse_the_hand_back)
+    monkeypatch.setattr("tasks.people.approvals.takeover_submit", refuse_the_hand_back)
     refused(
         PermissionDenied,
         lambda: node_approve_and_resume(actor=ann, task_id=task.pk, node_key="ok", expected_version=version(task)),

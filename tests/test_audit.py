@@ -11,23 +11,23 @@ from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 
+from audit.hygiene import SecretInPayload, scan_payload
 from audit.models import AuditEvent, AuditHead, AuditRefused
 from audit.principals import Principal
 from audit.services import GENESIS, audit_append, verify_audit
 from leases.clock import ControllableClock
 from leases.models import ForcedRelease, Lease
 from leases.services import lease_release
-from tasks.cancel import task_request_cancel
-from tasks.errors import SecretInPayload, VersionConflict
-from tasks.forced_release import TakeoverRefused, forced_release_review, lease_force_release
-from tasks.hygiene import scan_payload
+from tasks.access.permissions import permission_grant, permission_revoke
+from tasks.core.errors import VersionConflict
+from tasks.core.outcomes import Committed
+from tasks.engine.plans import plan_accept, plan_propose
+from tasks.engine.protocol import next_directive, operation_start
 from tasks.models import Task
-from tasks.outcomes import Committed
-from tasks.permissions import permission_grant, permission_revoke
-from tasks.plans import plan_accept, plan_propose
-from tasks.protocol import next_directive, operation_start
-from tasks.settlement import operation_resolve_by_person
-from tasks.takeover import (
+from tasks.people.cancel import task_request_cancel
+from tasks.people.forced_release import TakeoverRefused, forced_release_review, lease_force_release
+from tasks.people.settlement import operation_resolve_by_person
+from tasks.people.takeover import (
     NodeResult,
     takeover_claim,
     takeover_release,

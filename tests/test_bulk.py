@@ -14,14 +14,22 @@ from django.db import connection
 from django.test import override_settings
 from guardian.shortcuts import assign_perm
 
-import tasks.bulk
+import tasks.people.bulk
 from agents.demo import migration_plan
 from audit.models import AuditEvent
 from audit.principals import Principal
 from audit.services import verify_audit
 from leases.models import Lease
 from leases.services import lease_open, lease_release
-from tasks.bulk import (
+from tasks.access.permissions import PermissionDenied
+from tasks.core.errors import VersionConflict
+from tasks.core.lifecycle import FailureClass
+from tasks.core.outcomes import Failed
+from tasks.engine.events import find_log_problem
+from tasks.engine.plans import task_create
+from tasks.jobs import apply_bulk_run, drive_task
+from tasks.models import BulkItemStatus, BulkRun, BulkRunItem, Event, Task
+from tasks.people.bulk import (
     MAX_TASKS,
     BulkRefused,
     Seen,
@@ -31,17 +39,9 @@ from tasks.bulk import (
     bulk_run_progress,
     verdict,
 )
-from tasks.cancel import task_request_cancel
-from tasks.errors import VersionConflict
-from tasks.events import find_log_problem
-from tasks.jobs import apply_bulk_run, drive_task
-from tasks.lifecycle import FailureClass
-from tasks.models import BulkItemStatus, BulkRun, BulkRunItem, Event, Task
-from tasks.outcomes import Failed
-from tasks.permissions import PermissionDenied
-from tasks.plans import task_create
-from tasks.queries import TaskFilter
-from tasks.takeover import takeover_claim, takeover_submit
+from tasks.people.cancel import task_request_cancel
+from tasks.people.takeover import takeover_claim, takeover_submit
+from tasks.reads.queries import TaskFilter
 from tests.conftest import chain_plan, person
 from tests.simulator_fixture import Simulator
 from tests.steps import record, send
@@ -306,7 +306,7 @@ def test_request_takeover_grants_a_free_task_and_reserves_an_agent_held_one(
 
 
 def test_the_rules_are_a_pure_table() -> None:
-    from tasks.bulk import Facts
+    from tasks.people.bulk import Facts
 
     def facts(**kw: Any) -> Facts:
         base: dict[str, Any] = {
@@ -409,7 +409,7 @@ def test_a_refusal_after_the_claim_rolls_back_everything_written_for_that_task(
             raise VersionConflict("moved while being resumed")
         return real_submit(**kwargs)
 
-    monkeypatch.setattr(tasks.bulk, "takeover_submit", refuse_the_first)
+    monkeypatch.setattr(tasks.people.bulk, "takeover_submit", refuse_the_first)
     run = bulk_run_create(actor=admin, operation="resume", reason=REASON, seen=seen_of(preview))
     bulk_run_apply(run_id=run.pk)
     assert task_state(first) == before  # its claim (lease, event, audit row) went with the refusal
@@ -434,14 +434,14 @@ def test_two_jobs_racing_on_one_run_resume_each_task_once(
     preview = bulk_preview(actor=admin, operation="resume", task_filter=ALL)
     run = bulk_run_create(actor=admin, operation="resume", reason=REASON, seen=seen_of(preview))
 
-    real_finish = tasks.bulk._finish
+    real_finish = tasks.people.bulk._finish
     attempts: list[str] = []
 
     def finish(item: BulkRunItem, status: str, detail: str) -> None:
         attempts.append(status)
         real_finish(item, status, detail)
 
-    monkeypatch.setattr(tasks.bulk, "_finish", finish)
+    monkeypatch.setattr(tasks.people.bulk, "_finish", finish)
 
     def work(index: int, barrier: Any) -> None:
         barrier.wait()

@@ -13,10 +13,8 @@ from leases.clock import ControllableClock
 from leases.errors import LeaseExpired, LeaseLost
 from leases.models import Lease
 from leases.services import lease_acquire, lease_release, lease_renew
-from tasks.cas import Applied, Change, compare_and_set
-from tasks.errors import InputsRecheckRequired, InvalidTransition, TaskNotRunnable, VersionConflict
-from tasks.events import find_log_problem
-from tasks.lifecycle import (
+from tasks.core.errors import InputsRecheckRequired, InvalidTransition, TaskNotRunnable, VersionConflict
+from tasks.core.lifecycle import (
     OPERATION_TRANSITIONS,
     TASK_TRANSITIONS,
     Actor,
@@ -26,6 +24,9 @@ from tasks.lifecycle import (
     TaskStatus,
     permitted,
 )
+from tasks.decide.change import Change
+from tasks.engine.cas import Applied, compare_and_set
+from tasks.engine.events import find_log_problem
 from tasks.models import Event, Node, Task
 from tests.conftest import snapshot
 
@@ -370,11 +371,11 @@ def test_operation_transitions_are_exactly_the_documented_set() -> None:
 
 
 def test_a_cloned_row_is_the_copy_copy_would_make_and_shares_nothing_it_could_change() -> None:
-    """The step copies rows it must not change under its caller (tasks.sql.clone): the same values, a state as
+    """The step copies rows it must not change under its caller (tasks.rows.clone): the same values, a state as
     ``copy.copy`` copies it (its own relation cache, no peers carried over)."""
     import copy
 
-    from tasks.sql import clone
+    from tasks.rows import clone
 
     node = Node(key="a", status="pending", task_id=7)
     node._state.adding, node._state.db = False, "default"
@@ -398,10 +399,10 @@ def test_a_cloned_row_is_the_copy_copy_would_make_and_shares_nothing_it_could_ch
 
 @pytest.mark.parametrize("model", ["event", "operation", "receipt"])
 def test_a_row_made_by_new_row_is_the_row_the_model_makes(model: str) -> None:
-    """tasks.sql.new_row makes the rows the step makes on every commit without Model.__init__: the same fields,
+    """tasks.rows.new_row makes the rows the step makes on every commit without Model.__init__: the same fields,
     defaults made anew per row (no two rows share a dict), the related row cached, a state of an unsaved row."""
     from tasks.models import Operation, Receipt
-    from tasks.sql import new_row
+    from tasks.rows import new_row
 
     at = datetime(2026, 1, 1, tzinfo=UTC)
     node = Node(pk=3, key="a", task_id=7)
@@ -429,15 +430,15 @@ def test_a_row_made_by_new_row_is_the_row_the_model_makes(model: str) -> None:
 
 @pytest.mark.django_db
 def test_the_batch_adapts_every_value_as_its_field_would() -> None:
-    """tasks.sql._adapt skips a field's own adaptation only where it would return the value unchanged (plain
+    """tasks.engine.sql._adapt skips a field's own adaptation only where it would return the value unchanged (plain
     values; an aware datetime on PostgreSQL): for any other value it asks the field."""
     import warnings
     from decimal import Decimal
 
     from django.db import connection
 
+    from tasks.engine.sql import RawJSON, _adapt
     from tasks.models import Operation, Receipt
-    from tasks.sql import RawJSON, _adapt
 
     aware = datetime(2026, 1, 1, 12, 30, tzinfo=UTC)
     naive = aware.replace(tzinfo=None)

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
+from agents.objectstore import Idempotency, ObjectStoreConnector
 from harness.simulator import STAGING_PREFIX
-from tasks.connectors.base import Connector
-from tasks.connectors.objectstore import Idempotency, ObjectStoreConnector
-from tasks.lifecycle import FailureClass
-from tasks.outcomes import Committed, Failed, NotFound, Outcome, Unprovable
+from tasks.core.lifecycle import FailureClass
+from tasks.core.outcomes import Committed, Failed, NotFound, Outcome, Unprovable
+from tasks.engine.connectors import Connector
 from tests.simulator_fixture import REFUSALS, Simulator
 
 SOURCE = {"source": "store", "locator": "projects/acme", "version": "7", "digest": "sha256:" + "ab" * 32}

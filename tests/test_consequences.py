@@ -1,4 +1,4 @@
-"""What a dangerous action will do is counted from the live rows (tasks/consequences.py): vary the rows, the
+"""What a dangerous action will do is counted from the live rows (tasks/reads/consequences.py): vary the rows, the
 sentences follow; the reads do not grow with them."""
 
 from typing import Any
@@ -8,10 +8,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from leases.services import lease_release
-from tasks import consequences
-from tasks.lifecycle import FailureClass
+from tasks.core.lifecycle import FailureClass
+from tasks.core.outcomes import Committed, Failed
 from tasks.models import Node, Operation, Task
-from tasks.outcomes import Committed, Failed
+from tasks.reads import consequences
 from tests.conftest import chain_plan
 from tests.steps import record, send
 

@@ -21,10 +21,10 @@ from audit.services import audit_append
 from console.views import admin as admin_views
 from console.views import admin as views
 from leases.models import ForcedRelease
-from tasks.forced_release import forced_release_review, lease_force_release
+from tasks.access.permissions import ADMIN, has_role, permission_grant
 from tasks.jobs import verify_logs
 from tasks.models import ScopeGrant, Task
-from tasks.permissions import ADMIN, has_role, permission_grant
+from tasks.people.forced_release import forced_release_review, lease_force_release
 from tests.conftest import as_a_tamperer, person, snapshot
 
 pytestmark = pytest.mark.django_db

@@ -18,11 +18,11 @@ from guardian.shortcuts import assign_perm
 from audit.models import AuditEvent
 from leases.models import Lease
 from leases.services import lease_release
-from tasks.bulk import Seen, bulk_run_apply, bulk_run_create
-from tasks.lifecycle import FailureClass
+from tasks.core.lifecycle import FailureClass
+from tasks.core.outcomes import Failed
 from tasks.models import BulkItemStatus, BulkRun, BulkRunItem, Event, Task
-from tasks.outcomes import Failed
-from tasks.takeover import takeover_claim
+from tasks.people.bulk import Seen, bulk_run_apply, bulk_run_create
+from tasks.people.takeover import takeover_claim
 from tests.conftest import chain_plan, person
 from tests.steps import record, send
 

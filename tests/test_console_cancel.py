@@ -11,9 +11,9 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from audit.models import AuditEvent
-from tasks.lifecycle import FailureClass
+from tasks.core.lifecycle import FailureClass
+from tasks.core.outcomes import Committed, Failed
 from tasks.models import Task, TempResource
-from tasks.outcomes import Committed, Failed
 from tests.conftest import chain_plan, person, snapshot
 from tests.steps import record, send
 from tests.test_consequences import in_flight

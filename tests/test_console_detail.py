@@ -19,14 +19,14 @@ if TYPE_CHECKING:
 from audit.principals import Principal
 from console.views import detail as views
 from leases.services import lease_reserve
-from tasks import detail as reads
-from tasks.cancel import task_request_cancel
-from tasks.lifecycle import FailureClass
+from tasks.access.permissions import permission_grant
+from tasks.core.lifecycle import FailureClass
+from tasks.core.outcomes import Committed, Failed, NotFound
+from tasks.engine.verification import task_quarantine
 from tasks.models import Node, Task
-from tasks.outcomes import Committed, Failed, NotFound
-from tasks.permissions import permission_grant
-from tasks.takeover import takeover_claim
-from tasks.verification import task_quarantine
+from tasks.people.cancel import task_request_cancel
+from tasks.people.takeover import takeover_claim
+from tasks.reads import detail as reads
 from tests.conftest import chain_plan, effect_node, person, snapshot
 from tests.steps import record, send, version
 
@@ -418,7 +418,7 @@ def test_the_panel_polls_while_the_task_runs_and_stops_once_it_has_ended(admin, 
 
 # session, user, roles (3); the task (1); events and audit rows of the timeline (2); nodes, operations with node and
 # receipt, temp resources (3); the newest lease with its forced release, the reservation (2); the chain check
-# (tasks.verification.task_verify_log: 17, whatever the log's length; one more per extra accepted plan revision);
+# (tasks.engine.verification.task_verify_log: 17, whatever the log's length; one more per extra accepted plan revision);
 # retained objects (1); the task's wake-up row, for a remote that stays down (1, by primary key; none once the task
 # has ended). The test clock is no query; on the database clock, one more.
 PAGE_QUERIES = 30

@@ -13,10 +13,10 @@ from django.urls import NoReverseMatch, reverse
 from audit.principals import Principal
 from console.views import queue as views
 from leases.services import lease_reserve
-from tasks.lifecycle import FailureClass
+from tasks.access.permissions import permission_grant
+from tasks.core.lifecycle import FailureClass
+from tasks.core.outcomes import Committed, Failed
 from tasks.models import Task
-from tasks.outcomes import Committed, Failed
-from tasks.permissions import permission_grant
 from tests.conftest import chain_plan, person
 from tests.steps import record, send
 
@@ -221,7 +221,7 @@ def test_a_page_after_the_last_task_says_there_are_no_more(client, make_task, cl
     html = client.get(link).content.decode()
     assert len(task_ids(html)) == 1 and next_link(html) is None
     cursor = link.split("after=")[1]
-    from tasks.queries import _decode, _encode  # the cursor of the last row: nothing after it
+    from tasks.reads.queries import _decode, _encode  # the cursor of the last row: nothing after it
 
     updated_at, pk = _decode(cursor)
     html = client.get(reverse("task-list"), {"after": _encode(updated_at, pk - 1)}).content.decode()

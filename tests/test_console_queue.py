@@ -15,9 +15,9 @@ from guardian.shortcuts import assign_perm
 from audit.principals import Principal
 from console.models import SavedView
 from leases.services import lease_acquire, lease_reserve
+from tasks.access.permissions import OPERATE, permission_grant
 from tasks.models import Task
-from tasks.notes import task_note_add
-from tasks.permissions import OPERATE, permission_grant
+from tasks.people.notes import task_note_add
 from tests.conftest import person
 
 pytestmark = pytest.mark.django_db

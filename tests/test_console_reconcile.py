@@ -16,12 +16,12 @@ from guardian.shortcuts import assign_perm
 from audit.models import AuditEvent
 from audit.principals import Principal
 from leases.services import lease_release
-from tasks.cleanup import cleanup_temp_resources
-from tasks.lifecycle import FailureClass
-from tasks.models import Event, Operation, Task, TempResource, TempResourceStatus
-from tasks.outcomes import Committed, Failed, NotFound, Outcome
-from tasks.registry import register_kind, unregister_kind
-from tasks.takeover import takeover_claim
+from tasks.core.lifecycle import FailureClass, TempResourceStatus
+from tasks.core.outcomes import Committed, Failed, NotFound, Outcome
+from tasks.engine.cleanup import cleanup_temp_resources
+from tasks.engine.registry import register_kind, unregister_kind
+from tasks.models import Event, Operation, Task, TempResource
+from tasks.people.takeover import takeover_claim
 from tests.conftest import chain_plan, effect_node, person, snapshot
 from tests.steps import record, send
 
@@ -226,7 +226,7 @@ def test_query_the_remote_shows_none_for_an_op_key_it_never_saw(client, make_tas
 
 def test_query_the_remote_against_the_simulator(client, make_task, agent_lease, clock, simulator) -> None:
     """The real store process: an op key it never saw is none."""
-    from tasks.connectors.objectstore import ObjectStoreConnector
+    from agents.objectstore import ObjectStoreConnector
 
     register_kind(KIND, connector=lambda: ObjectStoreConnector(simulator.url))
     try:

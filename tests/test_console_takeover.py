@@ -25,13 +25,13 @@ from console.errors import SENTENCES, message_for
 from leases.errors import LeaseError
 from leases.models import Lease
 from leases.services import lease_open, lease_release
-from tasks.cancel import task_request_cancel
-from tasks.errors import TaskError, VersionConflict
-from tasks.lifecycle import NodeStatus, PauseReason, TaskStatus
+from tasks.access.permissions import permission_grant
+from tasks.core.errors import TaskError, VersionConflict
+from tasks.core.lifecycle import NodeStatus, PauseReason, TaskStatus
+from tasks.engine.protocol import inputs_confirm
 from tasks.models import Event, Node, PlanRevision, Task
-from tasks.permissions import permission_grant
-from tasks.protocol import inputs_confirm
-from tasks.takeover import takeover_claim, takeover_submit
+from tasks.people.cancel import task_request_cancel
+from tasks.people.takeover import takeover_claim, takeover_submit
 from tests.conftest import SOURCE_REF, chain_plan, copy_node, effect_node, person, snapshot
 from tests.steps import version
 
@@ -329,7 +329,7 @@ def test_the_lease_panel_stops_polling_once_the_task_has_ended(browser, task, an
 
 
 def _approved(ann: Principal, task: Task) -> Lease:
-    from tasks.approvals import node_approve
+    from tasks.people.approvals import node_approve
 
     lease = held(ann, task)
     node_approve(actor=ann, task_id=task.pk, node_key="ok", expected_version=version(task))
@@ -615,7 +615,7 @@ TAKEOVER_PAGE_QUERIES = 10
 def test_the_lease_panel_and_the_replan_page_cost_a_fixed_number_of_queries(
     client, make_task, root, clock, size, name, budget
 ) -> None:
-    from tasks.plans import plan_propose_by_person
+    from tasks.people.replan import plan_propose_by_person
 
     task = make_task(chain_plan(*[f"n{i}" for i in range(size)]))
     ann = person("ann", "operator")
@@ -636,7 +636,7 @@ def test_the_lease_panel_and_the_replan_page_cost_a_fixed_number_of_queries(
 
 
 def test_a_stale_plan_acceptance_writes_nothing(browser, task, ann, clock) -> None:
-    from tasks.plans import plan_propose_by_person
+    from tasks.people.replan import plan_propose_by_person
 
     held(ann, task)
     plan = {"nodes": [effect_node("a")]}

@@ -20,9 +20,9 @@ from audit.anchors import anchor_heads
 from audit.models import AuditEvent, VerificationRun
 from console.views import admin as admin_views
 from leases.clock import ControllableClock
+from tasks.engine.verification import task_quarantine
 from tasks.jobs import verify_logs
 from tasks.models import Task
-from tasks.verification import task_quarantine
 from tests.conftest import person
 from tests.test_anchoring import ROW, a_task, anchoring, audited, cut_the_audit_chain, cut_the_task_log
 

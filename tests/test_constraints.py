@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from django.db import IntegrityError, transaction
 
+from tasks.core.outcomes import Committed
+from tasks.engine.protocol import next_directive, operation_start, record_outcome
 from tasks.models import Event, Node, Operation, Receipt, Task, TempResource
-from tasks.outcomes import Committed
-from tasks.protocol import next_directive, operation_start, record_outcome
 
 
 def refused(write: Callable[[], Any]) -> None:

@@ -1,4 +1,4 @@
-"""The decision rules (tasks/decisions.py) as tables of cases, without a database: a snapshot is built from rows
+"""The decision rules (tasks/decide/decisions.py) as tables of cases, without a database: a snapshot is built from rows
 that were never saved, and every case says what follows an outcome or which directive comes next.
 
 A test here touching the database would fail: none of them asks for the ``db`` fixture.
@@ -11,9 +11,8 @@ from typing import Any
 
 import pytest
 
-from tasks import decisions, opkeys
-from tasks.cas import AtCommit
-from tasks.errors import (
+from tasks.core import opkeys
+from tasks.core.errors import (
     BackoffActive,
     BudgetExhausted,
     CancelRequested,
@@ -23,10 +22,11 @@ from tasks.errors import (
     TakeoverRequested,
     TaskNotRunnable,
 )
-from tasks.lifecycle import FailureClass, OperationStatus, TaskStatus
+from tasks.core.lifecycle import FailureClass, OperationStatus, TaskStatus
+from tasks.core.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
+from tasks.decide import decisions
+from tasks.decide.change import AtCommit, Snapshot
 from tasks.models import Node, Operation, OperationPurpose, Task
-from tasks.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
-from tasks.snapshot import Snapshot
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 UID = uuid.UUID(int=7)

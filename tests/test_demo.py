@@ -24,13 +24,13 @@ from agents.demo_states import CREATED_BY, SCENARIOS
 from api.tokens import api_token_authenticate
 from audit.models import AuditEvent
 from harness.ports import free_port
-from tasks.lifecycle import OperationStatus, PauseReason, TaskStatus
+from tasks.access.permissions import roles_of
+from tasks.core.lifecycle import OperationStatus, PauseReason, TaskStatus
+from tasks.engine.verification import task_verify_log
 from tasks.models import Event, Operation, Task
-from tasks.permissions import roles_of
-from tasks.queries import attention_reasons
 from tasks.querysets import Attention
-from tasks.takeover import takeover_package
-from tasks.verification import task_verify_log
+from tasks.reads.queries import attention_reasons
+from tasks.reads.takeover import takeover_package
 from tests.simulator_fixture import ROOT, Simulator
 
 EVERY_STATUS = {

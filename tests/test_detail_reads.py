@@ -1,4 +1,4 @@
-"""tasks/detail.py, the reads of the task detail page: each at a fixed number of queries, from live rows only; the
+"""tasks/reads/detail.py, the reads of the task detail page: each at a fixed number of queries, from live rows only; the
 timeline's keyset never repeats or skips an entry, even when many share one instant."""
 
 from datetime import timedelta
@@ -9,9 +9,14 @@ from django.conf import settings
 
 from audit.principals import Principal
 from leases.services import lease_release, lease_reserve
-from tasks import detail as reads
-from tasks.cancel import task_request_cancel
-from tasks.detail import (
+from tasks.core.lifecycle import FailureClass
+from tasks.core.outcomes import Committed, Failed, NotFound, Unprovable
+from tasks.engine.plans import plan_accept, plan_propose
+from tasks.models import Task
+from tasks.people.cancel import task_request_cancel
+from tasks.people.forced_release import lease_force_release
+from tasks.reads import detail as reads
+from tasks.reads.detail import (
     InvalidTimelineCursor,
     chain_check,
     event_summary,
@@ -19,11 +24,6 @@ from tasks.detail import (
     task_detail,
     timeline_page,
 )
-from tasks.forced_release import lease_force_release
-from tasks.lifecycle import FailureClass
-from tasks.models import Task
-from tasks.outcomes import Committed, Failed, NotFound, Unprovable
-from tasks.plans import plan_accept, plan_propose
 from tests.conftest import chain_plan, copy_node, effect_node, person, snapshot
 from tests.steps import record, send, version
 
@@ -243,7 +243,7 @@ def test_entries_written_while_paging_appear_on_no_later_page(make_task, agent_l
     before = walk(task, 1000)
     first, cursor = timeline_page(task, before=None, size=3)
     clock.advance(timedelta(seconds=1))
-    from tasks.takeover import takeover_claim
+    from tasks.people.takeover import takeover_claim
 
     takeover_claim(actor=person("ann", "admin"), task_id=task.pk)  # an event and an audit row, both newer
     rest: list[tuple[str, int]] = []

@@ -12,13 +12,13 @@ from django.db import connection
 
 from audit.principals import Principal
 from leases.models import Lease
-from tasks.cancel import task_request_cancel
-from tasks.errors import StoredFactAltered
-from tasks.events import GENESIS_DIGEST, event_digest, find_log_problem, fold
-from tasks.lifecycle import FailureClass, NodeStatus, TaskStatus
+from tasks.core.errors import StoredFactAltered
+from tasks.core.lifecycle import FailureClass, NodeStatus, TaskStatus
+from tasks.core.outcomes import Accepted, Committed, Failed, NotFound, Unprovable
+from tasks.engine.events import GENESIS_DIGEST, event_digest, find_log_problem, fold
+from tasks.engine.verification import operation_request_verified, task_verify_log
 from tasks.models import Event, Node, Operation, OperationPurpose, Receipt, Task, TempResource
-from tasks.outcomes import Accepted, Committed, Failed, NotFound, Unprovable
-from tasks.verification import operation_request_verified, task_verify_log
+from tasks.people.cancel import task_request_cancel
 from tests.conftest import as_a_tamperer, chain_plan, effect_node, snapshot
 from tests.steps import record, send
 
@@ -412,7 +412,7 @@ def test_the_digest_made_from_the_payloads_text_is_the_canonical_digest(payload:
     the digest from the stored payload. Both must be the same function of the event."""
     import hashlib
 
-    from tasks.hygiene import canonical_json
+    from audit.hygiene import canonical_json
 
     whole = canonical_json(
         {"task": "uid-1", "seq": 7, "type": "node_succeeded", "payload": payload, "at": "2030-01-01"}

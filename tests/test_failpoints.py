@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from tasks import failpoints
-from tasks.failpoints import POINTS, FailpointHit, UnknownFailpoint, configure, failpoint, parse
+from tasks.engine import failpoints
+from tasks.engine.failpoints import POINTS, FailpointHit, UnknownFailpoint, configure, failpoint, parse
 from tests.simulator_fixture import ROOT
 
 
@@ -39,7 +39,7 @@ def test_configure_raises_in_process_and_is_undone_after_the_block(monkeypatch) 
 
 
 def _hit(point: str, task_id: int, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    code = f"from tasks.failpoints import failpoint; failpoint({point!r}, task_id={task_id}); print('survived')"
+    code = f"from tasks.engine.failpoints import failpoint; failpoint({point!r}, task_id={task_id}); print('survived')"
     return subprocess.run(  # noqa: S603
         [sys.executable, "-c", code], cwd=ROOT, env=os.environ | env, capture_output=True, text=True, check=False
     )

@@ -14,28 +14,31 @@ from django.db import connection
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from audit.principals import Principal
-from leases.models import Lease
-from tasks import hygiene
-from tasks.cancel import task_request_cancel
-from tasks.errors import PayloadTooLarge, PlanInvalid, SecretInPayload
-from tasks.events import append_event, event_digest, find_log_problem
-from tasks.forced_release import lease_force_release
-from tasks.hygiene import (
+from audit import hygiene
+from audit.hygiene import (
     NODE_INPUT_CAP_BYTES,
     PAYLOAD_CAP_BYTES,
     PLAN_CAP_BYTES,
+    PayloadTooLarge,
+    SecretInPayload,
     canonical_json,
     check_payload,
     may_hold_secret,
     scan_payload,
 )
-from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, PauseReason, TaskStatus
+from audit.principals import Principal
+from leases.models import Lease
+from tasks.core.errors import PlanInvalid
+from tasks.core.lifecycle import FailureClass, NodeStatus, OperationStatus, PauseReason, TaskStatus
+from tasks.core.outcomes import Committed, Failed, Outcome
+from tasks.core.plan import MAX_NODES
+from tasks.engine.events import append_event, event_digest, find_log_problem
+from tasks.engine.plans import plan_propose, task_create
+from tasks.engine.protocol import next_directive, operation_start, record_outcome
+from tasks.engine.verification import find_secrets, task_verify_log
 from tasks.models import Event, Operation, Receipt, Task
-from tasks.outcomes import Committed, Failed, Outcome
-from tasks.plans import MAX_NODES, plan_propose, task_create
-from tasks.protocol import next_directive, operation_start, record_outcome
-from tasks.verification import find_secrets, task_verify_log
+from tasks.people.cancel import task_request_cancel
+from tasks.people.forced_release import lease_force_release
 from tests.conftest import as_a_tamperer, chain_plan, effect_node, person, snapshot
 
 # Credential-shaped test values, assembled so that no literal credential sits in the source.

@@ -17,13 +17,14 @@ from django.utils import timezone
 from pytest_django.fixtures import Settings
 
 import leases.clock
-import tasks.cas
+import tasks.engine.cas
 from leases import services
 from leases.clock import ControllableClock, DatabaseClock
 from leases.errors import LeaseExpired, LeaseHeld, LeaseLost, RenewalOutOfOrder
 from leases.models import Lease, ReleaseReason
 from leases.services import lease_acquire, lease_open, lease_release, lease_renew
-from tasks.cas import Change, compare_and_set
+from tasks.decide.change import Change
+from tasks.engine.cas import compare_and_set
 from tasks.models import Task
 from tests.conftest import snapshot
 
@@ -383,7 +384,7 @@ def skewed_app_clock(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(timezone, "now", lambda: real_now() + skew)
     monkeypatch.setattr(leases.clock, "datetime", SkewedDatetime)
-    monkeypatch.setattr(tasks.cas, "datetime", SkewedDatetime)
+    monkeypatch.setattr(tasks.engine.cas, "datetime", SkewedDatetime)
     assert abs(timezone.now() - real_now() - skew) < timedelta(seconds=1)
     yield skew
 

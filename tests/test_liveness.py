@@ -20,16 +20,16 @@ from django.test.utils import CaptureQueriesContext
 from console.celery import app
 from leases.clock import ControllableClock
 from leases.models import Lease
-from tasks.connectors.base import Connector
-from tasks.failures import backoff
+from tasks.core.failures import backoff
+from tasks.core.lifecycle import FailureClass
+from tasks.core.outcomes import Committed, Failed, NotFound, Outcome
+from tasks.engine.connectors import Connector
+from tasks.engine.plans import task_create
+from tasks.engine.recovery import tasks_needing_work, wake_up_begin, wake_up_expiry
+from tasks.engine.registry import register_kind, unregister_kind
+from tasks.engine.runner import run_task_once
 from tasks.jobs import MAX_COUNTDOWN_SECONDS, drive_task, recovery_scan
-from tasks.lifecycle import FailureClass
 from tasks.models import Task, TaskWakeUp
-from tasks.outcomes import Committed, Failed, NotFound, Outcome
-from tasks.plans import task_create
-from tasks.recovery import tasks_needing_work, wake_up_begin, wake_up_expiry
-from tasks.registry import register_kind, unregister_kind
-from tasks.runner import run_task_once
 from tests.conftest import chain_plan
 
 KIND = "liveness_test"

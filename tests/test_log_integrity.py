@@ -22,12 +22,12 @@ from django.db import DatabaseError, connection, transaction
 from audit.models import AuditHead
 from audit.principals import Principal
 from audit.services import audit_append, verify_audit
-from tasks.errors import StoredFactAltered
-from tasks.events import event_digest
-from tasks.lifecycle import TaskStatus
+from tasks.core.errors import StoredFactAltered
+from tasks.core.lifecycle import TaskStatus
+from tasks.core.outcomes import Committed, NotFound
+from tasks.engine.events import event_digest
+from tasks.engine.verification import find_problems, input_refs_verified, task_verify_log, temp_locator_verified
 from tasks.models import Event, EventRefused, Operation, Task, TempResource
-from tasks.outcomes import Committed, NotFound
-from tasks.verification import find_problems, input_refs_verified, task_verify_log, temp_locator_verified
 from tests.conftest import as_a_tamperer, chain_plan, copy_node, snapshot
 from tests.steps import record, send
 
@@ -142,7 +142,7 @@ def test_an_edited_request_is_found_and_never_sent_again(make_task, agent_lease,
     op = send(task, lease, "b")
     record(op, NotFound(), lease)  # to be sent again with the same op key
     forged = {"action": "store.copy_batch", "input": {"target": "someone-elses-bucket"}}
-    from tasks.plans import digest_of
+    from audit.hygiene import digest_of
 
     # Request and its digest edited together, behind the log's back.
     raw(

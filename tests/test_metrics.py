@@ -15,19 +15,19 @@ from django.test.utils import CaptureQueriesContext
 from prometheus_client.parser import text_string_to_metric_families
 
 from agents.demo import migration_plan
+from agents.objectstore import ObjectStoreConnector
 from audit.models import VerificationRun
 from leases.clock import now as clock_now
 from leases.models import ForcedRelease, Lease
 from leases.services import lease_acquire, lease_release
 from observability.metrics import STEP_OUTCOME_EVENTS
-from tasks.connectors.objectstore import ObjectStoreConnector
-from tasks.forced_release import lease_force_release
-from tasks.lifecycle import PauseReason, TaskStatus
+from tasks.core.lifecycle import PauseReason, TaskStatus
+from tasks.engine.plans import task_create
+from tasks.engine.recovery import wake_up_claim
+from tasks.engine.runner import run_steps
 from tasks.models import Event, Operation, Task, TaskWakeUp, TempResource
-from tasks.oversight import logs_verify
-from tasks.plans import task_create
-from tasks.recovery import wake_up_claim
-from tasks.runner import run_steps
+from tasks.people.forced_release import lease_force_release
+from tasks.people.oversight import logs_verify
 from tests.conftest import chain_plan, person
 from tests.simulator_fixture import Simulator
 

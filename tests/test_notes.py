@@ -11,12 +11,13 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from guardian.shortcuts import assign_perm
 
+from audit.hygiene import SecretInPayload
 from audit.models import AuditEvent
 from audit.principals import Principal
-from tasks.errors import SecretInPayload, TaskNotFound
+from tasks.access.permissions import PermissionDenied
+from tasks.core.errors import TaskNotFound
 from tasks.models import Task
-from tasks.notes import NOTE_ACTION, NoteRefused, task_note_add, with_note_count
-from tasks.permissions import PermissionDenied
+from tasks.people.notes import NOTE_ACTION, NoteRefused, task_note_add, with_note_count
 from tests.conftest import person, snapshot
 
 pytestmark = pytest.mark.django_db

@@ -121,7 +121,7 @@ def test_the_stale_workers_log_is_read_from_the_heal_on(tmp_path: Path) -> None:
     log = tmp_path / "lane.log"
     before = json.dumps({"logger": STATE_LOGGER, "message": "intent registered: …", "task_id": 7})
     after = [
-        json.dumps({"logger": "tasks.runner", "message": "run stopped: lease_lost", "task_id": 7}),
+        json.dumps({"logger": "tasks.engine.runner", "message": "run stopped: lease_lost", "task_id": 7}),
         json.dumps({"logger": STATE_LOGGER, "message": "outcome recorded: …", "task_id": 7}),  # a stale write through
         json.dumps({"logger": STATE_LOGGER, "message": "outcome recorded: …", "task_id": 8}),  # another task's
         "not json: celery's banner",

@@ -1,4 +1,4 @@
-"""Who may do what (tasks/permissions.py): roles as groups, grants per task (guardian) or per project/kind
+"""Who may do what (tasks/access/permissions.py): roles as groups, grants per task (guardian) or per project/kind
 (ScopeGrant), admins only for grants and forced releases — each rule tried against what should break it.
 A refusal changes nothing and writes no audit row."""
 
@@ -17,10 +17,7 @@ from audit.models import AuditEvent
 from audit.principals import Principal
 from leases.models import ForcedRelease, Lease
 from leases.services import lease_open, lease_release
-from tasks.cancel import task_request_cancel
-from tasks.forced_release import forced_release_review, lease_force_release
-from tasks.models import ScopeGrant, Task
-from tasks.permissions import (
+from tasks.access.permissions import (
     ADMIN,
     AUDITOR,
     OPERATOR,
@@ -32,15 +29,20 @@ from tasks.permissions import (
     admin_bootstrap,
     can_view,
     has_role,
+    operable_condition,
     permission_grant,
     permission_revoke,
     role_grant,
     role_revoke,
+    viewable_condition,
 )
-from tasks.permissions import can_operate as can_operate_task
-from tasks.protocol import next_directive, operation_start
-from tasks.settlement import operation_resolve_by_person
-from tasks.takeover import (
+from tasks.access.permissions import can_operate as can_operate_task
+from tasks.engine.protocol import next_directive, operation_start
+from tasks.models import ScopeGrant, Task
+from tasks.people.cancel import task_request_cancel
+from tasks.people.forced_release import forced_release_review, lease_force_release
+from tasks.people.settlement import operation_resolve_by_person
+from tasks.people.takeover import (
     takeover_claim,
     takeover_release,
     takeover_submit,
@@ -298,8 +300,8 @@ def test_a_superuser_without_the_admin_group_is_not_an_admin(make_task, agent_le
     task = make_task(project="billing", kind="migrate")
     assert not can_operate(sue, task)
     assert not has_role(sue, ADMIN)
-    assert not Task.objects.operable_by(sue.user).exists()
-    assert not Task.objects.viewable_by(sue.user).exists()
+    assert not Task.objects.filter(operable_condition(Principal.of_user(sue.user))).exists()
+    assert not Task.objects.filter(viewable_condition(Principal.of_user(sue.user))).exists()
     refused(partial(permission_grant, actor=sue, user=ann.user, project="billing"))
     refused(partial(role_grant, actor=sue, user=sue.user, role=ADMIN))
     held = make_task(project="billing", kind="migrate")

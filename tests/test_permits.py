@@ -1,4 +1,4 @@
-"""The permit table (tasks.lifecycle.PERMITS): which actor may make which kind of change in which task status.
+"""The permit table (tasks.core.lifecycle.PERMITS): which actor may make which kind of change in which task status.
 
 Pinned as a literal table, then checked against the compare-and-set itself: for every kind of change, every actor
 and every task status, a change lands exactly when the table says so — whatever the caller computed — and a refusal
@@ -11,9 +11,10 @@ import pytest
 
 from leases.models import Lease
 from leases.services import lease_acquire
-from tasks.cas import Applied, Change, compare_and_set
-from tasks.errors import InvalidTransition, TaskNotRunnable
-from tasks.lifecycle import PERMITS, Actor, ChangeKind, TaskStatus, permitted
+from tasks.core.errors import InvalidTransition, TaskNotRunnable
+from tasks.core.lifecycle import PERMITS, Actor, ChangeKind, TaskStatus, permitted
+from tasks.decide.change import Change
+from tasks.engine.cas import Applied, compare_and_set
 from tasks.models import Task
 from tests.conftest import snapshot
 

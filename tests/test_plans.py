@@ -7,7 +7,7 @@ import pytest
 
 from leases.errors import LeaseExpired
 from leases.models import Lease
-from tasks.errors import (
+from tasks.core.errors import (
     InvalidTransition,
     OperationsOpen,
     PlanInvalid,
@@ -15,14 +15,15 @@ from tasks.errors import (
     TaskNotRunnable,
     VersionConflict,
 )
-from tasks.events import find_log_problem
-from tasks.failures import ALLOWED_DESTINATIONS
-from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, PauseReason, TaskStatus
+from tasks.core.failures import ALLOWED_DESTINATIONS
+from tasks.core.lifecycle import FailureClass, NodeStatus, OperationStatus, PauseReason, TaskStatus
+from tasks.core.outcomes import Committed, Failed, Outcome, Unprovable
+from tasks.core.plan import MAX_NODES, validate_plan
+from tasks.engine.events import find_log_problem
+from tasks.engine.plans import plan_accept, plan_propose, task_create
+from tasks.engine.protocol import next_directive, operation_start, record_outcome
+from tasks.engine.verification import task_verify_log
 from tasks.models import Event, Node, Operation, PlanRevision, ProposalStatus, Task
-from tasks.outcomes import Committed, Failed, Outcome, Unprovable
-from tasks.plans import MAX_NODES, plan_accept, plan_propose, task_create, validate_plan
-from tasks.protocol import next_directive, operation_start, record_outcome
-from tasks.verification import task_verify_log
 from tests.conftest import chain_plan, effect_node, snapshot
 
 SOURCE = {"source": "store", "locator": "projects/acme", "version": "7", "digest": "sha256:" + "ab" * 32}
@@ -452,7 +453,7 @@ def test_it_accepts_every_allowed_failure_destination(make_task, clock, failure_
 
 def test_every_node_stores_the_destination_of_every_failure_class(make_task, clock) -> None:
     """The accepted plan says, for every node and every failure class, where a failure goes: the node's own
-    choice or the default (tasks/failures.py) — so the console shows it, and nothing is left implicit."""
+    choice or the default (tasks/core/failures.py) — so the console shows it, and nothing is left implicit."""
     task = make_task(
         plan_of(
             effect_node("a"),
@@ -844,7 +845,7 @@ def test_a_replan_does_not_keep_a_node_whose_input_comes_from_a_node_that_is_red
 
 
 def _operator(task: Task) -> Any:
-    from tasks.permissions import permission_grant
+    from tasks.access.permissions import permission_grant
     from tests.conftest import person
 
     root = person("root", "admin")
@@ -855,7 +856,7 @@ def _operator(task: Task) -> Any:
 
 def _holding(task: Task, agent_lease: Callable[..., Lease]) -> tuple[Any, Lease]:
     """A task that succeeded a, then paused needs_replan; ann took it over."""
-    from tasks.takeover import takeover_claim
+    from tasks.people.takeover import takeover_claim
 
     lease = agent_lease(task)
     run_node(task, lease, Committed(remote_id="r-a"))
@@ -874,7 +875,7 @@ def test_a_person_proposes_and_accepts_as_themselves_and_hands_the_task_back(
 ) -> None:
     from audit.models import AuditEvent
     from leases.services import lease_open
-    from tasks.plans import plan_accept_by_person, plan_propose_by_person
+    from tasks.people.replan import plan_accept_by_person, plan_propose_by_person
 
     task = make_task(chain_plan("a", "b"))
     ann, _lease = _holding(task, agent_lease)
@@ -899,8 +900,8 @@ def test_a_person_proposes_and_accepts_as_themselves_and_hands_the_task_back(
 
 
 def test_a_person_may_not_propose_without_holding_the_task(make_task, agent_lease, clock) -> None:
-    from tasks.permissions import PermissionDenied
-    from tasks.plans import plan_propose_by_person
+    from tasks.access.permissions import PermissionDenied
+    from tasks.people.replan import plan_propose_by_person
 
     task = make_task(chain_plan("a", "b"))
     ann = _operator(task)
@@ -917,8 +918,8 @@ def test_a_person_may_not_propose_without_holding_the_task(make_task, agent_leas
 
 
 def test_an_auditor_may_not_propose_or_accept(make_task, agent_lease, clock) -> None:
-    from tasks.permissions import PermissionDenied
-    from tasks.plans import plan_accept_by_person, plan_propose_by_person
+    from tasks.access.permissions import PermissionDenied
+    from tasks.people.replan import plan_accept_by_person, plan_propose_by_person
     from tests.conftest import person
 
     task = make_task(chain_plan("a", "b"))
@@ -946,7 +947,7 @@ def test_an_auditor_may_not_propose_or_accept(make_task, agent_lease, clock) -> 
 
 
 def test_a_stale_person_replan_is_refused_with_the_changes_since(make_task, agent_lease, clock) -> None:
-    from tasks.plans import plan_accept_by_person, plan_propose_by_person
+    from tasks.people.replan import plan_accept_by_person, plan_propose_by_person
 
     task = make_task(chain_plan("a", "b"))
     seen = current(task).version
@@ -988,6 +989,6 @@ def test_the_agent_path_keeps_its_lease_checks(make_task, agent_lease, clock) ->
 
 
 def _holding_after_release(task: Task) -> None:
-    from tasks.takeover import takeover_claim
+    from tasks.people.takeover import takeover_claim
 
     assert takeover_claim(actor=_operator(task), task_id=task.pk).granted

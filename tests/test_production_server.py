@@ -26,8 +26,8 @@ from api.tokens import api_token_issue
 from harness.killmatrix import database_url
 from harness.ports import free_port
 from harness.wait_for import alive
+from tasks.engine.plans import task_create
 from tasks.models import Task
-from tasks.plans import task_create
 from tests.conftest import chain_plan, person
 from tests.simulator_fixture import ROOT
 

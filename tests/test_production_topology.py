@@ -33,11 +33,11 @@ from harness.killmatrix import StoreProcess, database_url
 from harness.ports import free_port
 from leases.beat import BEAT_LEASE
 from leases.models import BeatLease, Lease
-from tasks.cleanup import ENDED
+from tasks.core.lifecycle import OPEN_OPERATION_STATUSES, OperationStatus, TaskStatus, TempResourceStatus
+from tasks.engine.cleanup import ENDED
+from tasks.engine.plans import task_create
 from tasks.jobs import drive_task
-from tasks.lifecycle import OPEN_OPERATION_STATUSES, OperationStatus, TaskStatus
-from tasks.models import Operation, OperationPurpose, Task, TempResource, TempResourceStatus
-from tasks.plans import task_create
+from tasks.models import Operation, OperationPurpose, Task, TempResource
 from tests.simulator_fixture import ROOT, Simulator
 
 TASKS = int(os.environ.get("RECKON_TOPOLOGY_TASKS", "200"))

@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 from django.conf import settings
 
+from audit.hygiene import digest_of
 from audit.principals import Principal
 from leases.errors import LeaseExpired, LeaseLost, LeaseRefused
 from leases.models import Lease
 from leases.services import lease_release
-from tasks import opkeys
-from tasks.cancel import task_request_cancel
-from tasks.cas import Change, compare_and_set
-from tasks.errors import (
+from tasks.access.permissions import PermissionDenied
+from tasks.core import opkeys
+from tasks.core.errors import (
     BackoffActive,
     BudgetExhausted,
     CancelRequested,
@@ -29,16 +29,18 @@ from tasks.errors import (
     TaskNotRunnable,
     VersionConflict,
 )
-from tasks.events import find_log_problem
-from tasks.failures import backoff
-from tasks.lifecycle import ChangeKind, FailureClass, NodeStatus, OperationStatus, PauseReason, TaskStatus
+from tasks.core.failures import backoff
+from tasks.core.lifecycle import ChangeKind, FailureClass, NodeStatus, OperationStatus, PauseReason, TaskStatus
+from tasks.core.outcomes import Accepted, Committed, Failed, NotFound, Unprovable
+from tasks.decide.change import Change
+from tasks.engine.cas import compare_and_set
+from tasks.engine.events import find_log_problem
+from tasks.engine.plans import plan_accept, plan_propose
+from tasks.engine.protocol import next_directive, operation_start, record_outcome, step_start
+from tasks.engine.snapshot import task_snapshot
+from tasks.engine.verification import task_quarantine
 from tasks.models import Event, Node, Operation, Receipt, Task
-from tasks.outcomes import Accepted, Committed, Failed, NotFound, Unprovable
-from tasks.permissions import PermissionDenied
-from tasks.plans import digest_of, plan_accept, plan_propose
-from tasks.protocol import next_directive, operation_start, record_outcome, step_start
-from tasks.snapshot import task_snapshot
-from tasks.verification import task_quarantine
+from tasks.people.cancel import task_request_cancel
 from tests.conftest import SOURCE_REF, chain_plan, copy_node, effect_node, snapshot
 from tests.steps import record, send, version
 

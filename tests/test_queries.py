@@ -1,4 +1,4 @@
-"""The read side (tasks/querysets.py, tasks/queries.py): what the recovery scan, the console and the agent API
+"""The read side (tasks/querysets.py, tasks/reads/queries.py): what the recovery scan, the console and the agent API
 select, each checked against the rule it mirrors (next_directive, can_operate) and pinned in queries."""
 
 from collections.abc import Callable
@@ -14,13 +14,15 @@ from guardian.shortcuts import assign_perm
 from audit.principals import Principal
 from leases.models import Lease
 from leases.services import lease_acquire, lease_release, lease_reserve
-from tasks.lifecycle import FailureClass, TaskStatus
-from tasks.models import Node, ScopeGrant, Task, TempResource, TempResourceStatus
-from tasks.outcomes import Committed, Failed, Unprovable
-from tasks.permissions import OPERATE, can_operate, permission_grant
-from tasks.plans import plan_accept, plan_propose
-from tasks.protocol import next_directive
-from tasks.queries import (
+from tasks.access.permissions import OPERATE, can_operate, operable_condition, permission_grant
+from tasks.core.lifecycle import FailureClass, TaskStatus, TempResourceStatus
+from tasks.core.outcomes import Committed, Failed, Unprovable
+from tasks.engine.plans import plan_accept, plan_propose
+from tasks.engine.protocol import next_directive
+from tasks.engine.recovery import tasks_needing_work
+from tasks.models import Node, ScopeGrant, Task, TempResource
+from tasks.querysets import Attention
+from tasks.reads.queries import (
     InvalidCursor,
     Order,
     TaskFilter,
@@ -30,8 +32,6 @@ from tasks.queries import (
     task_overview,
     task_queue,
 )
-from tasks.querysets import Attention
-from tasks.recovery import tasks_needing_work
 from tests.conftest import chain_plan, effect_node, person
 from tests.steps import record, send, version
 
@@ -297,7 +297,7 @@ def test_awaiting_approval_is_what_next_directive_says(make_task, clock, case) -
     lease_release(lease=lease_for(task))
 
 
-# --- operable_by agrees with can_operate -------------------------------------------------------------------------
+# --- operable_condition agrees with can_operate ----------------------------------------------------------------
 
 
 @pytest.fixture
@@ -361,7 +361,7 @@ def grants(people: dict[str, User], tasks: dict[str, Task]) -> None:
 
 EXPECTED_OPERABLE = {
     "admin": {"acme copy", "acme switch", "globex copy", "globex switch", "no project"},
-    "superuser": set(),  # a Django superuser is no Reckon admin without an audited grant (tasks/permissions.py)
+    "superuser": set(),  # a Django superuser is no Reckon admin without an audited grant (tasks/access/permissions.py)
     "operator with a project grant": {"acme copy", "acme switch"},
     "operator with a kind grant": {"acme copy", "globex copy"},
     "operator with a project and kind grant": {"globex switch"},
@@ -377,12 +377,15 @@ EXPECTED_OPERABLE = {
 }
 
 
-def test_operable_by_agrees_with_can_operate_for_every_persona_and_task(people, tasks, grants) -> None:
+def test_operable_condition_agrees_with_can_operate_for_every_persona_and_task(people, tasks, grants) -> None:
     assert set(people) == set(EXPECTED_OPERABLE)
     names = {task.pk: name for name, task in tasks.items()}
     for persona, user in people.items():
         user = User.objects.get(pk=user.pk)  # fresh: no permission cache from earlier checks
-        selected = {names[pk] for pk in Task.objects.operable_by(user).values_list("pk", flat=True)}
+        selected = {
+            names[pk]
+            for pk in Task.objects.filter(operable_condition(Principal.of_user(user))).values_list("pk", flat=True)
+        }
         decided = {name for name, task in tasks.items() if can_operate(Principal.of_user(user), task)}
         assert selected == decided, persona
         assert selected == EXPECTED_OPERABLE[persona], persona
@@ -390,7 +393,11 @@ def test_operable_by_agrees_with_can_operate_for_every_persona_and_task(people, 
 
 def test_a_later_task_of_a_granted_project_is_operable_at_once(people, tasks, grants, make_task) -> None:
     later = make_task(project="acme", kind="anything")
-    assert Task.objects.operable_by(people["operator with a project grant"]).filter(pk=later.pk).exists()
+    assert (
+        Task.objects.filter(operable_condition(Principal.of_user(people["operator with a project grant"])))
+        .filter(pk=later.pk)
+        .exists()
+    )
 
 
 def test_scope_grants_are_rows_the_query_reads(people, tasks, grants) -> None:
@@ -398,12 +405,12 @@ def test_scope_grants_are_rows_the_query_reads(people, tasks, grants) -> None:
     user = people["operator with a project grant"]
     ScopeGrant.objects.filter(user=user).delete()
     user = User.objects.get(pk=user.pk)
-    assert not Task.objects.operable_by(user).exists()
+    assert not Task.objects.filter(operable_condition(Principal.of_user(user))).exists()
     assert not can_operate(Principal.of_user(user), tasks["acme copy"])
 
 
 def test_an_anonymous_visitor_operates_nothing(tasks) -> None:
-    assert not Task.objects.operable_by(AnonymousUser()).exists()
+    assert not Task.objects.filter(operable_condition(Principal.of_user(AnonymousUser()))).exists()
 
 
 @pytest.mark.parametrize(
@@ -412,7 +419,7 @@ def test_an_anonymous_visitor_operates_nothing(tasks) -> None:
 def test_the_operable_list_is_one_query(people, tasks, grants, persona, django_assert_num_queries) -> None:
     user = User.objects.get(pk=people[persona].pk)
     with django_assert_num_queries(1):
-        found = list(Task.objects.operable_by(user))
+        found = list(Task.objects.filter(operable_condition(Principal.of_user(user))))
     assert {task.pk for task in found} == {tasks[name].pk for name in EXPECTED_OPERABLE[persona]}
 
 

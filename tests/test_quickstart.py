@@ -7,11 +7,11 @@ from django.test import Client
 
 from agents.demo import migration_plan
 from leases.services import lease_acquire
-from tasks.lifecycle import NodeStatus, TaskStatus
+from tasks.core.lifecycle import NodeStatus, TaskStatus
+from tasks.core.outcomes import Committed, Outcome
+from tasks.engine.plans import task_create
+from tasks.engine.protocol import next_directive, operation_start, record_outcome
 from tasks.models import Node, Task
-from tasks.outcomes import Committed, Outcome
-from tasks.plans import task_create
-from tasks.protocol import next_directive, operation_start, record_outcome
 
 
 class StoreStandIn:

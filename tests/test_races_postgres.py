@@ -22,14 +22,15 @@ from leases import clock
 from leases.errors import LeaseExpired, LeaseHeld, LeaseLost
 from leases.models import Lease, ReleaseReason
 from leases.services import lease_acquire, lease_release
-from tasks.cancel import task_request_cancel
-from tasks.cas import Change, compare_and_set
-from tasks.errors import TaskError, VersionConflict
-from tasks.events import find_log_problem
-from tasks.lifecycle import OperationStatus, TaskStatus
+from tasks.core.errors import TaskError, VersionConflict
+from tasks.core.lifecycle import OperationStatus, TaskStatus
+from tasks.core.outcomes import Committed, NotFound
+from tasks.decide.change import Change
+from tasks.engine.cas import compare_and_set
+from tasks.engine.events import find_log_problem
+from tasks.engine.protocol import next_directive, operation_start, record_outcome
 from tasks.models import Event, Node, Operation, Receipt, Task
-from tasks.outcomes import Committed, NotFound
-from tasks.protocol import next_directive, operation_start, record_outcome
+from tasks.people.cancel import task_request_cancel
 from tests.conftest import chain_plan
 
 pytestmark = [

@@ -5,7 +5,7 @@ from datetime import timedelta
 from django.conf import settings
 
 from leases.services import lease_acquire, lease_reserve
-from tasks.recovery import tasks_needing_work
+from tasks.engine.recovery import tasks_needing_work
 from tests.conftest import chain_plan
 
 

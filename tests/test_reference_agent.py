@@ -7,25 +7,25 @@ from typing import Any
 import pytest
 
 from agents import migrate_project
+from agents.objectstore import ObjectStoreConnector
 from audit.principals import Principal
 from harness.simulator import STAGING_PREFIX
 from leases.models import Lease
 from leases.services import lease_acquire, lease_release
-from tasks.cancel import task_request_cancel
-from tasks.cleanup import cleanup_temp_resources
-from tasks.connectors.objectstore import ObjectStoreConnector
-from tasks.failpoints import FailpointHit, configure
-from tasks.lifecycle import FailureClass, OperationStatus, TaskStatus
-from tasks.models import Event, Operation, OperationPurpose, Receipt, Task, TempResource, TempResourceStatus
-from tasks.outcomes import Committed, Failed, Outcome
-from tasks.recovery import tasks_needing_work
-from tasks.runner import recheck_receipts, run_steps, run_task_once
-from tasks.settlement import operation_resolve_by_person
-from tasks.takeover import (
+from tasks.core.lifecycle import FailureClass, OperationStatus, TaskStatus, TempResourceStatus
+from tasks.core.outcomes import Committed, Failed, Outcome
+from tasks.engine.cleanup import cleanup_temp_resources
+from tasks.engine.failpoints import FailpointHit, configure
+from tasks.engine.recovery import tasks_needing_work
+from tasks.engine.runner import recheck_receipts, run_steps, run_task_once
+from tasks.engine.verification import find_problems
+from tasks.models import Event, Operation, OperationPurpose, Receipt, Task, TempResource
+from tasks.people.cancel import task_request_cancel
+from tasks.people.settlement import operation_resolve_by_person
+from tasks.people.takeover import (
     takeover_claim,
     takeover_submit,
 )
-from tasks.verification import find_problems
 from tests.conftest import person as make_person
 from tests.conftest import snapshot
 

@@ -1,4 +1,4 @@
-"""Task kinds and their connectors (tasks/registry.py): the agents app registers its kind at start-up, a worker
+"""Task kinds and their connectors (tasks/engine/registry.py): the agents app registers its kind at start-up, a worker
 looks the connector up by the task's kind, and a kind nobody registered is refused by name."""
 
 from collections.abc import Callable, Iterator
@@ -8,14 +8,14 @@ import pytest
 from django.test import override_settings
 
 from agents import migrate_project
-from tasks.actions import get_action
-from tasks.connectors.objectstore import ObjectStoreConnector
-from tasks.errors import TaskError, UnknownTaskKind
+from agents.objectstore import ObjectStoreConnector
+from tasks.core.actions import get_action
+from tasks.core.errors import TaskError, UnknownTaskKind
+from tasks.core.lifecycle import TaskStatus
+from tasks.core.outcomes import Committed, NotFound, Outcome
+from tasks.engine.registry import connector_for, known_kinds, register_kind, unregister_kind
 from tasks.jobs import drive_task
-from tasks.lifecycle import TaskStatus
 from tasks.models import Task
-from tasks.outcomes import Committed, NotFound, Outcome
-from tasks.registry import connector_for, known_kinds, register_kind, unregister_kind
 
 KIND = "registry_test"
 

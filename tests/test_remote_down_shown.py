@@ -1,6 +1,6 @@
 """A remote that stays down, shown on the task (issue 11, point 5): the task page, the work queue and the API say
 since when the task's remote is unreachable, after how many tries, and when it is asked next — from the wake-up row
-the worker wrote (tasks.recovery.remote_down_record), so a person on call sees a task that waits, not one that is
+the worker wrote (tasks.engine.recovery.remote_down_record), so a person on call sees a task that waits, not one that is
 stuck. A task whose remote answers, or that has ended, shows nothing; no page or answer costs a query per row."""
 
 from collections.abc import Callable, Iterator
@@ -16,14 +16,14 @@ from django.utils import dateformat, timezone
 
 from api.tokens import api_token_issue
 from leases.clock import ControllableClock
-from tasks.connectors.base import Connector
-from tasks.detail import RemoteDown, remote_down, remote_down_of_row
-from tasks.lifecycle import FailureClass
+from tasks.core.lifecycle import FailureClass
+from tasks.core.outcomes import Committed, Failed, NotFound, Outcome
+from tasks.engine.connectors import Connector
+from tasks.engine.plans import task_create
+from tasks.engine.registry import register_kind, unregister_kind
+from tasks.engine.runner import run_task_once
 from tasks.models import Task, TaskWakeUp
-from tasks.outcomes import Committed, Failed, NotFound, Outcome
-from tasks.plans import task_create
-from tasks.registry import register_kind, unregister_kind
-from tasks.runner import run_task_once
+from tasks.reads.detail import RemoteDown, remote_down, remote_down_of_row
 from tests.conftest import chain_plan, person
 
 pytestmark = pytest.mark.django_db
@@ -85,7 +85,7 @@ def woken(task: Task, clock: ControllableClock, remote: Remote, times: int) -> N
 
 @pytest.fixture
 def down(remote: Remote, clock: ControllableClock) -> Callable[[], tuple[Task, RemoteDown]]:
-    """Make a task whose remote was found down TRIES wake-ups in a row; what tasks.detail reads of it."""
+    """Make a task whose remote was found down TRIES wake-ups in a row; what tasks.reads.detail reads of it."""
 
     def make() -> tuple[Task, RemoteDown]:
         task = new_task()

@@ -25,6 +25,7 @@ from django.core.management import call_command
 from django.db import connection
 from pytest_django.fixtures import Settings
 
+from audit.hygiene import PayloadTooLarge, SecretInPayload, canonical_json, check_payload
 from audit.models import AuditEvent
 from audit.principals import Principal
 from audit.services import verify_audit
@@ -60,12 +61,11 @@ from retention.services import (
     retention_root,
     retention_sweep,
 )
-from tasks.attachments import AttachmentIn, attachment_path, store_attachment
-from tasks.errors import PayloadTooLarge, SecretInPayload, TaskNotFound
-from tasks.hygiene import canonical_json, check_payload
+from tasks.access.permissions import PermissionDenied, permission_grant
+from tasks.core.errors import TaskNotFound
+from tasks.core.outcomes import Committed
 from tasks.models import Receipt, Task
-from tasks.outcomes import Committed
-from tasks.permissions import PermissionDenied, permission_grant
+from tasks.people.attachments import AttachmentIn, attachment_path, store_attachment
 from tests.conftest import person, snapshot
 from tests.steps import record, send
 from tests.test_races_postgres import run_threads

@@ -4,14 +4,14 @@ import pytest
 from django.contrib.auth.models import Group, User
 
 from agents.demo import migration_plan
+from agents.objectstore import ObjectStoreConnector
 from audit.principals import Principal
 from leases.services import lease_acquire
-from tasks.connectors.objectstore import ObjectStoreConnector
-from tasks.lifecycle import OperationStatus, TaskStatus
+from tasks.core.lifecycle import OperationStatus, TaskStatus
+from tasks.engine.plans import task_create
+from tasks.engine.runner import run_steps
 from tasks.models import Operation, Task
-from tasks.plans import task_create
-from tasks.runner import run_steps
-from tasks.takeover import (
+from tasks.people.takeover import (
     takeover_claim,
     takeover_submit,
 )

@@ -1,5 +1,5 @@
 """A chain shares commits: one node's receipt and the next node's intent land in one write (as two events), before
-the next call — or neither lands (tasks.protocol.step_settle_and_start, compare_and_set(then=…))."""
+the next call — or neither lands (tasks.engine.protocol.step_settle_and_start, compare_and_set(then=…))."""
 
 from collections.abc import Callable
 from typing import Any
@@ -7,14 +7,15 @@ from typing import Any
 import pytest
 
 from leases.models import Lease
-from tasks.cas import Change, compare_and_set
-from tasks.errors import VersionConflict
-from tasks.lifecycle import NodeStatus, OperationStatus
+from tasks.core.errors import VersionConflict
+from tasks.core.lifecycle import NodeStatus, OperationStatus
+from tasks.core.outcomes import Committed
+from tasks.decide.change import Change
+from tasks.engine.cas import compare_and_set
+from tasks.engine.protocol import step_settle_and_start, step_start
+from tasks.engine.runner import run_steps
+from tasks.engine.snapshot import task_snapshot
 from tasks.models import Event, Node, Operation, Receipt, Task
-from tasks.outcomes import Committed
-from tasks.protocol import step_settle_and_start, step_start
-from tasks.runner import run_steps
-from tasks.snapshot import task_snapshot
 from tests.conftest import chain_plan, snapshot
 from tests.test_step_budget import Receipts
 

@@ -7,15 +7,15 @@ from typing import Any
 import pytest
 
 from agents.demo import migration_plan
+from agents.objectstore import ObjectStoreConnector
 from harness.ports import free_port
 from leases.services import lease_acquire, lease_renew
-from tasks.connectors.base import Connector, SourceNotFound
-from tasks.connectors.objectstore import ObjectStoreConnector
-from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, TaskStatus
+from tasks.core.lifecycle import FailureClass, NodeStatus, OperationStatus, TaskStatus
+from tasks.core.outcomes import Committed, Failed, NotFound, Unprovable
+from tasks.engine.connectors import Connector, SourceNotFound
+from tasks.engine.plans import task_create
+from tasks.engine.protocol import next_directive, operation_start, record_outcome
 from tasks.models import Node, Operation, Receipt, Task
-from tasks.outcomes import Committed, Failed, NotFound, Unprovable
-from tasks.plans import task_create
-from tasks.protocol import next_directive, operation_start, record_outcome
 from tests.simulator_fixture import REFUSALS, Simulator
 
 SOURCE = {"source": "store", "locator": "projects/acme", "version": "7", "digest": "sha256:" + "ab" * 32}

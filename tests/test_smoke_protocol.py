@@ -1,10 +1,10 @@
 from typing import Any
 
 from leases.models import Lease
-from tasks.lifecycle import TaskStatus
-from tasks.outcomes import Committed
-from tasks.protocol import next_directive, operation_start, record_outcome
-from tasks.verification import task_verify_log
+from tasks.core.lifecycle import TaskStatus
+from tasks.core.outcomes import Committed
+from tasks.engine.protocol import next_directive, operation_start, record_outcome
+from tasks.engine.verification import task_verify_log
 
 
 def test_a_task_runs_to_completion_on_receipts(make_task: Any, agent_lease: Any, clock: Any) -> None:

@@ -47,24 +47,27 @@ from leases.errors import (
     RenewalOutOfOrder,
 )
 from leases.models import ForcedRelease, HolderKind, Lease, ReleaseReason
-from leases.services import lease_acquire, lease_grace, lease_open, lease_release, lease_renew, lease_reservation
-from tasks.cas import Change, compare_and_set
-from tasks.errors import InvalidTransition, TakeoverHeld, TaskError, VersionConflict
-from tasks.events import find_log_problem
-from tasks.forced_release import MIN_FORCE_TEXT, TakeoverRefused, lease_force_release
-from tasks.lifecycle import TERMINAL_TASK_STATUSES, ChangeKind, NodeStatus, OperationStatus, TaskStatus
-from tasks.models import Node, Operation, Task
-from tasks.outcomes import Committed, NotFound
-from tasks.permissions import ADMIN, OPERATOR, PermissionDenied, permission_grant
-from tasks.plans import task_create
-from tasks.protocol import next_directive, operation_start, record_outcome
-from tasks.takeover import (
+from leases.services import (
+    lease_acquire,
+    lease_grace,
+    lease_open,
+    lease_release,
+    lease_renew,
+    lease_reservation,
     operator_ttl,
-    takeover_claim,
-    takeover_release,
-    takeover_renew,
-    takeover_submit,
 )
+from tasks.access.permissions import ADMIN, OPERATOR, PermissionDenied, permission_grant
+from tasks.core.errors import InvalidTransition, TakeoverHeld, TaskError, VersionConflict
+from tasks.core.lifecycle import TERMINAL_TASK_STATUSES, ChangeKind, NodeStatus, OperationStatus, TaskStatus
+from tasks.core.outcomes import Committed, NotFound
+from tasks.decide.change import Change
+from tasks.engine.cas import compare_and_set
+from tasks.engine.events import find_log_problem
+from tasks.engine.plans import task_create
+from tasks.engine.protocol import next_directive, operation_start, record_outcome
+from tasks.models import Node, Operation, Task
+from tasks.people.forced_release import MIN_FORCE_TEXT, TakeoverRefused, lease_force_release
+from tasks.people.takeover import takeover_claim, takeover_release, takeover_renew, takeover_submit
 from tests.conftest import chain_plan, person
 
 KIND = "stateful-leases"

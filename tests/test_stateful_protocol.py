@@ -30,15 +30,15 @@ from leases.clock import ControllableClock
 from leases.errors import LeaseError
 from leases.models import Lease
 from leases.services import lease_acquire, lease_release, lease_renew
-from tasks.cancel import task_request_cancel
-from tasks.errors import TaskError
-from tasks.events import find_log_problem
-from tasks.evidence import evidence_problems
-from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, TaskStatus
+from tasks.core.errors import TaskError
+from tasks.core.lifecycle import FailureClass, NodeStatus, OperationStatus, TaskStatus
+from tasks.core.outcomes import Accepted, Committed, Failed, NotFound, Outcome
+from tasks.decide.evidence import evidence_problems
+from tasks.engine.events import find_log_problem
+from tasks.engine.plans import task_create
+from tasks.engine.protocol import Directive, next_directive, operation_start, record_outcome
 from tasks.models import Event, Node, Operation, Receipt, Task
-from tasks.outcomes import Accepted, Committed, Failed, NotFound, Outcome
-from tasks.plans import task_create
-from tasks.protocol import Directive, next_directive, operation_start, record_outcome
+from tasks.people.cancel import task_request_cancel
 
 COUNT = 5
 PLAN = {

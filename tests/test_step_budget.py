@@ -17,13 +17,20 @@ from django.test.utils import CaptureQueriesContext
 import leases.clock
 from audit.principals import Principal
 from leases.models import Lease
-from tasks.cancel import task_request_cancel
-from tasks.connectors.base import Connector
+from tasks.core.outcomes import Committed, NotFound, Outcome
+from tasks.engine.connectors import Connector
+from tasks.engine.protocol import (
+    inputs_confirm,
+    next_directive,
+    operation_start,
+    record_outcome,
+    step_settle,
+    step_start,
+)
+from tasks.engine.runner import run_steps
+from tasks.engine.snapshot import task_snapshot
 from tasks.models import Task
-from tasks.outcomes import Committed, NotFound, Outcome
-from tasks.protocol import inputs_confirm, next_directive, operation_start, record_outcome, step_settle, step_start
-from tasks.runner import run_steps
-from tasks.snapshot import task_snapshot
+from tasks.people.cancel import task_request_cancel
 from tests.conftest import chain_plan
 
 NODES = 10
@@ -56,7 +63,7 @@ def commits(ctx: CaptureQueriesContext) -> int:
 
 def chain_commits(nodes: int) -> int:
     """A chain of ``nodes`` run by one worker: the first node's start, then each receipt's commit, which starts the
-    next node (tasks.protocol.step_settle_and_start) — at most 2 per node, the issue's budget."""
+    next node (tasks.engine.protocol.step_settle_and_start) — at most 2 per node, the issue's budget."""
     return nodes + 1
 
 

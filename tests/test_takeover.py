@@ -1,6 +1,6 @@
 """Human takeover (DESIGN §3, §4, §5, §7; issue 3): claim, renew, release, decide, settle by hand, force, review.
 
-Each test tries to break one rule of ``tasks/takeover.py``'s lease/takeover state diagram. Refusals are checked
+Each test tries to break one rule of ``tasks/people/takeover.py``'s lease/takeover state diagram. Refusals are checked
 against ``snapshot()`` (every Reckon table, audit included): a refused call writes nothing, not even an audit row.
 Lease times come from the controllable database clock, except in the skew tests, which run on the real one.
 """
@@ -36,9 +36,8 @@ from leases.errors import (
 )
 from leases.models import ForcedRelease, Lease, ReleaseReason
 from leases.services import lease_open, lease_release, lease_renew, lease_reservation
-from tasks.cancel import task_request_cancel
-from tasks.cas import Change, compare_and_set
-from tasks.errors import (
+from tasks.access.permissions import PermissionDenied, permission_grant, permission_revoke
+from tasks.core.errors import (
     EvidenceInsufficient,
     InputsRecheckRequired,
     InvalidTransition,
@@ -50,26 +49,28 @@ from tasks.errors import (
     TaskNotRunnable,
     VersionConflict,
 )
-from tasks.forced_release import MIN_FORCE_TEXT, TakeoverRefused, forced_release_review, lease_force_release
-from tasks.lifecycle import FailureClass, NodeStatus, OperationStatus, PauseReason, TaskStatus
-from tasks.models import Event, Node, Operation, Receipt, Task
-from tasks.outcomes import Committed, Failed, NotFound
-from tasks.permissions import PermissionDenied, permission_grant, permission_revoke
-from tasks.protocol import (
+from tasks.core.lifecycle import FailureClass, NodeStatus, OperationStatus, PauseReason, TaskStatus
+from tasks.core.outcomes import Committed, Failed, NotFound
+from tasks.decide.change import Change
+from tasks.engine.cas import compare_and_set
+from tasks.engine.protocol import (
     inputs_confirm,
     next_directive,
 )
-from tasks.settlement import operation_resolve_by_person
-from tasks.takeover import (
+from tasks.engine.verification import find_problems, task_quarantine
+from tasks.models import Event, Node, Operation, Receipt, Task
+from tasks.people.cancel import task_request_cancel
+from tasks.people.forced_release import MIN_FORCE_TEXT, TakeoverRefused, forced_release_review, lease_force_release
+from tasks.people.settlement import operation_resolve_by_person
+from tasks.people.takeover import (
     NodeResult,
     takeover_claim,
-    takeover_package,
     takeover_release,
     takeover_renew,
     takeover_submit,
     takeover_withdraw,
 )
-from tasks.verification import find_problems, task_quarantine
+from tasks.reads.takeover import takeover_package
 from tests.conftest import SOURCE_REF, chain_plan, copy_node, effect_node, person, snapshot
 from tests.steps import record, send, version
 
@@ -896,7 +897,7 @@ def test_a_persons_results_are_committed_operations_settled_by_them_and_the_log_
 
 def test_a_person_still_records_work_done_by_hand_once_a_cancel_stopped_the_task(make_task, clock, root) -> None:
     """Invariant 6: what was committed is recorded, never faked as rolled back — also what a person did by hand
-    while holding the takeover (tasks.takeover._decision_fields: "a recorded cancel keeps its stopping/stopped
+    while holding the takeover (tasks.people.takeover._decision_fields: "a recorded cancel keeps its stopping/stopped
     status; the operator's receipts still count"). A cancel with nothing in flight stops the task at once; the
     operator who holds the takeover must still be able to submit the result. (Worked before the reshape; the
     permit table now allows an operator's DECIDE only in human/stopping/stopped_pending.)"""
@@ -959,7 +960,7 @@ def test_a_person_settles_an_unknown_operation_as_done_with_a_receipt(make_task,
 def test_settling_the_last_operation_by_hand_leaves_the_decision_to_the_person(
     make_task, agent_lease, clock, root
 ) -> None:
-    """While an operator holds the lease the task shows ``human`` (tasks.takeover's docstring); the person ends
+    """While an operator holds the lease the task shows ``human`` (tasks.people.takeover's docstring); the person ends
     the takeover with a decision, the settlement does not end it for them."""
     task = make_task(chain_plan("a"))
     ann = operator_for(root, task, "ann")

@@ -26,15 +26,16 @@ from leases.clock import DatabaseClock, use_clock
 from leases.errors import LeaseError, LeaseHeld, LeaseLost, LeaseRefused, LeaseReserved
 from leases.models import HolderKind, Lease, ReleaseReason
 from leases.services import lease_acquire, lease_release
-from tasks.cas import Change, compare_and_set
-from tasks.errors import TakeoverHeld, TaskError, VersionConflict
-from tasks.events import find_log_problem
-from tasks.lifecycle import TaskStatus
+from tasks.access.permissions import ADMIN, OPERATOR, permission_grant
+from tasks.core.errors import TakeoverHeld, TaskError, VersionConflict
+from tasks.core.lifecycle import TaskStatus
+from tasks.core.outcomes import Committed
+from tasks.decide.change import Change
+from tasks.engine.cas import compare_and_set
+from tasks.engine.events import find_log_problem
+from tasks.engine.protocol import next_directive, operation_start, record_outcome
 from tasks.models import Event, Operation, Task
-from tasks.outcomes import Committed
-from tasks.permissions import ADMIN, OPERATOR, permission_grant
-from tasks.protocol import next_directive, operation_start, record_outcome
-from tasks.takeover import (
+from tasks.people.takeover import (
     Claim,
     takeover_claim,
     takeover_release,

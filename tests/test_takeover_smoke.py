@@ -5,13 +5,13 @@ import pytest
 from audit.models import AuditEvent
 from audit.services import verify_audit
 from leases.services import lease_release
-from tasks.forced_release import forced_release_review, lease_force_release
-from tasks.lifecycle import TaskStatus
+from tasks.access.permissions import permission_grant
+from tasks.core.lifecycle import TaskStatus
+from tasks.core.outcomes import Committed
+from tasks.engine.protocol import inputs_confirm, next_directive, operation_start
 from tasks.models import Task
-from tasks.outcomes import Committed
-from tasks.permissions import permission_grant
-from tasks.protocol import inputs_confirm, next_directive, operation_start
-from tasks.takeover import (
+from tasks.people.forced_release import forced_release_review, lease_force_release
+from tasks.people.takeover import (
     NodeResult,
     takeover_claim,
     takeover_submit,
@@ -36,7 +36,7 @@ def test_a_takeover_round_trip(make_task, agent_lease, clock) -> None:
     assert claim.granted and claim.lease is not None
     t = Task.objects.get(pk=task.pk)
     assert t.status == TaskStatus.HUMAN
-    from tasks.settlement import operation_resolve_by_person
+    from tasks.people.settlement import operation_resolve_by_person
 
     operation_resolve_by_person(
         actor=ann,
@@ -67,7 +67,7 @@ def test_a_takeover_round_trip(make_task, agent_lease, clock) -> None:
         "operation_resolved_by_person",
         "takeover_result_submitted",
     ], actions
-    from tasks.verification import find_problems
+    from tasks.engine.verification import find_problems
 
     assert find_problems(t) == []
 
@@ -84,7 +84,8 @@ def test_forced_release_and_review(make_task, agent_lease, clock) -> None:
         impact="its in-flight copy will be reconciled by op key",
     )
     from leases.errors import LeaseLost
-    from tasks.cas import Change, compare_and_set
+    from tasks.decide.change import Change
+    from tasks.engine.cas import compare_and_set
 
     with pytest.raises(LeaseLost):
         compare_and_set(task.pk, Task.objects.get(pk=task.pk).version, Change(event="x"), lease=lease)
@@ -117,8 +118,8 @@ def test_resume_agent_makes_the_agent_recheck_inputs(make_task, agent_lease, clo
 def test_attachments_are_stored_by_digest_and_recorded(make_task, clock, settings, tmp_path) -> None:
     import hashlib
 
-    from tasks.attachments import AttachmentIn, read_attachment
     from tasks.models import Attachment
+    from tasks.people.attachments import AttachmentIn, read_attachment
 
     settings.DATA_DIR = tmp_path
     task = make_task(chain_plan("a"))

@@ -15,17 +15,17 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agents.demo import migration_plan
+from agents.objectstore import ObjectStoreConnector
 from api.tokens import api_token_issue
 from leases.services import lease_acquire, lease_release
 from observability import tracing
-from tasks import registry
-from tasks.connectors.objectstore import ObjectStoreConnector
+from tasks.access.permissions import permission_grant
+from tasks.engine import registry
+from tasks.engine.plans import task_create
+from tasks.engine.runner import run_steps
 from tasks.jobs import drive_task
 from tasks.models import Event, Operation, Task
-from tasks.permissions import permission_grant
-from tasks.plans import task_create
-from tasks.runner import run_steps
-from tasks.takeover import takeover_claim
+from tasks.people.takeover import takeover_claim
 from tests.conftest import chain_plan, person
 from tests.simulator_fixture import Simulator
 from tests.workers import celery_worker

@@ -34,11 +34,11 @@ from hooks.jobs import sweep
 from hooks.models import WEBHOOK_EVENTS, DeliveryStatus, WebhookDelivery, WebhookSubscription
 from hooks.services import deliver, webhook_list, webhook_subscribe, webhook_unsubscribe
 from leases.clock import ControllableClock
-from tasks.cancel import task_request_cancel
-from tasks.events import event_appended
-from tasks.forced_release import lease_force_release
+from tasks.engine.events import event_appended
 from tasks.models import Event, Task
-from tasks.takeover import NodeResult, takeover_claim, takeover_submit
+from tasks.people.cancel import task_request_cancel
+from tasks.people.forced_release import lease_force_release
+from tasks.people.takeover import NodeResult, takeover_claim, takeover_submit
 from tests.conftest import chain_plan, person
 from tests.workers import celery_worker
 
@@ -389,7 +389,7 @@ def test_the_outbox_row_is_written_in_the_changes_transaction_and_sent_only_afte
 
 
 def test_an_event_nobody_maps_costs_no_query_and_a_mapped_one_with_no_subscriber_costs_one(make_task) -> None:
-    """Through tasks.events.event_appended, as every path that appends an event calls it: the step's events
+    """Through tasks.engine.events.event_appended, as every path that appends an event calls it: the step's events
     (operations, nodes) do not reach the outbox at all."""
     task = make_task(chain_plan("a"))
     for step_type in ("operation_dispatched", "node_succeeded", "operation_accepted", "inputs_confirmed"):

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import pytest
 
 from agents.demo import migration_plan
+from tasks.core.lifecycle import NodeStatus, OperationStatus
+from tasks.engine.plans import task_create
 from tasks.jobs import drive_task, recovery_scan
-from tasks.lifecycle import NodeStatus, OperationStatus
 from tasks.models import Node, Operation, Task, TaskWakeUp
-from tasks.plans import task_create
 from tests.simulator_fixture import Simulator
 from tests.workers import celery_worker
 

@@ -7,7 +7,7 @@ from django import forms
 from django.contrib.auth.models import User
 
 from audit.queries import AuditFilter
-from tasks.permissions import ROLES
+from tasks.access.permissions import ROLES
 
 ROLE_CHOICES = [(role, role) for role in ROLES]
 # The actions the domain audits today, offered as suggestions; any other action can still be typed.

@@ -3,7 +3,7 @@
 A bulk run is confirmed through the one flow of every dangerous action (console/forms/reconcile.py DangerForm,
 templates/console/_danger.html): a typed reason, and the number of tasks that will change typed by hand. What the
 preview saw travels with the form — each task's id, version and lease epoch — so the run changes only those tasks, and
-only if they did not move; the server checks each one again (tasks/bulk.py), whatever the form says.
+only if they did not move; the server checks each one again (tasks/people/bulk.py), whatever the form says.
 """
 
 import re
@@ -12,9 +12,9 @@ from typing import Any
 from django import forms
 
 from console.forms.reconcile import DangerForm
-from tasks.bulk import MAX_TASKS, MIN_REASON, Seen
 from tasks.models import BulkOperation
-from tasks.notes import NOTE_MAX_CHARS
+from tasks.people.bulk import MAX_TASKS, MIN_REASON, Seen
+from tasks.people.notes import NOTE_MAX_CHARS
 
 _SEEN = re.compile(r"^(\d{1,18}):(\d{1,18}):(\d{1,18}|-)$")
 

@@ -6,9 +6,9 @@ from typing import Any
 from django import forms
 from django.http import QueryDict
 
-from tasks.lifecycle import PauseReason, TaskStatus
-from tasks.queries import ATTENTION_ANY, ATTENTION_NONE, HOLDER_AGENT, HOLDER_NONE, HOLDER_PERSON, TaskFilter
+from tasks.core.lifecycle import PauseReason, TaskStatus
 from tasks.querysets import Attention
+from tasks.reads.queries import ATTENTION_ANY, ATTENTION_NONE, HOLDER_AGENT, HOLDER_NONE, HOLDER_PERSON, TaskFilter
 
 # The query-string keys the filter form reads; anything else (the cursor, unknown keys) is not part of a view.
 FILTER_KEYS = ("state", "reason", "exclude", "kind", "project", "holder", "attention", "q")

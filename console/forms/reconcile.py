@@ -3,7 +3,7 @@
 A dangerous action is a ``DangerForm``: the task version the person read the consequences on (a stale one is
 refused by the service, nothing written), a typed reason where it matters, and a typed confirmation — the task id,
 typed by hand. ``Danger`` is what ``templates/console/_danger.html`` renders: the consequence sentences computed from
-live rows (tasks/consequences.py), the live impact count, the form. The permission check and the audit event are
+live rows (tasks/reads/consequences.py), the live impact count, the form. The permission check and the audit event are
 the service's, on the server; a keyboard shortcut may open the dialog, never submit it.
 """
 
@@ -12,10 +12,10 @@ from typing import Any
 
 from django import forms
 
-from tasks.consequences import Consequences
-from tasks.forced_release import MIN_FORCE_TEXT
-from tasks.outcomes import Committed
-from tasks.settlement import MIN_NOTE
+from tasks.core.outcomes import Committed
+from tasks.people.forced_release import MIN_FORCE_TEXT
+from tasks.people.settlement import MIN_NOTE
+from tasks.reads.consequences import Consequences
 
 MIN_REASON = 10
 RESOLUTIONS = [

@@ -9,18 +9,18 @@ from typing import Any
 from django import forms
 from django.core.files.uploadedfile import UploadedFile
 
-from tasks.attachments import (
+from tasks.core.errors import NodeNotReady
+from tasks.decide.decisions import resolved_input
+from tasks.decide.evidence import expected_values
+from tasks.models import Node
+from tasks.people.attachments import (
     ATTACHMENT_CAP_BYTES,
     AttachmentIn,
     attachment_path,
     read_attachment,
     store_attachment,
 )
-from tasks.decisions import resolved_input
-from tasks.errors import NodeNotReady
-from tasks.evidence import expected_values
-from tasks.models import Node
-from tasks.takeover import NodeResult
+from tasks.people.takeover import NodeResult
 
 DECISIONS = [
     ("resume_agent", "Resume the agent — it re-reads its inputs and open operations first"),

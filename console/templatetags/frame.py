@@ -4,7 +4,7 @@ from typing import Any
 
 from django import template
 
-from tasks.permissions import ROLES, roles_of
+from tasks.access.permissions import ROLES, roles_of
 
 register = template.Library()
 

@@ -16,6 +16,7 @@ from django.utils.cache import add_never_cache_headers, patch_vary_headers
 from django.views.decorators.http import require_POST, require_safe
 
 from audit.anchors import AnchorVerdict
+from audit.errors import Refused
 from audit.models import AuditEvent
 from audit.queries import AuditFilter, audit_export, audit_page, latest_verification
 from console.access import request_roles, require_admin_role, require_audit_reader
@@ -29,16 +30,7 @@ from console.forms.admin import (
     ScopeForm,
     TaskGrantForm,
 )
-from tasks.errors import TaskError
-from tasks.forced_release import forced_release_review
-from tasks.jobs import verify_logs
-from tasks.models import Task
-from tasks.oversight import (
-    forced_releases_pending,
-    forced_releases_reviewed,
-    people_with_roles,
-)
-from tasks.permissions import (
+from tasks.access.permissions import (
     ADMIN,
     account_create,
     account_password_reset,
@@ -46,6 +38,14 @@ from tasks.permissions import (
     permission_revoke,
     role_grant,
     role_revoke,
+)
+from tasks.jobs import verify_logs
+from tasks.models import Task
+from tasks.people.forced_release import forced_release_review
+from tasks.people.oversight import (
+    forced_releases_pending,
+    forced_releases_reviewed,
+    people_with_roles,
 )
 
 AUDIT_PAGE_SIZE = 50
@@ -167,7 +167,7 @@ def account_create_view(request: HttpRequest) -> HttpResponse:
     username, role = form.cleaned_data["username"].strip(), form.cleaned_data["role"]
     try:
         user, password = account_create(actor=who, username=username, role=role)
-    except TaskError as error:
+    except Refused as error:
         messages.error(request, message_for(error))
         return redirect("roles")
     return _password_shown(request, user, password, f"The account {username} was created, as {role}.")
@@ -181,7 +181,7 @@ def password_reset_view(request: HttpRequest, user_id: int) -> HttpResponse:
         raise Http404("No such account.")
     try:
         password = account_password_reset(actor=who, user=user)
-    except TaskError as error:
+    except Refused as error:
         messages.error(request, message_for(error))
         return redirect("roles")
     return _password_shown(request, user, password, f"{user.get_username()} has a new password.")
@@ -296,7 +296,7 @@ def _act(request: HttpRequest, action: Any, done: str) -> None:
     """Run one service call; its refusal becomes the message the person reads (and nothing was written)."""
     try:
         action()
-    except TaskError as error:
+    except Refused as error:
         messages.error(request, message_for(error))
     else:
         messages.success(request, done)

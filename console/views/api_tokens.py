@@ -10,9 +10,9 @@ from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_POST, require_safe
 
 from api.tokens import TokenError, api_token_issue, api_token_list, api_token_revoke
+from audit.errors import Refused
 from console.access import require_admin_role
 from console.errors import message_for
-from tasks.errors import TaskError
 
 TEMPLATE = "console/api_tokens/tokens.html"
 
@@ -53,7 +53,7 @@ def token_issue_view(request: HttpRequest) -> HttpResponse:
             kinds=_names(data["kinds"]),
             projects=_names(data["projects"]),
         )
-    except (TaskError, TokenError) as error:
+    except (Refused, TokenError) as error:
         messages.error(request, _message(error))
         return redirect("api-tokens")
     response = render(request, "console/api_tokens/token_shown.html", {"token": row, "plaintext": plaintext})
@@ -69,15 +69,15 @@ def token_revoke_view(request: HttpRequest, token_id: int) -> HttpResponse:
         return _with_errors(request, form)
     try:
         row = api_token_revoke(actor=who, token_id=token_id, reason=form.cleaned_data["reason"])
-    except (TaskError, TokenError) as error:
+    except (Refused, TokenError) as error:
         messages.error(request, _message(error))
     else:
         messages.success(request, f"Token {row.pk} of agent {row.agent_id} is revoked.")
     return redirect("api-tokens")
 
 
-def _message(error: TaskError | TokenError) -> str:
-    return message_for(error) if isinstance(error, TaskError) else str(error)
+def _message(error: Refused | TokenError) -> str:
+    return message_for(error) if isinstance(error, Refused) else str(error)
 
 
 def _with_errors(request: HttpRequest, form: forms.Form) -> HttpResponse:

@@ -2,7 +2,7 @@
 confirmation (the one dangerous-action flow), the progress page of the run (HTMX polling, stops once done).
 
 The filter is the work queue's, read from the same query string (console/forms/queue.py), so a queue's URL opens
-its bulk preview. Every rule is in tasks/bulk.py; these views check access, validate a form and call one service.
+its bulk preview. Every rule is in tasks/people/bulk.py; these views check access, validate a form and call one service.
 """
 
 from typing import Any
@@ -16,16 +16,16 @@ from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_http_methods, require_safe
 from django_htmx.http import HttpResponseStopPolling
 
+from audit.errors import Refused
 from console.access import principal, request_roles, require_console_role
 from console.errors import message_for
 from console.forms.bulk import BulkConfirmForm, parse_seen, seen_token
 from console.forms.queue import QueueFilterForm, filter_query
 from console.forms.reconcile import Danger
-from tasks.bulk import MAX_TASKS, Preview, Seen, bulk_preview, bulk_run_create, bulk_run_progress
-from tasks.consequences import Consequences, noun, plural
-from tasks.errors import TaskError
+from tasks.access.permissions import ADMIN, OPERATOR
 from tasks.models import BulkOperation
-from tasks.permissions import ADMIN, OPERATOR
+from tasks.people.bulk import MAX_TASKS, Preview, Seen, bulk_preview, bulk_run_create, bulk_run_progress
+from tasks.reads.consequences import Consequences, noun, plural
 
 POLL_SECONDS = 2
 
@@ -146,7 +146,7 @@ def _confirm(request: HttpRequest) -> HttpResponse:
                 seen=data["seen"],
                 filter_query=data["filter"],
             )
-        except TaskError as refused:
+        except Refused as refused:
             error = message_for(refused)
         else:
             return HttpResponseRedirect(reverse("bulk-run", args=[run.pk]), status=303)

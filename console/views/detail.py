@@ -1,6 +1,6 @@
 """The task detail page (issue 9, point 3): the header and what the state waits for, the plan's nodes, the
 operations, the timeline with the hash-chain check, the lease panel (polled), the takeover package, temp resources
-and retained objects. Views check access and call the reads of tasks/detail.py; nothing here writes."""
+and retained objects. Views check access and call the reads of tasks/reads/detail.py; nothing here writes."""
 
 from typing import Any
 
@@ -14,9 +14,9 @@ from django_htmx.http import HttpResponseStopPolling
 
 from console.access import principal, viewable_task
 from retention.queries import retained_for_task
-from tasks.detail import InvalidTimelineCursor, chain_check, detail_page, is_terminal, lease_view, timeline_page
+from tasks.access.permissions import can_operate
 from tasks.models import Task
-from tasks.permissions import can_operate
+from tasks.reads.detail import InvalidTimelineCursor, chain_check, detail_page, is_terminal, lease_view, timeline_page
 
 TEMPLATE = "console/task_detail.html"
 TIMELINE_PAGE_SIZE = 25

@@ -1,5 +1,5 @@
 """Operator notes on a task (issue 9 point 8): a small form, HTMX-friendly, with a plain page behind it. A note is an
-audit row (tasks/notes.py): the detail page's timeline shows it, the queue counts it."""
+audit row (tasks/people/notes.py): the detail page's timeline shows it, the queue counts it."""
 
 from typing import Any
 
@@ -10,13 +10,13 @@ from django.urls import path, reverse
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_http_methods
 
+from audit.errors import Refused
 from console.access import operable_task, principal
 from console.errors import message_for
 from console.forms.bulk import NoteForm
-from tasks.errors import TaskError
+from tasks.access.permissions import PermissionDenied as ServiceDenied
 from tasks.models import Task
-from tasks.notes import task_note_add, task_notes
-from tasks.permissions import PermissionDenied as ServiceDenied
+from tasks.people.notes import task_note_add, task_notes
 
 
 def _htmx(request: HttpRequest) -> bool:
@@ -42,7 +42,7 @@ def task_notes_page(request: HttpRequest, task_id: int) -> HttpResponse:
         return _render(request, task, form, 400)
     try:
         task_note_add(actor=principal(request), task_id=task.pk, text=form.cleaned_data["text"])
-    except TaskError as refused:
+    except Refused as refused:
         return _render(
             request, task, form, 403 if isinstance(refused, ServiceDenied) else 400, error=message_for(refused)
         )

@@ -13,6 +13,7 @@ from django.views.decorators.http import require_POST, require_safe
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import HTMX_STOP_POLLING
 
+from audit.principals import Principal
 from console import present
 from console.access import require_console_role
 from console.forms.queue import QueueFilterForm, SavedViewForm, filter_query
@@ -23,10 +24,11 @@ from console.saved_views import (
     saved_view_save,
     saved_views_of,
 )
-from tasks.detail import RemoteDown, remote_down_of_row
+from tasks.access.permissions import viewable_condition
 from tasks.models import Task
-from tasks.notes import with_note_count
-from tasks.queries import InvalidCursor, Order, TaskFilter, attention_queue, attention_reasons, page, task_queue
+from tasks.people.notes import with_note_count
+from tasks.reads.detail import RemoteDown, remote_down_of_row
+from tasks.reads.queries import InvalidCursor, Order, TaskFilter, attention_queue, attention_reasons, page, task_queue
 
 if TYPE_CHECKING:
     from django_stubs_ext import WithAnnotations
@@ -97,7 +99,9 @@ def _queue(request: HttpRequest, queue: Queue) -> HttpResponse:
     after = request.GET.get("after") or None
     try:
         tasks, next_cursor = page(
-            with_note_count(queue.select(task_filter).viewable_by(request.user)).select_related("wake_up"),
+            with_note_count(
+                queue.select(task_filter).filter(viewable_condition(Principal.of_user(request.user)))
+            ).select_related("wake_up"),
             after=after,
             size=PAGE_SIZE,
             order=queue.order,

@@ -20,6 +20,7 @@ from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 from django_htmx.http import HttpResponseStopPolling
 
+from audit.errors import Refused
 from console import present
 from console.access import operable_task, principal, require_admin_role, viewable_task
 from console.errors import message_for
@@ -35,17 +36,23 @@ from console.forms.reconcile import (
 )
 from leases.models import HolderKind
 from leases.services import lease_open
-from tasks import consequences
-from tasks.cancel import task_request_cancel
-from tasks.cleanup import cleanup_tries, temp_resource_reset
-from tasks.consequences import plural
-from tasks.errors import TaskError, TaskNotFound, VersionConflict
-from tasks.forced_release import lease_force_release
-from tasks.lifecycle import OPEN_OPERATION_STATUSES, TERMINAL_TASK_STATUSES, OperationStatus, TaskStatus
-from tasks.models import Operation, Task, TempResource, TempResourceStatus
-from tasks.permissions import ADMIN, has_role
-from tasks.permissions import PermissionDenied as ServiceDenied
-from tasks.settlement import RemoteAnswer, operation_query_remote, operation_settle_by_hand
+from tasks.access.permissions import ADMIN, has_role
+from tasks.access.permissions import PermissionDenied as ServiceDenied
+from tasks.core.errors import TaskNotFound, VersionConflict
+from tasks.core.lifecycle import (
+    OPEN_OPERATION_STATUSES,
+    TERMINAL_TASK_STATUSES,
+    OperationStatus,
+    TaskStatus,
+    TempResourceStatus,
+)
+from tasks.engine.cleanup import cleanup_tries, temp_resource_reset
+from tasks.models import Operation, Task, TempResource
+from tasks.people.cancel import task_request_cancel
+from tasks.people.forced_release import lease_force_release
+from tasks.people.settlement import RemoteAnswer, operation_query_remote, operation_settle_by_hand
+from tasks.reads import consequences
+from tasks.reads.consequences import plural
 
 POLL_SECONDS = 2
 _ENDED = {s.value for s in TERMINAL_TASK_STATUSES} | {TaskStatus.QUARANTINED.value}
@@ -56,7 +63,7 @@ def _htmx(request: HttpRequest) -> bool:
     return request.headers.get("HX-Request") == "true"
 
 
-def _refusal_status(error: TaskError) -> int:
+def _refusal_status(error: Refused) -> int:
     if isinstance(error, ServiceDenied):
         return 403
     if isinstance(error, TaskNotFound):
@@ -197,7 +204,7 @@ def _confirmed(
     if form.is_valid():
         try:
             act(form.cleaned_data)
-        except TaskError as refused:
+        except Refused as refused:
             outcome = _Outcome(error=message_for(refused), status=_refusal_status(refused))
         else:
             return _Outcome(response=_done(request, task, done))
@@ -337,7 +344,7 @@ def operation_query(request: HttpRequest, task_id: int, op_key: str) -> HttpResp
                 op_key=op.op_key,
                 expected_version=form.cleaned_data["version"],
             )
-        except TaskError as refused:
+        except Refused as refused:
             error, status = message_for(refused), _refusal_status(refused)
     task.refresh_from_db()
     context = _actions_context(request, task, answer=answer, answer_error=error, asked=op.op_key)

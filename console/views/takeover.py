@@ -18,6 +18,7 @@ from django.views.decorators.http import require_http_methods, require_POST, req
 from django_htmx.http import HttpResponseClientRefresh, HttpResponseStopPolling
 from django_htmx.middleware import HtmxDetails
 
+from audit.errors import Refused
 from audit.principals import Principal
 from console.access import operable_task, principal
 from console.errors import message_for
@@ -31,29 +32,28 @@ from console.forms.takeover import (
     stored_field_value,
 )
 from leases.errors import LeaseError
-from tasks.approvals import node_approve, node_approve_and_resume
-from tasks.errors import TaskError, VersionConflict
-from tasks.lifecycle import NOT_ENDED
+from tasks.access.permissions import PermissionDenied
+from tasks.core.errors import VersionConflict
+from tasks.core.lifecycle import NOT_ENDED
 from tasks.models import Task
-from tasks.permissions import PermissionDenied
-from tasks.plans import plan_accept_by_person, plan_effect, plan_propose_by_person, replan_draft
-from tasks.takeover import (
-    TakeoverState,
+from tasks.people.approvals import node_approve, node_approve_and_resume
+from tasks.people.replan import plan_accept_by_person, plan_effect, plan_propose_by_person, replan_draft
+from tasks.people.takeover import (
     takeover_claim,
     takeover_lease_of,
     takeover_preview,
     takeover_release,
     takeover_renew,
-    takeover_state,
     takeover_submit,
     takeover_withdraw,
 )
+from tasks.reads.takeover import TakeoverState, takeover_state
 
 PAGE = "console/takeover/takeover.html"
 REPLAN = "console/takeover/replan.html"
 WAIT_POLL_SECONDS = 3  # while an agent finishes its step, the page claims again this often
 
-type Refusal = TaskError | LeaseError
+type Refusal = Refused | LeaseError
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -133,7 +133,7 @@ def claim(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
     who = principal(request)
     try:
         result = takeover_claim(actor=who, task_id=task.pk)
-    except (TaskError, LeaseError) as error:
+    except (Refused, LeaseError) as error:
         if request.htmx and request.htmx.target == "lease-panel":
             if task.status not in NOT_ENDED:  # nothing to wait for any more
                 return _vary(HttpResponseStopPolling())
@@ -156,7 +156,7 @@ def withdraw(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
     task = operable_task(request, task_id)
     try:
         takeover_withdraw(actor=principal(request), task_id=task.pk)
-    except (TaskError, LeaseError) as error:
+    except (Refused, LeaseError) as error:
         return _after_action(request, task, message_for(error), error=error)
     return _after_action(request, task, "Takeover request withdrawn: the agent may go on.")
 
@@ -172,7 +172,7 @@ def renew(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
     try:
         lease = takeover_lease_of(actor=who, task_id=task.pk, epoch=form.cleaned_data["epoch"])
         takeover_renew(actor=who, lease=lease, expected_renewal_seq=form.cleaned_data["renewal_seq"])
-    except (TaskError, LeaseError) as error:
+    except (Refused, LeaseError) as error:
         return _render_page(request, task, who, status=_status_of(error), panel_error=message_for(error))
     return _render_page(request, task, who)
 
@@ -187,7 +187,7 @@ def release(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
     try:
         lease = takeover_lease_of(actor=who, task_id=task.pk, epoch=form.cleaned_data["epoch"])
         takeover_release(actor=who, lease=lease, reason=form.cleaned_data["reason"])
-    except (TaskError, LeaseError) as error:
+    except (Refused, LeaseError) as error:
         return _after_action(request, task, message_for(error), error=error)
     return _after_action(request, task, "Released: the task stays with people for another operator.")
 
@@ -223,7 +223,7 @@ def submit(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
                 request, task, who, result_form=_reviewed(state, request, form, stored), preview=preview
             )
         takeover_submit(**arguments)
-    except (TaskError, LeaseError) as error:
+    except (Refused, LeaseError) as error:
         if isinstance(error, VersionConflict):  # the form is based on the version now, for a new review
             form = _rebased(state, request, error)
         return _render_page(request, task, who, status=_status_of(error), result_form=form, error=message_for(error))
@@ -280,7 +280,7 @@ def approve(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
             expected_version=data["expected_version"],
             note=data["note"],
         )
-    except (TaskError, LeaseError) as error:
+    except (Refused, LeaseError) as error:
         return _render_page(request, task, who, status=_status_of(error), error=message_for(error))
     if data["resume"]:
         return _after_action(request, task, f"Approved {data['node_key']} and handed the task back: the agent goes on.")
@@ -312,7 +312,7 @@ def replan(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
             expected_version=data["expected_version"],
             reason=data["reason"],
         )
-    except (TaskError, LeaseError) as error:
+    except (Refused, LeaseError) as error:
         return _render_replan(request, task, who, form, draft=draft, status=_status_of(error), error=message_for(error))
     messages.success(request, "Plan proposed. Review what it keeps and redoes, then accept it.")
     return _vary(HttpResponseRedirect(reverse("takeover-replan", args=[task.pk]), status=303))
@@ -326,7 +326,7 @@ def _render_replan(
     for revision in state.proposals[:3]:
         try:
             effect = plan_effect(task.pk, revision.document)
-        except TaskError as error:
+        except Refused as error:
             effect = None
             extra.setdefault("error", message_for(error))
         accept = ReplanAcceptForm(initial={"expected_version": task.version, "revision_id": revision.pk})
@@ -352,7 +352,7 @@ def replan_accept(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
         plan_accept_by_person(
             actor=who, revision_id=revision.pk, expected_version=form.cleaned_data["expected_version"]
         )
-    except (TaskError, LeaseError) as error:
+    except (Refused, LeaseError) as error:
         return _after_action(request, task, message_for(error), error=error)
     return _after_action(request, task, "Plan accepted and the task handed back: the agent is woken to run it.")
 

@@ -1,4 +1,4 @@
-"""The roles as Django groups. What each may do is decided in tasks.permissions, not by these rows alone."""
+"""The roles as Django groups. What each may do is decided in tasks.access.permissions, not by these rows alone."""
 
 from django.db import migrations
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor

@@ -15,10 +15,10 @@ from playwright.sync_api import Page, expect
 from agents.demo import migration_plan
 from agents.demo_states import CREATED_BY
 from agents.migrate_project import KIND
+from tasks.core.lifecycle import NodeStatus
+from tasks.engine.plans import task_create
 from tasks.jobs import drive_task
-from tasks.lifecycle import NodeStatus
 from tasks.models import Node, Task
-from tasks.plans import task_create
 from tests.conftest import person
 from tests.simulator_fixture import Simulator
 

@@ -21,17 +21,17 @@ from playwright.sync_api import Page, expect
 
 from agents.demo import SOURCE_DIGEST
 from agents.migrate_project import KIND, plan
+from agents.objectstore import ObjectStoreConnector
 from audit.principals import Principal
 from leases.models import ForcedRelease
 from leases.services import lease_open
-from tasks.connectors.objectstore import ObjectStoreConnector
-from tasks.forced_release import lease_force_release
-from tasks.lifecycle import TaskStatus
+from tasks.access.permissions import permission_grant
+from tasks.core.lifecycle import TaskStatus
+from tasks.engine.plans import task_create
+from tasks.engine.registry import register_kind, unregister_kind
+from tasks.engine.runner import run_task_once
 from tasks.models import Operation, Receipt, Task
-from tasks.permissions import permission_grant
-from tasks.plans import task_create
-from tasks.registry import register_kind, unregister_kind
-from tasks.runner import run_task_once
+from tasks.people.forced_release import lease_force_release
 from tests.conftest import chain_plan, person, snapshot
 from tests.simulator_fixture import Simulator
 from tests.test_console_reconcile import KIND as RECONCILE_KIND

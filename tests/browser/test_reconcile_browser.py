@@ -11,10 +11,10 @@ import pytest
 from django.urls import reverse
 from playwright.sync_api import Page, expect
 
+from tasks.core.outcomes import Committed
+from tasks.engine.registry import register_kind, unregister_kind
 from tasks.models import Operation, Task
-from tasks.outcomes import Committed
-from tasks.registry import register_kind, unregister_kind
-from tasks.takeover import takeover_claim
+from tasks.people.takeover import takeover_claim
 from tests.conftest import chain_plan, person
 from tests.steps import record, send
 from tests.test_console_reconcile import KIND, Remote, operator_of, unknown_task

@@ -17,15 +17,15 @@ from django.urls import reverse
 from playwright.sync_api import Page, ViewportSize, expect
 
 from leases.models import Lease
-from tasks.cancel import task_request_cancel
-from tasks.forced_release import lease_force_release
-from tasks.lifecycle import FailureClass
+from tasks.access.permissions import permission_grant
+from tasks.core.lifecycle import FailureClass
+from tasks.core.outcomes import Committed, Failed
+from tasks.engine.registry import register_kind, unregister_kind
+from tasks.engine.runner import run_task_once
 from tasks.models import Operation, Task
-from tasks.outcomes import Committed, Failed
-from tasks.permissions import permission_grant
-from tasks.registry import register_kind, unregister_kind
-from tasks.runner import run_task_once
-from tasks.takeover import takeover_claim
+from tasks.people.cancel import task_request_cancel
+from tasks.people.forced_release import lease_force_release
+from tasks.people.takeover import takeover_claim
 from tests.conftest import chain_plan, effect_node, person
 from tests.steps import record, send
 from tests.test_console_reconcile import KIND as RECONCILE_KIND

@@ -13,9 +13,9 @@ from playwright.sync_api import Page, ViewportSize, expect
 
 from leases.models import Lease
 from leases.services import lease_open, lease_release
-from tasks.lifecycle import NodeStatus, TaskStatus
+from tasks.access.permissions import permission_grant
+from tasks.core.lifecycle import NodeStatus, TaskStatus
 from tasks.models import Node, Task
-from tasks.permissions import permission_grant
 from tests.conftest import SOURCE_REF, copy_node, effect_node, person
 
 pytestmark = pytest.mark.browser
@@ -109,7 +109,7 @@ def test_the_replan_page_and_a_narrow_screen(
     login: Callable[..., None],
     screenshot: Callable[..., list[Path]],
 ) -> None:
-    from tasks.takeover import takeover_claim
+    from tasks.people.takeover import takeover_claim
 
     task, ann = _task_for_ann(make_task)
     assert takeover_claim(actor=ann, task_id=task.pk).granted

@@ -5,10 +5,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from agents.demo_agent import API_KIND, DEMO_AGENT, QUICKSTART_PROJECT, demo_agent_token
 from agents.demo_logins import DESCRIPTIONS, FIRST_ADMIN, demo_logins_ensure
 from agents.demo_states import StoreUnavailable, demo_tasks_load, demo_tasks_loaded, quickstart_source_register
+from audit.errors import Refused
 from audit.principals import Principal
-from tasks.errors import TaskError
 from tasks.models import Task
-from tasks.queries import attention_reasons
+from tasks.reads.queries import attention_reasons
 
 
 class Command(BaseCommand):
@@ -45,7 +45,7 @@ class Command(BaseCommand):
         operator = next(Principal.of_user(login.user) for login in logins if login.username == "operator")
         try:
             tasks = demo_tasks_load(operator=operator, store_url=options["store_url"], wait_seconds=options["wait"])
-        except (StoreUnavailable, TaskError) as error:
+        except (StoreUnavailable, Refused) as error:
             raise CommandError(str(error)) from error
         self.stdout.write(f"Demo tasks ({len(tasks)}):")
         for task in Task.objects.filter(pk__in=[t.pk for t in tasks]).with_attention().order_by("pk"):

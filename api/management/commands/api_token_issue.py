@@ -7,8 +7,8 @@ from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from api.tokens import TokenError, api_token_issue
+from audit.errors import Refused
 from audit.principals import Principal
-from tasks.errors import TaskError
 
 
 class Command(BaseCommand):
@@ -33,7 +33,7 @@ class Command(BaseCommand):
                 projects=options["project"],
                 name=options["name"],
             )
-        except (TokenError, TaskError) as error:
+        except (TokenError, Refused) as error:
             raise CommandError(str(error)) from error
         self.stderr.write(f"token {row.pk} for agent {row.agent_id} (kinds {row.kinds}, projects {row.projects}):")
         self.stdout.write(plaintext)

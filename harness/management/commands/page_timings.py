@@ -23,7 +23,7 @@ from django.urls import NoReverseMatch, reverse
 
 from harness.bench import scratch_database
 from tasks.models import Task
-from tasks.queries import TaskFilter, attention_queue, cursor_of, task_queue
+from tasks.reads.queries import TaskFilter, attention_queue, cursor_of, task_queue
 
 NODES_PER_TASK = 4
 # i % 100 → status: most tasks have ended, as in a system that has run for a while; every status is present.

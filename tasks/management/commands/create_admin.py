@@ -2,8 +2,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from tasks.errors import TaskError
-from tasks.permissions import admin_bootstrap
+from audit.errors import Refused
+from tasks.access.permissions import admin_bootstrap
 
 
 class Command(BaseCommand):
@@ -19,7 +19,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             user, password = admin_bootstrap(username=options["username"], existing=options["existing"])
-        except TaskError as error:
+        except Refused as error:
             raise CommandError(str(error)) from error
         self.stdout.write(f"{user.get_username()} is a Reckon admin.")
         if password is not None:

@@ -3,9 +3,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from audit.anchors import read_anchors
-from tasks.anchors import anchored_tasks_gone
+from tasks.engine.anchors import anchored_tasks_gone
+from tasks.engine.verification import missing_event_triggers, task_verify_log
 from tasks.models import Event, Task
-from tasks.verification import missing_event_triggers, task_verify_log
 
 
 class Command(BaseCommand):

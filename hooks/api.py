@@ -1,0 +1,94 @@
+"""/api/v1/webhooks: an agent's webhook subscriptions. Thin: the token, one service (hooks/services.py), added to the
+API by hooks/apps.py, the answer.
+The signing secret is in the answer that creates a subscription and in no other answer."""
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from ninja import Router, Schema
+from pydantic import Field
+
+from api.auth import token_of
+from api.http import header_parameter
+from api.idempotency import idempotent
+from api.schemas import Problem
+from hooks.models import WEBHOOK_EVENTS, WebhookSubscription
+from hooks.services import webhook_list, webhook_subscribe, webhook_unsubscribe
+
+router = Router(tags=["webhooks"])
+
+PROBLEMS: dict[int, type[Problem]] = {code: Problem for code in (400, 401, 404, 409, 413, 422, 429)}
+IDEMPOTENCY = header_parameter(
+    "Idempotency-Key",
+    "Replays the first answer to the same request (with the same secret) for 24 hours.",
+    required=False,
+)
+
+
+class SubscriptionIn(Schema):
+    # An absolute http(s) URL without credentials (no user:password, no token in the query).
+    url: Annotated[str, Field(min_length=1, max_length=4000)]
+    events: Annotated[
+        list[str], Field(min_length=1, max_length=len(WEBHOOK_EVENTS), description=", ".join(WEBHOOK_EVENTS))
+    ]
+
+
+class SubscriptionOut(Schema):
+    id: int
+    url: str
+    events: list[str]
+    created_at: datetime
+    # The token it was made with: its scope decides which tasks' events are sent; revoked, nothing is sent.
+    token_id: int
+    active: bool
+
+
+class SubscriptionCreated(SubscriptionOut):
+    # Signs every delivery (docs/api.md, Webhooks). Shown in this answer only: keep it, it is never shown again.
+    secret: str
+
+
+def subscription_out(subscription: WebhookSubscription) -> SubscriptionOut:
+    return SubscriptionOut(
+        id=subscription.pk,
+        url=subscription.url,
+        events=list(subscription.events),
+        created_at=subscription.created_at,
+        token_id=subscription.token_id,
+        active=subscription.deleted_at is None and subscription.token.revoked_at is None,
+    )
+
+
+@router.post(
+    "/webhooks",
+    response={201: SubscriptionCreated, **PROBLEMS},
+    summary="Subscribe to task events",
+    openapi_extra={"parameters": [IDEMPOTENCY]},
+)
+def webhook_create(request: HttpRequest, payload: SubscriptionIn) -> HttpResponse:
+    """Deliveries of ``events`` for the tasks in this token's scope are POSTed to ``url``, signed with the
+    ``secret`` of this answer (the only time it is shown). 422 webhook_url_invalid / webhook_events_invalid."""
+    token = token_of(request)
+
+    def run() -> HttpResponse:
+        subscription, secret = webhook_subscribe(token, payload.url, payload.events)
+        body = SubscriptionCreated(**subscription_out(subscription).model_dump(), secret=secret)
+        response = JsonResponse(body.model_dump(mode="json"), status=201)
+        response["Location"] = f"/api/v1/webhooks/{subscription.pk}"
+        return response
+
+    return idempotent(request, token.agent_id, run)
+
+
+@router.get("/webhooks", response={200: list[SubscriptionOut], **PROBLEMS}, summary="List this agent's subscriptions")
+def webhook_index(request: HttpRequest) -> Any:
+    """This agent's live subscriptions, oldest first, without their secrets."""
+    return [subscription_out(s) for s in webhook_list(token_of(request))]
+
+
+@router.delete("/webhooks/{subscription_id}", response={204: None, **PROBLEMS}, summary="Delete a subscription")
+def webhook_delete(request: HttpRequest, subscription_id: int) -> HttpResponse:
+    """Nothing more is sent to it, pending retries included. Another agent's subscription is 404."""
+    webhook_unsubscribe(token_of(request), subscription_id)
+    return HttpResponse(status=204)

@@ -1,0 +1,89 @@
+"""One named error per rule of the domain (audit.errors.Refused: how codes reach the API and the console).
+
+Every service raises before it writes, or inside the transaction it rolls back: a refusal leaves the
+database exactly as it was.
+"""
+
+from audit.errors import Refused
+
+
+class TaskError(Refused):
+    code = "task_error"
+
+
+class TaskNotFound(TaskError):
+    code = "task_not_found"
+
+
+class VersionConflict(TaskError):
+    """The task moved on since the caller read it. Stop, re-read, never retry blindly."""
+
+    code = "version_conflict"
+
+
+class TaskNotRunnable(TaskError):
+    code = "task_not_runnable"
+
+
+class CancelRequested(TaskError):
+    code = "cancel_requested"
+
+
+class TakeoverRequested(TaskError):
+    code = "takeover_requested"
+
+
+class InputsRecheckRequired(TaskError):
+    code = "inputs_recheck_required"
+
+
+class TakeoverHeld(TaskError):
+    """Another person holds, or waits for, this task's takeover lease."""
+
+    code = "takeover_held"
+
+
+class BudgetExhausted(TaskError):
+    code = "budget_exhausted"
+
+
+class BackoffActive(TaskError):
+    code = "backoff_active"
+
+
+class NodeNotReady(TaskError):
+    code = "node_not_ready"
+
+
+class OperationsOpen(TaskError):
+    """An operation is dispatched, accepted or unknown: it must be reconciled before anything new starts."""
+
+    code = "operations_open"
+
+
+class InvalidTransition(TaskError):
+    code = "invalid_transition"
+
+
+class EvidenceInsufficient(TaskError):
+    code = "evidence_insufficient"
+
+
+class PlanInvalid(TaskError):
+    code = "plan_invalid"
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("plan is invalid: " + "; ".join(problems), problems=problems)
+        self.problems = problems
+
+
+class UnknownTaskKind(TaskError):
+    """No app registered this task kind (tasks/engine/registry.py): no worker knows which connector drives it."""
+
+    code = "unknown_task_kind"
+
+
+class StoredFactAltered(TaskError):
+    """A stored fact a call would be made from (a request, a locator) is not what the log recorded: nothing is sent."""
+
+    code = "stored_fact_altered"

@@ -1,0 +1,67 @@
+"""What a decision reads and what it returns: the version-stamped snapshot of one task (read by
+tasks/engine/snapshot.py) and the Change that the compare-and-set (tasks/engine/cas.py) applies. Values only."""
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from tasks.core.lifecycle import OPEN_OPERATION_STATUSES, ChangeKind, NodeStatus, OperationStatus
+from tasks.models import Node, Operation, Receipt, Task, TempResource
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    task: Task  # the row at ``version``
+    nodes: tuple[Node, ...]  # the current plan's nodes by position; ``node.retries`` = its rejected operations
+    unsettled: tuple[Operation, ...]  # intent, dispatched, accepted and unknown operations, oldest first
+    now: datetime  # the database clock when it was read (or last written)
+    lease_expires_at: datetime | None = None  # the caller's lease, if it is the open one at its epoch
+    reserved_for: str = ""  # the operator a takeover is reserved for
+
+    @property
+    def version(self) -> int:
+        return self.task.version
+
+    def node(self, key: str) -> Node | None:
+        return next((n for n in self.nodes if n.key == key), None)
+
+    def operation(self, op_key: str) -> Operation | None:
+        return next((op for op in self.unsettled if op.op_key == op_key), None)
+
+    def open_operations(self) -> list[Operation]:
+        """Dispatched, accepted or unknown: settled only by a query by op key (safe handover)."""
+        return [op for op in self.unsettled if op.status in OPEN_OPERATION_STATUSES]
+
+    def intents(self) -> list[Operation]:
+        return [op for op in self.unsettled if op.status == OperationStatus.INTENT]
+
+    def succeeded(self) -> set[str]:
+        return {n.key for n in self.nodes if n.status == NodeStatus.SUCCEEDED}
+
+    def lease_live(self) -> bool:
+        return self.lease_expires_at is not None and self.lease_expires_at > self.now
+
+
+@dataclass(frozen=True)
+class AtCommit:
+    """A time the change cannot know: the database time of the write, plus ``offset``. The compare-and-set puts
+    the value in (a decision is pure: it never reads a clock)."""
+
+    offset: timedelta = timedelta(0)
+
+
+@dataclass
+class Change:
+    event: str
+    kind: ChangeKind = ChangeKind.SETTLE
+    task: dict[str, Any] = field(default_factory=dict)
+    # (row, fields) pairs: unsaved rows are inserted, saved ones updated if their status is still the one read.
+    nodes: list[tuple[Node, dict[str, Any]]] = field(default_factory=list)
+    operations: list[tuple[Operation, dict[str, Any]]] = field(default_factory=list)
+    receipts: list[Receipt] = field(default_factory=list)  # inserted; their operation is in ``operations``
+    temp_resources: list[TempResource] = field(default_factory=list)  # inserted unless already registered
+    data: dict[str, Any] = field(default_factory=dict)
+    # Conditions on the task row besides version and status (keys of TASK_CONDITIONS).
+    requires: dict[str, Any] = field(default_factory=dict)
+    # Node conditions: node pk → (field lookup → value), e.g. {"attempts__lt": F("max_attempts")}.
+    node_requires: dict[int, dict[str, Any]] = field(default_factory=dict)

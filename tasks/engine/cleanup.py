@@ -1,0 +1,265 @@
+"""Temp resources — what a task's effects left behind (a staging copy, …) — deleted once the task has ended.
+
+Each delete is an operation of its own (``purpose=cleanup``, op key ``rk-<task uid>-cleanup-<temp id>-<n>``): the
+intent is registered before the call, the call goes through ``connector.delete(op_key, locator)``, and the temp
+resource is marked deleted only together with the cleanup receipt. A crash anywhere is finished by the next run: a
+dispatched or unknown cleanup is first looked up by its op key, never sent again blindly. Only the task's own temp
+resources are ever named, one exact locator at a time; receipts of the effects are evidence and are never touched.
+A cleanup the remote keeps refusing stops after ``MAX_CLEANUP_ATTEMPTS`` op keys: the temp resource is marked
+``stuck`` (an event records it) and waits for a person; no scan wakes the task for it again.
+"""
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db.models import QuerySet
+
+from audit.hygiene import check_payload, digest_of
+from audit.principals import Principal
+from leases.models import Lease
+from tasks.access.permissions import require_operate
+from tasks.core import opkeys
+from tasks.core.errors import InvalidTransition, TaskNotFound, VersionConflict
+from tasks.core.lifecycle import (
+    OPEN_OPERATION_STATUSES,
+    TERMINAL_TASK_STATUSES,
+    Actor,
+    ChangeKind,
+    FailureClass,
+    OperationStatus,
+    TempResourceStatus,
+)
+from tasks.core.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
+from tasks.decide.change import Change
+from tasks.decide.receipts import receipt_of, receipt_summary
+from tasks.engine.cas import Audit, audited_compare_and_set, compare_and_set
+from tasks.engine.connectors import Connector
+from tasks.engine.failpoints import failpoint
+from tasks.engine.verification import temp_locator_verified
+from tasks.models import Event, Operation, OperationPurpose, Task, TempResource
+from tasks.rows import get_task
+
+ENDED = tuple(s.value for s in TERMINAL_TASK_STATUSES)
+MAX_CLEANUP_ATTEMPTS = 3
+MIN_RESET_REASON = 10
+RESET_EVENT = "temp_resource_reset"
+_UNDONE = (TempResourceStatus.ACTIVE.value, TempResourceStatus.CLEANING.value)
+
+
+@dataclass(frozen=True)
+class CleanupReport:
+    deleted: int
+    remaining: int
+    stopped_by: str = ""  # remote_unreachable, remote_unavailable, unprovable or needs_person
+
+
+def temp_resources_due(task: Task) -> QuerySet[TempResource]:
+    """The temp resources of ``task`` still to delete; none while the task may still need them."""
+    if task.status not in ENDED:
+        return TempResource.objects.none()
+    return TempResource.objects.filter(task=task, status__in=_UNDONE).order_by("pk")
+
+
+def cleanup_temp_resources(*, task_id: int, lease: Lease, connector: Connector) -> CleanupReport:
+    """Delete every temp resource of an ended task, each as its own operation. Idempotent; safe to re-run after a
+    crash at any point; stops at the first answer that leaves an outcome unknown (the next run asks again)."""
+    deleted, stopped_by = 0, ""
+    for temp in list(temp_resources_due(get_task(task_id))):
+        result = _clean_one(temp, lease, connector)
+        if result != "deleted":
+            stopped_by = result
+            break
+        deleted += 1
+    return CleanupReport(deleted, temp_resources_due(get_task(task_id)).count(), stopped_by)
+
+
+def _clean_one(temp: TempResource, lease: Lease, connector: Connector) -> str:
+    op = temp.cleanup_operation
+    for _round in range(MAX_CLEANUP_ATTEMPTS * 2 + 2):
+        if op is None or op.status == OperationStatus.REJECTED:
+            tries = cleanup_tries(temp)
+            if tries >= MAX_CLEANUP_ATTEMPTS * (1 + resets_of(temp)):
+                _give_up(temp, tries, lease)
+                return "needs_person"
+            op = _register(temp, tries, lease)
+        if op.status == OperationStatus.INTENT:
+            temp_locator_verified(temp)  # the row alone is not trusted with what gets deleted
+            op = _dispatch(op, lease)
+            outcome = connector.delete(op.op_key, temp.locator)
+            failpoint("mid_cleanup", task_id=temp.task_id)
+        elif op.status in OPEN_OPERATION_STATUSES:
+            outcome = connector.lookup(op.op_key)
+        else:
+            return "deleted"
+        op = _record(op, temp, outcome, lease)
+        if op.status == OperationStatus.COMMITTED:
+            return "deleted"
+        if op.status == OperationStatus.UNKNOWN:
+            return "unprovable" if op.failure_class == "unprovable" else "remote_unreachable"
+        if op.status == OperationStatus.REJECTED and op.failure_class == FailureClass.DEPENDENCY_UNAVAILABLE:
+            return "remote_unavailable"  # a later wake-up tries again, under a new op key
+    return "needs_person"
+
+
+def cleanup_tries(temp: TempResource) -> int:
+    """The delete operations registered for ``temp`` so far (each under its own op key)."""
+    return Operation.objects.filter(task_id=temp.task_id, op_key__startswith=_key(temp, 0)[:-1]).count()
+
+
+def resets_of(temp: TempResource) -> int:
+    """How many times a person made ``temp`` eligible for deletion again: each reset allows MAX_CLEANUP_ATTEMPTS
+    more deletes (read from the log, which records every reset)."""
+    return Event.objects.filter(task_id=temp.task_id, type=RESET_EVENT, payload__data__temp_id=temp.pk).count()
+
+
+def temp_resource_reset(
+    *, actor: Principal, task_id: int, temp_id: int, expected_version: int, reason: str
+) -> TempResource:
+    """A person makes a stuck temp resource eligible for deletion again (after granting the permission back, or
+    fixing the remote): it becomes active, the next wake-up deletes it under a new op key, and MAX_CLEANUP_ATTEMPTS
+    more refusals make it stuck again. A compare-and-set on ``expected_version`` (event ``temp_resource_reset``),
+    audited with the person's reason (at least MIN_RESET_REASON characters)."""
+    task = get_task(task_id)
+    require_operate(actor, task)
+    temp = TempResource.objects.filter(pk=temp_id, task_id=task_id).first()
+    if temp is None:
+        raise TaskNotFound(f"task {task_id} has no temp resource {temp_id}")
+    if temp.status != TempResourceStatus.STUCK:
+        raise InvalidTransition(f"temp resource {temp.locator} is {temp.status}, not stuck: nothing to reset")
+    if len(reason.strip()) < MIN_RESET_REASON:
+        raise InvalidTransition(f"a reset needs the reason (at least {MIN_RESET_REASON} characters): what changed?")
+    check_payload({"reason": reason}, what="temp resource reset")
+    tries = cleanup_tries(temp)
+
+    def make_active(_task: Task, _now: datetime) -> None:
+        moved = TempResource.objects.filter(pk=temp.pk, status=TempResourceStatus.STUCK.value).update(
+            status=TempResourceStatus.ACTIVE.value, cleanup_operation=None
+        )
+        if moved != 1:  # rolls the whole change back
+            raise VersionConflict(f"temp resource {temp.locator} changed meanwhile; look again")
+
+    audited_compare_and_set(
+        task_id,
+        expected_version,
+        Change(
+            event=RESET_EVENT,
+            kind=ChangeKind.CLEANUP,
+            data={"temp": temp.locator, "temp_id": temp.pk, "by": str(actor), "attempts": tries},
+        ),
+        lease=None,
+        actor=Actor.PERSON,
+        audit=Audit(actor, RESET_EVENT, reason=reason, details={"temp": temp.locator, "attempts": tries}),
+        before_event=make_active,
+    )
+    return TempResource.objects.get(pk=temp.pk)
+
+
+def _give_up(temp: TempResource, tries: int, lease: Lease) -> None:
+    """Every delete was refused: mark the temp resource stuck (an event says so) so that no scan wakes the task
+    for it again; a person decides (delete it by hand, grant the permission back and reset it)."""
+    task = get_task(temp.task_id)
+
+    def mark_stuck(_task: Task, _now: datetime) -> None:
+        TempResource.objects.filter(pk=temp.pk).update(status=TempResourceStatus.STUCK.value)
+
+    change = Change(
+        event="cleanup_needs_person", kind=ChangeKind.CLEANUP, data={"temp": temp.locator, "attempts": tries}
+    )
+    compare_and_set(task.pk, task.version, change, lease=lease, before_event=mark_stuck)
+
+
+def _key(temp: TempResource, tries: int) -> str:
+    return opkeys.cleanup(temp.task.uid, temp.pk, tries)
+
+
+def _register(temp: TempResource, tries: int, lease: Lease) -> Operation:
+    request = {"action": "delete", "locator": temp.locator}
+    task = get_task(temp.task_id)
+    node_id = temp.node_id
+    if node_id is None:  # every temp resource recorded from a receipt names its node
+        raise ValueError(f"temp resource {temp.pk} names no node: it was not recorded by the protocol")
+
+    def build(current: Task, now: datetime) -> Change:
+        op = Operation(
+            task=current,
+            node_id=node_id,
+            op_key=_key(temp, tries),
+            action="delete",
+            target=temp.locator[:300],
+            request=request,
+            request_digest=digest_of(request),
+            registered_at=now,
+            purpose=OperationPurpose.CLEANUP.value,
+        )
+        return Change(
+            event="cleanup_registered",
+            kind=ChangeKind.CLEANUP,
+            operations=[(op, {"status": OperationStatus.INTENT.value})],
+            data={"op_key": op.op_key, "temp": temp.locator},
+        )
+
+    def mark_cleaning(_task: Task, _now: datetime) -> None:
+        op = Operation.objects.get(op_key=_key(temp, tries))
+        TempResource.objects.filter(pk=temp.pk).update(status=TempResourceStatus.CLEANING.value, cleanup_operation=op)
+
+    compare_and_set(task.pk, task.version, build, lease=lease, before_event=mark_cleaning)
+    return Operation.objects.get(op_key=_key(temp, tries))
+
+
+def _dispatch(op: Operation, lease: Lease) -> Operation:
+    task = get_task(op.task_id)
+    change = Change(
+        event="cleanup_dispatched",
+        kind=ChangeKind.CLEANUP,
+        operations=[(op, {"status": OperationStatus.DISPATCHED.value, "dispatch_count": op.dispatch_count + 1})],
+        data={"op_key": op.op_key},
+    )
+    compare_and_set(task.pk, task.version, change, lease=lease)
+    return Operation.objects.get(pk=op.pk)
+
+
+def _record(op: Operation, temp: TempResource, outcome: Outcome, lease: Lease) -> Operation:
+    task = get_task(op.task_id)
+    data: dict[str, Any] = {"op_key": op.op_key, "temp": temp.locator, "outcome": type(outcome).__name__.lower()}
+    before_event = None
+    if isinstance(outcome, Committed) and outcome.remote_id:
+        receipt = receipt_of(op, outcome)
+
+        def save(_task: Task, now: datetime) -> None:
+            receipt.received_at = now
+            receipt.save(force_insert=True)
+            TempResource.objects.filter(pk=temp.pk).update(
+                status=TempResourceStatus.DELETED.value, cleanup_receipt=receipt
+            )
+
+        before_event = save
+        event, fields = "cleanup_committed", {"status": OperationStatus.COMMITTED.value, "remote_id": outcome.remote_id}
+        data["receipt"] = receipt_summary(receipt)
+    elif isinstance(outcome, NotFound):
+        event, fields = "cleanup_not_found", {"status": OperationStatus.INTENT.value}  # never happened: send again
+    elif isinstance(outcome, Unprovable):
+        event, fields = "cleanup_unprovable", {"status": OperationStatus.UNKNOWN.value, "failure_class": "unprovable"}
+    elif isinstance(outcome, Failed) and outcome.failure_class == FailureClass.CONNECTION_INTERRUPTED:
+        if op.status == OperationStatus.UNKNOWN:
+            return op  # the lookup itself failed: still unknown
+        event, fields = (
+            "cleanup_unknown",
+            {"status": OperationStatus.UNKNOWN.value, "failure_class": "connection_interrupted"},
+        )
+    elif isinstance(outcome, Failed):
+        event = "cleanup_rejected"
+        fields = {
+            "status": OperationStatus.REJECTED.value,
+            "failure_class": str(outcome.failure_class),
+            "failure_detail": outcome.detail[:500],
+        }
+    elif isinstance(outcome, Accepted):
+        event, fields = "cleanup_accepted", {"status": OperationStatus.ACCEPTED.value, "remote_id": outcome.remote_id}
+    else:  # a Committed without a remote id proves nothing
+        event, fields = "cleanup_unknown", {"status": OperationStatus.UNKNOWN.value, "failure_class": "no_receipt"}
+    if fields["status"] == op.status and len(fields) == 1:
+        return op
+    change = Change(event=event, kind=ChangeKind.CLEANUP, operations=[(op, fields)], data=data)
+    compare_and_set(task.pk, task.version, change, lease=lease, before_event=before_event)
+    return Operation.objects.get(pk=op.pk)

@@ -1,0 +1,21 @@
+"""Celery jobs sent once a change is committed: the one place a service asks for a job. A job is named, not
+imported (the jobs sit above the services they call: tasks/jobs.py); a lost message costs latency only, since the
+recovery scan finds the work from the database."""
+
+from typing import Any
+
+from celery import current_app
+from django.db import transaction
+
+
+def enqueue_on_commit(job: str, *args: Any) -> None:
+    """Send job ``job`` (its Celery name) with ``args`` once the current transaction commits, at once outside one.
+    ``robust``: a broker that is down does not undo a committed change."""
+    transaction.on_commit(lambda: current_app.tasks[job].delay(*args), robust=True)
+
+
+def wake_agent_on_commit(task_id: int) -> None:
+    """The agent's wake-up, sent once a person's hand-back is committed (never from inside the transaction: a worker
+    that woke first would find the person's lease still open). A lost message costs latency only: the recovery
+    scan finds the task from the database. ``robust``: a broker that is down does not undo a committed decision."""
+    enqueue_on_commit("tasks.drive_task", task_id)

@@ -1,0 +1,239 @@
+"""Plans, the scheduler's side: a task made with its first plan, a model's proposal stored, a proposal accepted.
+A model may propose; only the scheduler accepts (plan_accept). The plan document's schema and its validation:
+tasks/core/plan.py; a person's re-plan: tasks/people/replan.py."""
+
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from audit.hygiene import check_payload, digest_of
+from audit.principals import Principal
+from audit.services import audit_append
+from leases import clock
+from leases.models import Lease
+from tasks.core.errors import InvalidTransition, OperationsOpen, PlanInvalid, TaskNotFound
+from tasks.core.lifecycle import OPEN_OPERATION_STATUSES, Actor, ChangeKind, NodeStatus, TaskStatus
+from tasks.core.plan import NodeSpec, collect_input_refs, validate_plan
+from tasks.decide.change import Change
+from tasks.engine.cas import Audit, audited_compare_and_set, compare_and_set
+from tasks.engine.events import append_event
+from tasks.models import Node, Operation, PlanRevision, ProposalStatus, Task
+
+
+def plan_nodes(specs: list[NodeSpec], plan_version: int, carried: dict[str, Node]) -> list[tuple[Node, dict[str, Any]]]:
+    """Nodes of a newly accepted plan. A succeeded node of the previous plan with the same definition,
+    whose dependencies are all kept too, carries its status and output over: its side effect happened
+    and is not redone. A node downstream of a redone one is redone: its receipt proved the old inputs."""
+    nodes: list[tuple[Node, dict[str, Any]]] = []
+    kept: set[str] = set()
+    for spec in specs:  # dependency order: a node is kept only if everything it depends on is kept
+        previous = carried.get(spec.key)
+        done = (
+            previous is not None
+            and previous.definition_digest == spec.definition_digest
+            and all(dep in kept for dep in spec.depends_on)
+        )
+        if done:
+            kept.add(spec.key)
+        node = Node(
+            plan_version=plan_version,
+            key=spec.key,
+            position=spec.position,
+            action=spec.action,
+            depends_on=spec.depends_on,
+            input=spec.input,
+            evidence=spec.evidence,
+            on_failure=spec.on_failure,
+            irreversible=spec.irreversible,
+            compensation=spec.compensation,
+            rerun=spec.rerun,
+            definition_digest=spec.definition_digest,
+            max_attempts=spec.max_attempts,
+        )
+        fields = {
+            "status": NodeStatus.SUCCEEDED.value if done and previous else NodeStatus.PENDING.value,
+            "output": previous.output if done and previous else {},
+            "attempts": previous.attempts if done and previous else 0,
+        }
+        nodes.append((node, fields))
+    return nodes
+
+
+def task_create(
+    *,
+    kind: str,
+    title: str,
+    plan: Any,
+    created_by: str,
+    project: str = "",
+    attempt_budget: int | None = None,
+) -> Task:
+    """Create a task with its first plan, proposed by ``created_by`` and accepted by the scheduler.
+
+    An invalid plan raises PlanInvalid; credential-like data in the task's own text (title, project, …)
+    SecretInPayload. Either way nothing is written.
+    """
+    check_payload({"kind": kind, "title": title, "project": project, "created_by": created_by}, what="task")
+    specs = validate_plan(plan)
+    budget = attempt_budget if attempt_budget is not None else settings.RECKON_DEFAULT_TASK_ATTEMPTS
+    if budget < 1:
+        raise PlanInvalid(["attempt_budget must be at least 1"])
+    with transaction.atomic():
+        now = clock.now()
+        task = Task.objects.create(
+            kind=kind,
+            title=title,
+            project=project,
+            attempt_budget=budget,
+            created_by=created_by,
+            created_at=now,
+            updated_at=now,
+        )
+        revision = PlanRevision.objects.create(
+            task=task, number=1, document=plan, digest=digest_of(plan), proposed_by=created_by, proposed_at=now
+        )
+        append_event(
+            task=task,
+            seq=1,
+            type="task_created",
+            payload={
+                "task": {
+                    "status": task.status,
+                    "status_reason": "",
+                    "status_detail": "",
+                    "plan_version": 0,
+                    "attempt_budget": budget,
+                    "attempts_used": 0,
+                    "inputs_recheck_required": False,
+                    "cancel_requested_at": None,
+                },
+                "data": {"kind": kind, "plan_revision": 1, "plan_digest": revision.digest, "by": created_by},
+            },
+            at=now,
+        )
+        accept_revision(task, revision, specs, lease=None)
+        task.refresh_from_db()
+        return task
+
+
+def plan_propose(*, task_id: int, plan: Any, proposed_by: str, expected_version: int, lease: Lease) -> PlanRevision:
+    """Store a model's proposal. It changes nothing about what runs until plan_accept takes it."""
+    return propose_revision(task_id, plan, proposed_by, expected_version, lease, audit=None)
+
+
+def propose_revision(
+    task_id: int, plan: Any, proposed_by: str, expected_version: int, lease: Lease, *, audit: Audit | None
+) -> PlanRevision:
+    validate_plan(plan)
+    number = (
+        PlanRevision.objects.filter(task_id=task_id).order_by("-number").values_list("number", flat=True).first()
+    ) or 0
+    created: list[PlanRevision] = []
+
+    def store(task: Task, now: Any) -> None:
+        created.append(
+            PlanRevision.objects.create(
+                task=task,
+                number=number + 1,
+                document=plan,
+                digest=digest_of(plan),
+                proposed_by=proposed_by,
+                proposed_at=now,
+            )
+        )
+
+    change = Change(
+        event="plan_proposed",
+        kind=ChangeKind.PROPOSE,
+        data={"plan_revision": number + 1, "plan_digest": digest_of(plan), "by": proposed_by},
+    )
+    if audit is None:
+        compare_and_set(task_id, expected_version, change, lease=lease, before_event=store)
+    else:
+        audited_compare_and_set(task_id, expected_version, change, lease=lease, audit=audit, before_event=store)
+    return created[0]
+
+
+def plan_accept(*, revision_id: int, expected_version: int, lease: Lease | None) -> Task:
+    """The scheduler accepts a proposed plan: validates it again and makes it the task's plan.
+
+    Only while nobody is advancing the old plan (pending, paused, human); no operation may be open.
+    """
+    revision = acceptable_revision(revision_id)
+    specs = validate_plan(revision.document)
+    with transaction.atomic():
+        accept_revision(revision.task, revision, specs, lease=lease, expected_version=expected_version)
+    return Task.objects.get(pk=revision.task_id)
+
+
+def acceptable_revision(revision_id: int) -> PlanRevision:
+    revision = PlanRevision.objects.select_related("task").filter(pk=revision_id).first()
+    if revision is None:
+        raise TaskNotFound(f"plan revision {revision_id} does not exist")
+    if revision.status != ProposalStatus.PROPOSED:
+        raise InvalidTransition(f"plan revision {revision.number} is already {revision.status}")
+    if revision.number <= revision.task.plan_version:
+        raise InvalidTransition(
+            f"plan revision {revision.number} is older than the task's plan {revision.task.plan_version}: propose again"
+        )
+    return revision
+
+
+def accept_revision(
+    task: Task,
+    revision: PlanRevision,
+    specs: list[NodeSpec],
+    *,
+    lease: Lease | None,
+    expected_version: int | None = None,
+    accepted_by: Principal | None = None,
+) -> None:
+    carried = {
+        n.key: n for n in Node.objects.filter(task=task, plan_version=task.plan_version, status=NodeStatus.SUCCEEDED)
+    }
+    new_status = TaskStatus.PENDING.value
+    fields: dict[str, Any] = {"plan_version": revision.number, "input_refs": collect_input_refs(specs)}
+    if task.status != new_status:
+        fields.update(status=new_status, status_reason="", status_detail="")
+    if accepted_by is not None:  # a person hands the task back: the agent re-reads the new plan's inputs first
+        fields["inputs_recheck_required"] = bool(fields["input_refs"])
+    by = f"accepted by {accepted_by}" if accepted_by is not None else "accepted by the scheduler"
+
+    def mark_accepted(_task: Task, now: Any) -> None:
+        PlanRevision.objects.filter(pk=revision.pk, status=ProposalStatus.PROPOSED).update(
+            status=ProposalStatus.ACCEPTED, decided_at=now, decision_reason=by
+        )
+
+    before = expected_version if expected_version is not None else task.version
+    # Operations change only with the task version, which the compare-and-set checks: this read holds at ``before``.
+    if Operation.objects.filter(task=task, status__in=[s.value for s in OPEN_OPERATION_STATUSES]).exists():
+        raise OperationsOpen("an operation is dispatched, accepted or unknown: reconcile it by op key first")
+    applied = compare_and_set(
+        task.pk,
+        before,
+        Change(
+            event="plan_accepted",
+            task=fields,
+            nodes=plan_nodes(specs, revision.number, carried),
+            data={"plan_revision": revision.number, "plan_digest": revision.digest, "nodes": len(specs)},
+            kind=ChangeKind.ACCEPT,
+        ),
+        lease=lease,
+        actor=None if lease is not None else Actor.SYSTEM,
+        before_event=mark_accepted,
+    )
+    if revision.number > 1:
+        audit_append(
+            actor=accepted_by or Principal.system("scheduler"),
+            action="plan_accepted_after_replan",
+            at=applied.at,
+            task_id=task.pk,
+            version_before=before,
+            version_after=applied.version,
+            details={
+                "plan_revision": revision.number,
+                "plan_digest": revision.digest,
+                "proposed_by": revision.proposed_by,
+            },
+        )

@@ -1,0 +1,167 @@
+"""The step protocol of DESIGN §4: one node in two commits.
+
+    snap = task_snapshot(task_id=…, lease=…)                       # three reads: task+lease+time, nodes, operations
+    d = next_directive(task_id=…, lease=…, snapshot=snap)         # pure: reconcile / execute / wait / stop / done
+    op, snap = step_start(snap, d.node_key, lease=…)              # commit 1: the operation, "may have been sent"
+    outcome = connector.submit(op.op_key, op.request)             # outside any transaction
+    op, snap = step_settle(snap, op.op_key, outcome, lease=…)     # commit 2: receipt, node, task
+
+A worker running a chain of nodes shares commits: ``step_settle_and_start`` writes a node's receipt and, when that
+advances the node and the next directive is to start a fresh node, that node's operation ("may have been sent") in
+the same commit — commit 2 of one node is commit 1 of the next; nothing happens outside between the two.
+
+``operation_start`` / ``record_outcome`` are the same two writes for a caller that holds no snapshot (they read
+one first). Every write is a compare_and_set on the task version and the caller's lease epoch; the decision of
+what it writes is tasks/decide/decisions.py's. A refusal raises a named error and writes nothing; the caller stops and
+leaves its op keys to the reconciler.
+"""
+
+from typing import Any
+
+from leases.services import LeaseRef
+from tasks.core.errors import InvalidTransition, TaskNotFound, VersionConflict
+from tasks.core.outcomes import Outcome
+from tasks.decide import decisions
+from tasks.decide.change import Snapshot
+from tasks.decide.decisions import Directive, resolved_input
+from tasks.engine.cas import compare_and_set, project
+from tasks.engine.snapshot import task_snapshot
+from tasks.engine.verification import operation_request_verified
+from tasks.models import Node, Operation, Task
+
+__all__ = [
+    "Directive",
+    "inputs_confirm",
+    "next_directive",
+    "operation_start",
+    "record_outcome",
+    "resolve_input",
+    "snapshot_at",
+    "step_confirm_inputs",
+    "step_settle",
+    "step_settle_and_start",
+    "step_start",
+]
+
+
+def snapshot_at(*, task_id: int, lease: LeaseRef | None, expected_version: int) -> Snapshot:
+    """The task's snapshot if it is still at ``expected_version`` (the version the caller decided on), else
+    VersionConflict: the start of every write made on a version read earlier (the agent API's If-Match)."""
+    return _fresh(None, task_id, lease, expected_version)
+
+
+def _fresh(snapshot: Snapshot | None, task_id: int, lease: LeaseRef | None, expected_version: int) -> Snapshot:
+    snap = snapshot if snapshot is not None else task_snapshot(task_id=task_id, lease=lease)
+    if snap.version != expected_version:
+        raise VersionConflict(
+            f"task {task_id} is at version {snap.version}, not {expected_version}",
+            expected=expected_version,
+            actual=snap.version,
+        )
+    return snap
+
+
+def next_directive(*, task_id: int, lease: LeaseRef, snapshot: Snapshot | None = None) -> Directive:
+    """What the lease holder should do next (tasks.decide.decisions.directive). A read: it changes nothing."""
+    return decisions.directive(snapshot if snapshot is not None else task_snapshot(task_id=task_id, lease=lease))
+
+
+def step_start(snap: Snapshot, node_key: str, *, lease: LeaseRef) -> tuple[Operation, Snapshot]:
+    """Commit 1 of a node: its operation registered and marked sent (or an intent sent again), on ``snap``."""
+    change, op = decisions.start(snap, node_key)
+    if op.pk is not None:  # sent again: the stored request must be the one the log registered
+        operation_request_verified(op)
+    applied = compare_and_set(snap.task.pk, snap.version, change, lease=lease, snapshot=snap)
+    new = applied.next_snapshot()
+    return new.operation(op.op_key) or op, new
+
+
+def step_settle(
+    snap: Snapshot, op_key: str, outcome: Outcome, *, lease: LeaseRef, settled_by: str = ""
+) -> tuple[Operation, Snapshot]:
+    """Commit 2 of a node: what the remote said for ``op_key`` (from the call or a query by op key), on ``snap``.
+    A receipt that satisfies the node's evidence advances it in the same transaction; failures branch by class."""
+    settled, _started, new = step_settle_and_start(
+        snap, op_key, outcome, lease=lease, settled_by=settled_by, start_next=False
+    )
+    return settled, new
+
+
+def step_settle_and_start(
+    snap: Snapshot,
+    op_key: str,
+    outcome: Outcome,
+    *,
+    lease: LeaseRef,
+    settled_by: str = "",
+    start_next: bool = True,
+) -> tuple[Operation, Operation | None, Snapshot]:
+    """``step_settle``, and (``start_next``) in the same commit the start of the next node when the outcome
+    advances this one and the directive on the snapshot it leaves is to execute a node not yet registered
+    (tasks.decide.decisions.next_start): the settled operation, the started one (to call next) or None, and the new
+    snapshot."""
+    op = snap.operation(op_key)
+    if op is None:
+        raise _not_outstanding(op_key)
+    change = decisions.settle(snap, op, outcome, settled_by=settled_by)
+    if change is None:
+        return op, None, snap
+    following = None
+    if start_next and decisions.shares_next_start(change):
+        following = decisions.next_start(project(snap, change))
+    then = following[0] if following is not None else None
+    applied = compare_and_set(snap.task.pk, snap.version, change, lease=lease, snapshot=snap, then=then)
+    settled = applied.operations[0] if applied.operations else op
+    started = applied.operations[-1] if following is not None else None
+    return settled, started, applied.next_snapshot()
+
+
+def _not_outstanding(op_key: str) -> Exception:
+    status = Operation.objects.filter(op_key=op_key).values_list("status", flat=True).first()
+    if status is None:
+        return TaskNotFound(f"no operation with op key {op_key!r}", op_key=op_key)
+    return InvalidTransition(f"operation {op_key} is {status}: nothing outstanding to record")
+
+
+def operation_start(
+    *, task_id: int, node_key: str, expected_version: int, lease: LeaseRef, snapshot: Snapshot | None = None
+) -> Operation:
+    """Register ``node_key``'s operation and mark it sent, in one commit, before the external call (see
+    tasks.decide.decisions.start). Returns the operation to send: ``op.op_key`` is the idempotency key."""
+    op, _snap = step_start(_fresh(snapshot, task_id, lease, expected_version), node_key, lease=lease)
+    return op
+
+
+def record_outcome(
+    *, op_key: str, outcome: Outcome, expected_version: int, lease: LeaseRef, snapshot: Snapshot | None = None
+) -> Operation:
+    """Record what the remote said for ``op_key``: a receipt is persisted and, if it satisfies the node's evidence,
+    the node advances — one transaction. Failures branch by class (DESIGN §6)."""
+    task_id = snapshot.task.pk if snapshot is not None else _task_of(op_key)
+    op, _snap = step_settle(_fresh(snapshot, task_id, lease, expected_version), op_key, outcome, lease=lease)
+    return op
+
+
+def _task_of(op_key: str) -> int:
+    task_id = Operation.objects.filter(op_key=op_key).values_list("task_id", flat=True).first()
+    if task_id is None:
+        raise TaskNotFound(f"no operation with op key {op_key!r}", op_key=op_key)
+    return task_id
+
+
+def inputs_confirm(*, task_id: int, current_versions: dict[str, str], expected_version: int, lease: LeaseRef) -> Task:
+    """After a person handed the task back, the agent reports each input ref's current version as read from the
+    real source (by name, as in ``task.input_refs``). All unchanged: the agent may go on. Any changed: the task
+    pauses ``input_changed`` and goes on only by an explicit choice (re-plan, or approval)."""
+    return step_confirm_inputs(_fresh(None, task_id, lease, expected_version), current_versions, lease=lease).task
+
+
+def step_confirm_inputs(snap: Snapshot, current_versions: dict[str, str], *, lease: LeaseRef) -> Snapshot:
+    """``inputs_confirm`` on ``snap``; returns the new version's snapshot."""
+    change = decisions.confirm_inputs(snap, current_versions)
+    return compare_and_set(snap.task.pk, snap.version, change, lease=lease, snapshot=snap).next_snapshot()
+
+
+def resolve_input(task: Task, node: Node) -> dict[str, Any]:
+    """The node's input with every ``from`` replaced by the earlier node's output (reads the plan's nodes)."""
+    return resolved_input(list(Node.objects.filter(task=task, plan_version=node.plan_version)), node)

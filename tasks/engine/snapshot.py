@@ -1,0 +1,206 @@
+"""A version-stamped read of one task: everything a step decides on, in three queries.
+
+The compare-and-set that applies a change guards it with the snapshot's version, so every decision made on a
+snapshot is made on what the database holds at that version (every change of the rows read here bumps it).
+After a write the compare-and-set returns the snapshot of the new version, built from the rows it wrote — the
+next step of the same holder reads nothing again.
+"""
+
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import datetime
+from functools import cache
+from typing import Any, ClassVar, NamedTuple
+
+from django.db import DEFAULT_DB_ALIAS, connection
+from django.db.models import Model
+
+from leases import clock
+from leases.db import step_cursor
+from leases.services import LeaseRef
+from tasks import rows
+from tasks.core.errors import TaskNotFound, VersionConflict
+from tasks.core.lifecycle import UNSETTLED_OPERATION_STATUSES, OperationStatus
+from tasks.decide.change import Snapshot
+from tasks.models import Node, Operation, Task
+
+_UNSETTLED = [s.value for s in UNSETTLED_OPERATION_STATUSES]
+
+
+def task_snapshot(*, task_id: int, lease: LeaseRef | None = None) -> Snapshot:
+    """Read the task with its lease, reservation and the database time (one query), its unsettled operations (one)
+    and the current plan's nodes (one). Raises TaskNotFound.
+
+    The three reads are one snapshot of one version: every change of these rows moves the task's version in the
+    same commit, and the last read also reads the version again — if another commit landed after the task row was
+    read, the version differs and the snapshot is read again (a torn read would pair one version with another's
+    rows: a wrong directive, or a refusal naming a condition no version showed)."""
+    for _attempt in range(_ATTEMPTS):
+        snap = _read(task_id, lease)
+        if snap is not None:
+            return snap
+    raise VersionConflict(f"task {task_id} kept changing while it was read; read it again", task_id=task_id)
+
+
+_ATTEMPTS = 5
+
+
+def _read(task_id: int, lease: LeaseRef | None) -> Snapshot | None:
+    now_sql, clock_params = clock.now_sql()
+    now_params: list[Any] = [connection.ops.adapt_datetimefield_value(value) for value in clock_params]
+    if not clock_params:  # the database's clock: SQLite's expression holds % signs, doubled in a statement with params
+        now_sql = now_sql.replace("%", "%%")
+    lease_params = [lease.pk, lease.epoch] if lease is not None else [None, None]
+    statements = _statements()
+    with step_cursor() as cursor:
+        cursor.execute(statements.task.format(now=now_sql), [*now_params, *lease_params, task_id])
+        row = cursor.fetchone()
+        if row is None:
+            raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
+        task = _Rows.of(Task).instance(row)
+        extra = row[len(_Rows.of(Task).fields) :]
+        now = clock.as_utc(extra[0])
+        reserved_for: str = extra[1]
+        lease_expires_at = clock.as_utc(extra[2]) if lease is not None and extra[2] is not None else None
+        cursor.execute(statements.operations, [task_id, *_UNSETTLED])
+        operations = _Rows.of(Operation)
+        nodes_of_ops = _Rows.of(Node)
+        unsettled = []
+        for row in cursor.fetchall():
+            op = operations.instance(row)
+            op.node = nodes_of_ops.instance(row[len(operations.fields) :])
+            unsettled.append(op)
+        cursor.execute(statements.nodes, [OperationStatus.REJECTED.value, task_id, task_id, task.plan_version])
+        node_rows = _Rows.of(Node)
+        nodes = []
+        version_now = None
+        for row in cursor.fetchall():
+            node = node_rows.instance(row)
+            node.retries, version_now = row[len(node_rows.fields) :]  # type: ignore[attr-defined]
+            nodes.append(node)
+        if not nodes:  # no plan yet: ask the version itself
+            cursor.execute(statements.version, [task_id])
+            found = cursor.fetchone()
+            version_now = found[0] if found else None
+    if version_now != task.version:
+        return None
+    by_pk = {n.pk: n for n in nodes}
+    for op in unsettled:
+        if op.node_id in by_pk:
+            op.node = by_pk[op.node_id]
+    return Snapshot(
+        task=task,
+        nodes=tuple(nodes),
+        unsettled=tuple(unsettled),
+        now=now,
+        lease_expires_at=lease_expires_at,
+        reserved_for=reserved_for,
+    )
+
+
+class _Rows[M: Model]:
+    """A model's concrete columns in order, and rows of them turned into instances as the ORM turns them: each
+    value through the converters the backend and the field apply (the ORM's compiler does the same)."""
+
+    _made: ClassVar[dict[type[Model], "_Rows[Any]"]] = {}
+
+    def __init__(self, model: type[M]) -> None:
+        self.model = model
+        self.fields = tuple(model._meta.concrete_fields)
+        self.attnames = [f.attname for f in self.fields]
+        self.converters = []
+        for field in self.fields:
+            col = field.get_col(model._meta.db_table)
+            found = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+            self.converters.append((found, col))
+
+    @classmethod
+    def of(cls, model: type[M]) -> "_Rows[M]":
+        rows = cls._made.get(model)
+        if rows is None:
+            rows = cls._made[model] = cls(model)
+        return rows
+
+    def columns(self, alias: str) -> str:
+        return ", ".join(f"{alias}.{connection.ops.quote_name(str(f.column))}" for f in self.fields)
+
+    def instance(self, row: Sequence[Any]) -> M:
+        values = []
+        for value, (converters, col) in zip(row, self.converters, strict=False):
+            for converter in converters:
+                value = converter(value, col, connection)
+            values.append(value)
+        return self.model.from_db(DEFAULT_DB_ALIAS, self.attnames, values)
+
+
+class _Statements(NamedTuple):
+    task: str
+    operations: str
+    nodes: str
+    version: str
+
+
+@cache
+def _statements() -> _Statements:
+    """The reads, in SQL made once from the models' columns (the ORM compiled them on every read: most of a
+    snapshot's cost)."""
+    task, op, node = _Rows.of(Task), _Rows.of(Operation), _Rows.of(Node)
+    statuses = ", ".join(["%s"] * len(_UNSETTLED))
+    # Only column names from the models' own metadata are formatted in: no text from outside.
+    task_sql = (
+        f"SELECT {task.columns('t')}, {{now}},"  # noqa: S608
+        " COALESCE((SELECT r.holder_id FROM leases_leasereservation r WHERE r.task_id = t.id LIMIT 1), ''),"
+        " (SELECT l.expires_at FROM leases_lease l WHERE l.id = %s AND l.task_id = t.id AND l.epoch = %s"
+        " AND l.released_at IS NULL)"
+        " FROM tasks_task t WHERE t.id = %s"
+    ).replace("{{now}}", "{now}")
+    operations_sql = (
+        f"SELECT {op.columns('o')}, {node.columns('n')}"  # noqa: S608
+        " FROM tasks_operation o JOIN tasks_node n ON n.id = o.node_id"
+        f" WHERE o.task_id = %s AND o.status IN ({statuses}) ORDER BY o.registered_at, o.id"
+    )
+    nodes_sql = (
+        f"SELECT {node.columns('n')},"  # noqa: S608
+        " (SELECT COUNT(*) FROM tasks_operation o WHERE o.node_id = n.id AND o.status = %s),"
+        " (SELECT t.version FROM tasks_task t WHERE t.id = %s)"
+        " FROM tasks_node n WHERE n.task_id = %s AND n.plan_version = %s ORDER BY n.position"
+    )
+    return _Statements(task_sql, operations_sql, nodes_sql, "SELECT version FROM tasks_task WHERE id = %s")
+
+
+def after_write(
+    snap: Snapshot,
+    *,
+    task: Task,
+    nodes: dict[int, dict[str, object]],
+    operations: list[Operation],
+    now: datetime,
+    lease_expires_at: datetime | None,
+) -> Snapshot:
+    """The snapshot of the version a write produced, from the rows it wrote: ``task`` and ``operations`` as the write
+    left them (inserted or updated), the changed fields of ``nodes`` (copies: the old snapshot stays as it was)."""
+    new_nodes = []
+    for node in snap.nodes:  # ``id``, not ``pk``: the property costs a lookup of the primary key's name per read
+        changed = nodes.get(node.id)
+        if changed is not None:
+            node = rows.clone(node)
+            for name, value in changed.items():
+                setattr(node, name, value)
+        new_nodes.append(node)
+    by_pk = {n.id: n for n in new_nodes}
+    written = {op.id: op for op in operations}
+    kept = [written.pop(op.id, op) for op in snap.unsettled]  # the ones written replace the ones read
+    unsettled = []
+    for op in [*kept, *written.values()]:  # then the ones the write inserted
+        if op.node_id in by_pk:
+            op.node = by_pk[op.node_id]
+        if op.status in UNSETTLED_OPERATION_STATUSES:
+            unsettled.append(op)
+    return replace(
+        snap,
+        task=task,
+        nodes=tuple(new_nodes),
+        unsettled=tuple(unsettled),
+        now=now,
+        lease_expires_at=lease_expires_at if lease_expires_at is not None else snap.lease_expires_at,
+    )

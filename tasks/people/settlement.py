@@ -1,0 +1,254 @@
+"""Settlement by hand: a person holding the takeover lease settles an operation the remote could not settle —
+it happened (with the receipt that proves it), it never took effect, or it happened and is to be compensated (a new
+operation with its own op key, sent like any other). Each is audited in the transaction of the change."""
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from django.db import transaction
+
+from audit.hygiene import check_payload, digest_of
+from audit.principals import Principal
+from audit.services import audit_append
+from leases import clock
+from leases.models import HolderKind, Lease
+from leases.services import lease_open
+from tasks.access.permissions import require_operate
+from tasks.core import opkeys
+from tasks.core.errors import (
+    EvidenceInsufficient,
+    InvalidTransition,
+    TaskError,
+    TaskNotFound,
+)
+from tasks.core.lifecycle import (
+    OPEN_OPERATION_STATUSES,
+    ChangeKind,
+    OperationStatus,
+)
+from tasks.core.outcomes import Accepted, Committed, Failed, Outcome, Unprovable
+from tasks.decide import decisions
+from tasks.decide.change import Change
+from tasks.decide.receipts import receipt_summary
+from tasks.engine.cas import compare_and_set
+from tasks.engine.protocol import step_settle
+from tasks.engine.registry import connector_for
+from tasks.engine.snapshot import task_snapshot
+from tasks.models import Operation, OperationPurpose, Task
+from tasks.people.takeover import _own_lease, _stale_form
+
+Resolution = Literal["done", "not_done", "compensate"]
+
+
+def operation_resolve_by_person(
+    *,
+    actor: Principal,
+    lease: Lease,
+    op_key: str,
+    expected_version: int,
+    resolution: Resolution,
+    receipt: Committed | None = None,
+    note: str = "",
+) -> Operation:
+    """A person holding the takeover lease settles an operation the remote could not settle.
+
+    ``done``: it happened, and ``receipt`` proves it (checked against the node's evidence spec).
+    ``not_done``: it never took effect; the node may run again (a new op key).
+    ``compensate``: it happened (``receipt``), and a compensation is registered as a new operation with its
+    own op key, to be sent like any other. Each is audited.
+    """
+    _own_lease(actor, lease)
+    op = Operation.objects.select_related("node", "task").filter(op_key=op_key).first()
+    if op is None:
+        raise TaskNotFound(f"no operation with op key {op_key!r}")
+    require_operate(actor, op.task)
+    if op.status not in OPEN_OPERATION_STATUSES:
+        raise InvalidTransition(f"operation {op_key} is {op.status}: nothing to settle")
+    if resolution in ("done", "compensate") and (receipt is None or not receipt.remote_id):
+        raise EvidenceInsufficient(f"settling {op_key} as done needs the receipt (with its remote id) that proves it")
+    if resolution == "not_done" and receipt is not None:
+        raise InvalidTransition(f"{op_key} confirmed not done cannot come with a receipt of a commit")
+    check_payload({"note": note, "receipt": receipt.data if receipt else {}}, what="settlement")
+    if resolution == "compensate" and not op.node.compensation:
+        raise InvalidTransition(f"node {op.node.key} has no compensation action")
+    if resolution not in ("done", "not_done", "compensate"):
+        raise InvalidTransition(f"unknown resolution {resolution!r}")
+    with transaction.atomic():
+        before = expected_version
+        snap = task_snapshot(task_id=op.task_id, lease=lease)
+        if snap.version != expected_version:
+            raise _stale_form(snap.task, expected_version)
+        if receipt is not None:
+            step_settle(snap, op_key, receipt, lease=lease, settled_by=str(actor))
+        else:
+            settled = snap.operation(op_key)
+            if settled is None:  # settled meanwhile, at this very version: nothing outstanding
+                raise InvalidTransition(f"operation {op_key} has nothing outstanding to settle")
+            change = decisions.settle_not_done(snap, settled, by=str(actor))
+            compare_and_set(op.task_id, snap.version, change, lease=lease, snapshot=snap)
+        expected_version += 1
+        if resolution == "compensate":
+            _register_compensation(op, expected_version, lease, actor)
+            expected_version += 1
+        audit_append(
+            actor=actor,
+            action="operation_resolved_by_person",
+            at=clock.now(),
+            task_id=op.task_id,
+            lease_epoch=lease.epoch,
+            version_before=before,
+            version_after=expected_version,
+            reason=note,
+            details={
+                "op_key": op_key,
+                "resolution": resolution,
+                "receipt": receipt_summary(receipt) if receipt else None,
+            },
+        )
+    return Operation.objects.get(pk=op.pk)
+
+
+def _register_compensation(op: Operation, expected_version: int, lease: Lease, actor: Principal) -> None:
+    node = op.node
+
+    def build(current: Task, now: datetime) -> Change:
+        # The compensation acts on what the effect was sent with, and names the effect it undoes.
+        original = op.request.get("input", {}) if isinstance(op.request, dict) else {}
+        request = {"action": node.compensation, "input": original, "compensates": op.op_key, "remote_id": op.remote_id}
+        compensation = Operation(
+            node=node,
+            op_key=opkeys.compensation(op.op_key),
+            action=node.compensation,
+            target=op.target,
+            request=request,
+            request_digest=digest_of(request),
+            registered_at=now,
+            compensates=op,
+            purpose=OperationPurpose.COMPENSATION.value,
+        )
+        return Change(
+            event="compensation_registered",
+            kind=ChangeKind.DECIDE,
+            operations=[(compensation, {"status": OperationStatus.INTENT.value})],
+            data={"op_key": compensation.op_key, "compensates": op.op_key, "by": str(actor)},
+            requires={"cancel_requested_at__isnull": True},
+        )
+
+    compare_and_set(op.task_id, expected_version, build, lease=lease)
+
+
+MIN_NOTE = 10  # characters of a person's note on a settlement or a remote query
+
+
+class TakeoverRequired(TaskError):
+    """Settling an operation (by hand, or from the remote's answer) needs the takeover lease of the person."""
+
+    code = "takeover_required"
+
+
+@dataclass(frozen=True)
+class RemoteAnswer:
+    """What the remote said when a person asked it by op key, and whether it was recorded."""
+
+    op_key: str
+    outcome: Outcome
+    recorded: bool
+    operation: Operation
+
+    @property
+    def outcome_name(self) -> str:
+        """committed, accepted, notfound, unprovable or failed."""
+        return type(self.outcome).__name__.lower()
+
+
+def held_takeover(actor: Principal, task_id: int) -> Lease:
+    """The open takeover lease ``actor`` holds on the task; TakeoverRequired otherwise."""
+    lease = lease_open(task_id)
+    if lease is None or lease.holder_kind != HolderKind.OPERATOR or lease.holder_id != actor.id:
+        raise TakeoverRequired(f"take task {task_id} over first: settling an operation needs your takeover lease")
+    return lease
+
+
+def _operation_of(task_id: int, op_key: str) -> Operation:
+    op = Operation.objects.select_related("node", "task").filter(op_key=op_key, task_id=task_id).first()
+    if op is None:
+        raise TaskNotFound(f"task {task_id} has no operation with op key {op_key!r}")
+    return op
+
+
+def operation_settle_by_hand(
+    *,
+    actor: Principal,
+    task_id: int,
+    op_key: str,
+    expected_version: int,
+    resolution: Resolution,
+    receipt: Committed | None = None,
+    note: str,
+) -> Operation:
+    """operation_resolve_by_person for the person's own takeover lease on ``task_id``, with a note of what they
+    checked (at least MIN_NOTE characters: the evidence of a not-done, the context of a receipt). Audited."""
+    task = _operation_of(task_id, op_key).task
+    require_operate(actor, task)
+    if len(note.strip()) < MIN_NOTE:
+        raise EvidenceInsufficient(
+            f"settling by hand needs a note of what you checked (at least {MIN_NOTE} characters)"
+        )
+    lease = held_takeover(actor, task_id)
+    return operation_resolve_by_person(
+        actor=actor,
+        lease=lease,
+        op_key=op_key,
+        expected_version=expected_version,
+        resolution=resolution,
+        receipt=receipt,
+        note=note,
+    )
+
+
+def operation_query_remote(*, actor: Principal, task_id: int, op_key: str, expected_version: int) -> RemoteAnswer:
+    """Ask the remote now what became of ``op_key`` (the connector of the task's kind, outside any transaction)
+    and record its answer with the person's takeover lease — the same settlement as an agent's query by op key.
+    A lookup that itself fails (or an unprovable one still unprovable) records nothing. Audited when recorded."""
+    op = _operation_of(task_id, op_key)
+    require_operate(actor, op.task)
+    if op.status not in OPEN_OPERATION_STATUSES:
+        raise InvalidTransition(f"operation {op_key} is {op.status}: nothing to ask the remote about")
+    lease = held_takeover(actor, task_id)
+    if op.task.version != expected_version:
+        raise _stale_form(op.task, expected_version)
+    outcome = connector_for(op.task.kind).lookup(op_key)  # I/O: never inside a transaction
+    with transaction.atomic():
+        snap = task_snapshot(task_id=task_id, lease=lease)
+        if snap.version != expected_version:
+            raise _stale_form(snap.task, expected_version)
+        settled, after = step_settle(snap, op_key, outcome, lease=lease, settled_by=str(actor))
+        recorded = after.version != snap.version
+        if recorded:
+            audit_append(
+                actor=actor,
+                action="operation_queried_by_person",
+                at=clock.now(),
+                task_id=task_id,
+                lease_epoch=lease.epoch,
+                version_before=snap.version,
+                version_after=after.version,
+                details={"op_key": op_key, "outcome": outcome_summary(outcome), "status": settled.status},
+            )
+    return RemoteAnswer(op_key=op_key, outcome=outcome, recorded=recorded, operation=Operation.objects.get(pk=op.pk))
+
+
+def outcome_summary(outcome: Outcome) -> dict[str, Any]:
+    """The remote's answer as the audit row and the page name it."""
+    summary: dict[str, Any] = {"outcome": type(outcome).__name__.lower()}
+    if isinstance(outcome, Committed):
+        summary |= {"remote_id": outcome.remote_id, "remote_version": outcome.remote_version, "count": outcome.count}
+        summary["digest"] = outcome.digest
+    elif isinstance(outcome, Accepted):
+        summary["remote_id"] = outcome.remote_id
+    elif isinstance(outcome, Failed):
+        summary |= {"failure_class": str(outcome.failure_class), "detail": outcome.detail[:200]}
+    elif isinstance(outcome, Unprovable):
+        summary["detail"] = outcome.detail[:200]
+    return summary

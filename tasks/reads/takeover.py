@@ -1,0 +1,130 @@
+"""What a person taking a task over reads: the takeover package (the task's facts as data) and the takeover page's
+state, each read at one moment of the database clock."""
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from audit.principals import Principal
+from leases import clock
+from leases.models import HolderKind, Lease
+from leases.services import lease_grace, lease_open, lease_reservation, operator_ttl
+from tasks.core.actions import is_approval
+from tasks.core.lifecycle import NOT_ENDED, OPEN_OPERATION_STATUSES, NodeStatus
+from tasks.decide.decisions import approvable_nodes
+from tasks.decide.receipts import receipt_summary
+from tasks.models import Node, Operation, PlanRevision, ProposalStatus, Receipt, Task
+from tasks.rows import get_task as _task
+from tasks.rows import node_ref
+
+
+def takeover_package(task_id: int) -> dict[str, Any]:
+    """What a person needs to take over, as data: input versions, completed nodes with their outputs,
+    operations to settle by op key, receipts, and the checks to make before deciding."""
+    task = _task(task_id)
+    nodes = list(Node.objects.filter(task=task, plan_version=task.plan_version).order_by("position"))
+    open_ops = list(
+        Operation.objects.filter(task=task, status__in=[s.value for s in OPEN_OPERATION_STATUSES]).select_related(
+            "node"
+        )
+    )
+    receipts = Receipt.objects.filter(operation__task=task).select_related("operation")
+    return {
+        "task": {"id": task.pk, "version": task.version, "status": task.status, "reason": task.status_reason},
+        "input_refs": task.input_refs,
+        "completed": [{"node": n.key, "output": n.output} for n in nodes if n.status == NodeStatus.SUCCEEDED],
+        "pending": [
+            {"node": n.key, "status": n.status, "last_error": n.last_error_class}
+            for n in nodes
+            if n.status != NodeStatus.SUCCEEDED
+        ],
+        "operations_to_settle": [
+            {"op_key": op.op_key, "node": node_ref(op.node), "status": op.status, "remote_id": op.remote_id}
+            for op in open_ops
+        ],
+        "receipts": [{"op_key": r.operation.op_key, **receipt_summary(r)} for r in receipts],
+        "suggested_checks": [f"query the remote for op key {op.op_key}" for op in open_ops]
+        + [f"confirm {name} is still at version {ref.get('version')}" for name, ref in task.input_refs.items()],
+    }
+
+
+@dataclass(frozen=True)
+class TakeoverState:
+    """What the takeover page shows, read at one moment of the database clock (a fixed number of queries)."""
+
+    task: Task
+    now: datetime
+    lease: Lease | None
+    mine: bool  # the open lease is this person's takeover lease
+    reserved_for: str  # the operator waiting for the agent's lease to end, or ""
+    nodes: list[Node]
+    approvable: list[Node]  # approval nodes the holder may approve now
+    to_submit: list[Node]  # nodes a result may be submitted for (not succeeded, not approvals)
+    proposals: list[PlanRevision]  # proposed plans newer than the task's plan, waiting for acceptance
+    ended: bool
+
+    @property
+    def seconds_left(self) -> int | None:
+        if self.lease is None:
+            return None
+        return int((self.lease.expires_at - self.now).total_seconds())
+
+    @property
+    def ttl_seconds(self) -> int:
+        ttl = self.lease.ttl if self.lease is not None and self.lease.ttl else operator_ttl()
+        return int(ttl.total_seconds())
+
+    @property
+    def renew_every(self) -> int:
+        """The page renews its lease every third of its ttl: two renewals may be lost before it expires."""
+        return max(1, self.ttl_seconds // 3)
+
+    @property
+    def renew_in(self) -> int:
+        """Seconds until the page's next renewal: every third of the ttl, sooner when the lease has less left (a
+        page opened late in a lease renews before it lapses)."""
+        left = self.seconds_left
+        if left is None:
+            return self.renew_every
+        return max(1, min(self.renew_every, left // 2))
+
+    @property
+    def lapsed(self) -> bool:
+        """Past expiry and grace: it cannot be renewed; the next claim closes it and grants a new epoch."""
+        left = self.seconds_left
+        return left is not None and left <= -int(lease_grace().total_seconds())
+
+    @property
+    def expiring(self) -> bool:
+        left = self.seconds_left
+        return left is not None and left <= self.renew_every
+
+    @property
+    def in_grace(self) -> bool:
+        left = self.seconds_left
+        return left is not None and left <= 0 and not self.lapsed
+
+
+def takeover_state(*, actor: Principal, task: Task) -> TakeoverState:
+    now = clock.now()
+    lease = lease_open(task.pk)
+    reservation = lease_reservation(task.pk)
+    nodes = list(Node.objects.filter(task=task, plan_version=task.plan_version).order_by("position"))
+    proposals = list(
+        PlanRevision.objects.filter(task=task, status=ProposalStatus.PROPOSED, number__gt=task.plan_version)
+        .defer("document")
+        .order_by("-number")
+    )
+    mine = lease is not None and lease.holder_kind == HolderKind.OPERATOR and lease.holder_id == actor.id
+    return TakeoverState(
+        task=task,
+        now=now,
+        lease=lease,
+        mine=mine,
+        reserved_for=reservation.holder_id if reservation else "",
+        nodes=nodes,
+        approvable=approvable_nodes(nodes),
+        to_submit=[n for n in nodes if n.status != NodeStatus.SUCCEEDED and not is_approval(n.action)],
+        proposals=proposals,
+        ended=task.status not in NOT_ENDED,
+    )
