@@ -13,15 +13,8 @@ from django.db import transaction
 from agents.demo_agent import API_KIND
 from agents.migrate_project import KIND
 from audit.principals import Principal
-from tasks.access.permissions import (
-    ADMIN,
-    AUDITOR,
-    OPERATOR,
-    GrantRefused,
-    admin_bootstrap,
-    permission_grant,
-    role_grant,
-)
+from tasks.access.accounts import admin_bootstrap, role_grant
+from tasks.access.permissions import ADMIN, AUDITOR, OPERATOR, GrantRefused, permission_grant
 from tasks.access.permissions import roles_of as _roles_of
 
 FIRST_ADMIN = "admin"

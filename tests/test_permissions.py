@@ -17,23 +17,25 @@ from audit.models import AuditEvent
 from audit.principals import Principal
 from leases.models import ForcedRelease, Lease
 from leases.services import lease_open, lease_release
+from tasks.access.accounts import (
+    RoleRefused,
+    account_create,
+    account_password_reset,
+    admin_bootstrap,
+    role_grant,
+    role_revoke,
+)
 from tasks.access.permissions import (
     ADMIN,
     AUDITOR,
     OPERATOR,
     GrantRefused,
     PermissionDenied,
-    RoleRefused,
-    account_create,
-    account_password_reset,
-    admin_bootstrap,
     can_view,
     has_role,
     operable_condition,
     permission_grant,
     permission_revoke,
-    role_grant,
-    role_revoke,
     viewable_condition,
 )
 from tasks.access.permissions import can_operate as can_operate_task

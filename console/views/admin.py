@@ -30,15 +30,8 @@ from console.forms.admin import (
     ScopeForm,
     TaskGrantForm,
 )
-from tasks.access.permissions import (
-    ADMIN,
-    account_create,
-    account_password_reset,
-    permission_grant,
-    permission_revoke,
-    role_grant,
-    role_revoke,
-)
+from tasks.access.accounts import account_create, account_password_reset, role_grant, role_revoke
+from tasks.access.permissions import ADMIN, permission_grant, permission_revoke
 from tasks.jobs import verify_logs
 from tasks.models import Task
 from tasks.people.forced_release import forced_release_review

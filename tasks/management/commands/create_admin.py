@@ -3,7 +3,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from audit.errors import Refused
-from tasks.access.permissions import admin_bootstrap
+from tasks.access.accounts import admin_bootstrap
 
 
 class Command(BaseCommand):
