@@ -19,10 +19,10 @@ from leases.services import lease_release
 from tasks.core.lifecycle import FailureClass, TempResourceStatus
 from tasks.core.outcomes import Committed, Failed, NotFound, Outcome
 from tasks.engine.cleanup import cleanup_temp_resources
-from tasks.engine.registry import register_kind, unregister_kind
 from tasks.models import Event, Operation, Task, TempResource
 from tasks.people.takeover import takeover_claim
 from tests.conftest import chain_plan, effect_node, person, snapshot
+from tests.kinds import kind_registered
 from tests.steps import record, send
 
 pytestmark = pytest.mark.django_db
@@ -61,9 +61,8 @@ class Remote:
 @pytest.fixture
 def remote() -> Iterator[Remote]:
     held = Remote()
-    register_kind(KIND, connector=lambda: held)
-    yield held
-    unregister_kind(KIND)
+    with kind_registered(KIND, connector=lambda: held):
+        yield held
 
 
 def operator_of(task: Task, name: str = "ann") -> Principal:
@@ -228,14 +227,11 @@ def test_query_the_remote_against_the_simulator(client, make_task, agent_lease, 
     """The real store process: an op key it never saw is none."""
     from agents.objectstore import ObjectStoreConnector
 
-    register_kind(KIND, connector=lambda: ObjectStoreConnector(simulator.url))
-    try:
+    with kind_registered(KIND, connector=lambda: ObjectStoreConnector(simulator.url)):
         task, ann, op = taken_over(make_task, agent_lease)
         client.force_login(ann.user)
         response = client.post(reverse("operation-query", args=[task.pk, op.op_key]), {"version": version(task)})
         assert "None: the remote has no record of this op key" in response.content.decode()
-    finally:
-        unregister_kind(KIND)
 
 
 def test_query_the_remote_on_a_stale_page_asks_nothing_and_writes_nothing(

@@ -26,11 +26,11 @@ from tasks.core.outcomes import Committed, Failed, NotFound, Outcome
 from tasks.engine.connectors import Connector
 from tasks.engine.plans import task_create
 from tasks.engine.recovery import tasks_needing_work, wake_up_begin, wake_up_expiry
-from tasks.engine.registry import register_kind, unregister_kind
 from tasks.engine.runner import run_task_once
 from tasks.jobs import MAX_COUNTDOWN_SECONDS, drive_task, recovery_scan
 from tasks.models import Task, TaskWakeUp
 from tests.conftest import chain_plan
+from tests.kinds import kind_registered
 
 KIND = "liveness_test"
 
@@ -75,11 +75,8 @@ class Remote(Connector):
 @pytest.fixture
 def remote() -> Iterator[Remote]:
     connector = Remote()
-    register_kind(KIND, connector=lambda: connector)
-    try:
+    with kind_registered(KIND, connector=lambda: connector):
         yield connector
-    finally:
-        unregister_kind(KIND)
 
 
 def waiting_task(*keys: str) -> Task:

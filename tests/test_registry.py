@@ -13,9 +13,10 @@ from tasks.core.actions import get_action
 from tasks.core.errors import TaskError, UnknownTaskKind
 from tasks.core.lifecycle import TaskStatus
 from tasks.core.outcomes import Committed, NotFound, Outcome
-from tasks.engine.registry import connector_for, known_kinds, register_kind, unregister_kind
+from tasks.engine.registry import connector_for, known_kinds
 from tasks.jobs import drive_task
 from tasks.models import Task
+from tests.kinds import kind_registered
 
 KIND = "registry_test"
 
@@ -47,9 +48,8 @@ class Instant:
 def instant() -> Iterator[Instant]:
     """A test kind of its own, registered for the test only."""
     remote = Instant()
-    register_kind(KIND, connector=lambda: remote)
-    yield remote
-    unregister_kind(KIND)
+    with kind_registered(KIND, connector=lambda: remote):
+        yield remote
 
 
 def test_the_agents_app_registers_its_kind_and_its_actions_at_start_up() -> None:

@@ -20,11 +20,11 @@ from tasks.core.lifecycle import FailureClass
 from tasks.core.outcomes import Committed, Failed, NotFound, Outcome
 from tasks.engine.connectors import Connector
 from tasks.engine.plans import task_create
-from tasks.engine.registry import register_kind, unregister_kind
 from tasks.engine.runner import run_task_once
 from tasks.models import Task, TaskWakeUp
 from tasks.reads.detail import RemoteDown, remote_down, remote_down_of_row
 from tests.conftest import chain_plan, person
+from tests.kinds import kind_registered
 
 pytestmark = pytest.mark.django_db
 
@@ -63,11 +63,8 @@ class Remote(Connector):
 @pytest.fixture
 def remote() -> Iterator[Remote]:
     connector = Remote()
-    register_kind(KIND, connector=lambda: connector)
-    try:
+    with kind_registered(KIND, connector=lambda: connector):
         yield connector
-    finally:
-        unregister_kind(KIND)
 
 
 def new_task(title: str = "copy to a remote that is down") -> Task:

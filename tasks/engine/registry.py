@@ -32,11 +32,6 @@ def register_kind(kind: str, *, connector: Callable[[], Connector]) -> KindSpec:
     return spec
 
 
-def unregister_kind(kind: str) -> None:
-    """Forget ``kind`` (a test's own kind, at the end of the test); nothing happens if it is not registered."""
-    _KINDS.pop(kind, None)
-
-
 def connector_for(kind: str) -> Connector:
     """A connector for a task of ``kind``, built by the registered factory; UnknownTaskKind if none is."""
     spec = _KINDS.get(kind)

@@ -28,11 +28,11 @@ from leases.services import lease_open
 from tasks.access.permissions import permission_grant
 from tasks.core.lifecycle import TaskStatus
 from tasks.engine.plans import task_create
-from tasks.engine.registry import register_kind, unregister_kind
 from tasks.engine.runner import run_task_once
 from tasks.models import Operation, Receipt, Task
 from tasks.people.forced_release import lease_force_release
 from tests.conftest import chain_plan, person, snapshot
+from tests.kinds import kind_registered
 from tests.simulator_fixture import Simulator
 from tests.test_console_reconcile import KIND as RECONCILE_KIND
 from tests.test_console_reconcile import Remote, stuck_temp, unknown_task
@@ -134,9 +134,8 @@ def test_an_operator_finishes_a_paused_task_by_hand_and_the_worker_completes_it(
 def remote() -> Iterator[Remote]:
     """The reconcile test kind's remote (in this process: the live server's thread asks it)."""
     held = Remote()
-    register_kind(RECONCILE_KIND, connector=lambda: held)
-    yield held
-    unregister_kind(RECONCILE_KIND)
+    with kind_registered(RECONCILE_KIND, connector=lambda: held):
+        yield held
 
 
 def test_an_operator_settles_an_unknown_operation_by_hand_and_the_task_page_shows_it(

@@ -12,10 +12,10 @@ from django.urls import reverse
 from playwright.sync_api import Page, expect
 
 from tasks.core.outcomes import Committed
-from tasks.engine.registry import register_kind, unregister_kind
 from tasks.models import Operation, Task
 from tasks.people.takeover import takeover_claim
 from tests.conftest import chain_plan, person
+from tests.kinds import kind_registered
 from tests.steps import record, send
 from tests.test_console_reconcile import KIND, Remote, operator_of, unknown_task
 
@@ -27,9 +27,8 @@ NARROW = {"width": 390, "height": 844}
 @pytest.fixture
 def remote() -> Iterator[Remote]:
     held = Remote()
-    register_kind(KIND, connector=lambda: held)
-    yield held
-    unregister_kind(KIND)
+    with kind_registered(KIND, connector=lambda: held):
+        yield held
 
 
 def test_an_operator_settles_an_unknown_operation_in_the_browser(

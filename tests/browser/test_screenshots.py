@@ -20,13 +20,13 @@ from leases.models import Lease
 from tasks.access.permissions import permission_grant
 from tasks.core.lifecycle import FailureClass
 from tasks.core.outcomes import Committed, Failed
-from tasks.engine.registry import register_kind, unregister_kind
 from tasks.engine.runner import run_task_once
 from tasks.models import Operation, Task
 from tasks.people.cancel import task_request_cancel
 from tasks.people.forced_release import lease_force_release
 from tasks.people.takeover import takeover_claim
 from tests.conftest import chain_plan, effect_node, person
+from tests.kinds import kind_registered
 from tests.steps import record, send
 from tests.test_console_reconcile import KIND as RECONCILE_KIND
 from tests.test_console_reconcile import Remote, unknown_task
@@ -152,11 +152,8 @@ def operator(*kinds: str) -> User:
 
 @contextmanager
 def registered(remote: Remote) -> Iterator[None]:
-    register_kind(RECONCILE_KIND, connector=lambda: remote)
-    try:
+    with kind_registered(RECONCILE_KIND, connector=lambda: remote):
         yield
-    finally:
-        unregister_kind(RECONCILE_KIND)
 
 
 def states(make_task: Callable[..., Task], agent_lease: Callable[..., Lease], ann: User) -> dict[str, Task]:
