@@ -1,4 +1,4 @@
-"""Chain heads anchored outside the database (issue 11): a signed checkpoint of the heads, appended to a file.
+"""Chain heads anchored outside the database: a signed checkpoint of the heads, appended to a file.
 
 The triggers keep the audit chain and the event logs append-only against everyone but a database superuser (or
 whoever can write SQLite's file). Such a person can cut a chain's tail and roll its head back so that the database

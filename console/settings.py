@@ -378,7 +378,7 @@ CELERY_BEAT_SCHEDULE["api-idempotency-expire"] = {"task": "api.expire_idempotenc
 RECKON_METRICS_TOKEN = os.environ.get("RECKON_METRICS_TOKEN", "")
 RECKON_METRICS_CACHE_SECONDS = float(os.environ.get("RECKON_METRICS_CACHE_SECONDS", "5"))
 
-# Liveness (issue 11, helper "liveness"; tasks/engine/recovery.py, tasks/jobs.py): the recovery scan has a queue of its
+# Liveness (tasks/engine/recovery.py, tasks/jobs.py): the recovery scan has a queue of its
 # own,
 # so it never waits behind the wake-ups it queued; every worker started without -Q consumes both queues (a worker
 # started with -Q names the queues it serves: give one of them RECKON_SCAN_QUEUE). A wake-up message is stale
@@ -402,7 +402,7 @@ CELERY_BEAT_SCHEDULE["recovery-scan"] = {
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 INSTALLED_APPS.append("observability")
 
-# Chain heads anchored outside the database (helper "anchor", issue 11; audit/anchors.py, tasks/engine/anchors.py):
+# Chain heads anchored outside the database (audit/anchors.py, tasks/engine/anchors.py):
 # every
 # RECKON_ANCHOR_SECONDS the beat appends a checkpoint of the audit chain's head and the tasks' log heads, signed with
 # HMAC-SHA256 under RECKON_ANCHOR_KEY (the base64 text of 32 random bytes; the database never holds it), to
@@ -446,7 +446,7 @@ CELERY_BEAT_SCHEDULE["account-changes-fold"] = {
 RECKON_TRACES = os.environ.get("RECKON_TRACES", "")
 MIDDLEWARE.insert(0, "observability.tracing.TracingMiddleware")
 
-# One beat (helper "topo", issue 11; leases/beat.py, README "Scale out"): any number of hosts may run `./dev beat`;
+# One beat (leases/beat.py, docs/operations.md "Workers, and one beat"): any number of hosts may run `./dev beat`;
 # only the one holding the beat lease (a database row, timed by the database's clock) sends the periodic messages,
 # renewing it every third of RECKON_BEAT_LEASE_SECONDS. The others send nothing and try again as often: a holder
 # stopped by SIGTERM gives it back at once, one killed outright loses it when its TTL has passed.

@@ -1,4 +1,4 @@
-"""The recovery and scan benchmarks (issue 11): what a crash of every worker costs, and what the recovery scan costs
+"""The recovery and scan benchmarks: what a crash of every worker costs, and what the recovery scan costs
 beside a large history.
 
     ./dev manage bench recovery               # 1,000 reference tasks, every worker SIGKILLed mid-run

@@ -1,4 +1,4 @@
-"""Partition scenarios (issue 12): a worker cut off from the database or from the remote in the middle of a step, by
+"""Partition scenarios: a worker cut off from the database or from the remote in the middle of a step, by
 the fault proxy (harness/faultproxy.py), with the kill matrix's processes, counts and judgement (harness/killmatrix.py).
 
 Each scenario starts the simulator, a *direct* Celery worker (its own connections to the database and the remote)

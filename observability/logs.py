@@ -106,8 +106,8 @@ class TextFormatter(logging.Formatter):
 
 def logging_config(*, log_format: str, level: str) -> dict[str, Any]:
     """settings.LOGGING. Every record is printed by the root's one handler, once: Django's own "django" logger
-    (whose default handler prints under DEBUG, and which propagates to the root as well: the doubled lines of
-    issue 11) and "django.server" get no handlers of their own here and propagate to the root instead."""
+    (whose default handler prints under DEBUG, and which propagates to the root as well: every line
+    printed twice) and "django.server" get no handlers of their own here and propagate to the root instead."""
     if log_format not in ("text", "json"):
         raise ValueError(f"RECKON_LOG_FORMAT must be text or json, not {log_format!r}")
     return {

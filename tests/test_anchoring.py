@@ -1,4 +1,4 @@
-"""Chain heads anchored outside the database (issue 11, audit/anchors.py, tasks/engine/anchors.py).
+"""Chain heads anchored outside the database (audit/anchors.py, tasks/engine/anchors.py).
 
 Someone with database superuser rights gets past the append-only triggers, cuts a chain's tail and rolls its head
 back so that the database reads consistently: verify_audit and verify_log, which read only the database, pass. A

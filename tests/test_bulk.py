@@ -1,4 +1,4 @@
-"""Bulk operations (issue 9 point 8), as services: the dry run counts what the run then does, task by task, each
+"""Bulk operations, as services: the dry run counts what the run then does, task by task, each
 change through its own service (its event and audit row), a task that moved since the preview is skipped and
 listed and nothing is written to it, a task the person may not operate is never touched even when its id is
 posted, and a redelivered job changes nothing twice."""

@@ -1,4 +1,4 @@
-"""The bulk pages (issue 9 point 8): every endpoint refuses whoever may not act and a POST without a CSRF token; the
+"""The bulk pages: every endpoint refuses whoever may not act and a POST without a CSRF token; the
 preview counts per outcome in a fixed number of queries; the confirmation (typed reason, typed count) records a run
 whose job changes the previewed tasks only, skipping and listing a task that moved or was never the person's; the
 progress page polls until the run is done."""

@@ -1,4 +1,4 @@
-"""Cancel from the console (issue 9, point 6): the confirmation counts what is really there, a wrong confirmation or
+"""Cancel from the console: the confirmation counts what is really there, a wrong confirmation or
 a stale page writes nothing, and the page follows the task through stopping → stopped_pending → stopped, polling
 until it ends."""
 

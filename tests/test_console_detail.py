@@ -1,4 +1,4 @@
-"""The task detail page (issue 9, point 3): who may open it, what each state says it waits for — from live rows —,
+"""The task detail page: who may open it, what each state says it waits for — from live rows —,
 the order of the operations, a timeline that pages without repeating or skipping, a lease panel on the database
 clock that stops polling once the task has ended, and a query count that does not grow with the rows."""
 

@@ -1,4 +1,4 @@
-"""Force release from the console (issue 9, point 7's form): admins only, justification and impact, consequence
+"""Force release from the console: admins only, justification and impact, consequence
 sentences from the live lease and operations, a typed confirmation; every refusal writes nothing."""
 
 from typing import Any

@@ -1,4 +1,4 @@
-"""The task actions page and reconciliation (issue 9, point 5): every endpoint refuses whoever may not act, a
+"""The task actions page and reconciliation: every endpoint refuses whoever may not act, a
 stale page or a missing token writes nothing, asking the remote by op key records what it said, settling by hand
 writes one event and one audit row, and a stuck temp resource can be made deletable again."""
 

@@ -1,4 +1,4 @@
-"""The takeover screen (issue 9, point 4), tried as someone who should not get through would: every page and every
+"""The takeover screen, tried as someone who should not get through would: every page and every
 HTMX endpoint refuses the logged-out, the role-less, the user who may not see the task, the auditor and a POST
 without a CSRF token; a stale form or a stale renewal writes nothing; the staged review writes nothing until it is
 confirmed; a resume wakes the agent only once the decision is committed; the page costs a fixed number of queries."""

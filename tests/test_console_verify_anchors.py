@@ -1,4 +1,4 @@
-"""The console's "Verify now" shows the anchors' verdict beside the chains' (issue 11): anchored and consistent, a cut
+"""The console's "Verify now" shows the anchors' verdict beside the chains': anchored and consistent, a cut
 found — a chain whose tail was cut and whose head was rolled back, so that the database reads consistently —, or
 not anchored, in plain words. Each case on a real anchor file, the cut made as a database superuser would make it
 (tests/test_anchoring.py)."""

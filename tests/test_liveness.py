@@ -1,4 +1,4 @@
-"""Liveness under faults (issue 11 §4-5): the recovery scan never floods the broker, never waits behind the work it
+"""Liveness under faults: the recovery scan never floods the broker, never waits behind the work it
 queues, a broken database connection does not keep a lease, and a remote that stays down is asked again later and
 later. The invariants stay: no duplicate side effect, a duplicated or late message is harmless, the scan makes good
 any lost message.

@@ -1,7 +1,7 @@
 """Logs (observability/logs.py): each record printed once, whatever logger it came from; JSON lines that parse and
 carry the task id, version and op key where the caller or the wake-up knows them.
 
-The doubled lines of issue 11: Django's own "django" logger had a console handler of its own (under DEBUG) and also
+The doubled lines once seen: Django's own "django" logger had a console handler of its own (under DEBUG) and also
 propagated to the root's handler. Checked in a fresh process, as the settings configure logging at start-up."""
 
 import json

@@ -215,8 +215,8 @@ def test_a_scrape_of_a_live_server_after_the_reference_task_shows_the_database_f
 
 # reckon_metrics_scrape_seconds is the reading's own duration, not a figure of the database.
 UNCHECKED = frozenset({"reckon_metrics_scrape_seconds"})
-# Issue 11's list: steps by outcome, operations unknown / unprovable now, reconciliation latency, lease grants,
-# expiries and forced releases, retries by failure class, tasks by state and pause reason, wake-ups queued and
+# What the metrics must cover: steps by outcome, operations unknown / unprovable now, reconciliation latency,
+# lease grants, expiries and forced releases, retries by failure class, tasks by state and pause reason, wake-ups queued and
 # deduplicated, cleanup backlog, chain verification failures.
 ISSUE_METRICS = frozenset(
     {

@@ -1,4 +1,4 @@
-"""Operator notes (issue 9 point 8): a note is an audit row written by a person who may operate the task, refused
+"""Operator notes: a note is an audit row written by a person who may operate the task, refused
 with a credential in it (nothing written), counted per task in the same query as the page; its endpoint refuses
 whoever may not act and a POST without a CSRF token."""
 

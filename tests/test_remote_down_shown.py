@@ -1,4 +1,4 @@
-"""A remote that stays down, shown on the task (issue 11, point 5): the task page, the work queue and the API say
+"""A remote that stays down, shown on the task: the task page, the work queue and the API say
 since when the task's remote is unreachable, after how many tries, and when it is asked next — from the wake-up row
 the worker wrote (tasks.engine.recovery.remote_down_record), so a person on call sees a task that waits, not one that is
 stuck. A task whose remote answers, or that has ended, shows nothing; no page or answer costs a query per row."""

@@ -1,4 +1,4 @@
-"""Secure by default (issue 11): a process started as a deployment starts it refuses to run without its secrets,
+"""Secure by default: a process started as a deployment starts it refuses to run without its secrets,
 runs with DEBUG off, passes ``check --deploy`` with the documented production environment, keeps its data private,
 throttles password guessing and audits superuser changes.
 

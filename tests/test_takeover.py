@@ -1,4 +1,4 @@
-"""Human takeover (DESIGN §3, §4, §5, §7; issue 3): claim, renew, release, decide, settle by hand, force, review.
+"""Human takeover (DESIGN §3, §4, §5, §7): claim, renew, release, decide, settle by hand, force, review.
 
 Each test tries to break one rule of ``tasks/people/takeover.py``'s lease/takeover state diagram. Refusals are checked
 against ``snapshot()`` (every Reckon table, audit included): a refused call writes nothing, not even an audit row.

@@ -1,4 +1,4 @@
-"""The forms of the reconcile screens, and the one flow every dangerous action follows (issue 9, point 9).
+"""The forms of the reconcile screens, and the one flow every dangerous action follows.
 
 A dangerous action is a ``DangerForm``: the task version the person read the consequences on (a stale one is
 refused by the service, nothing written), a typed reason where it matters, and a typed confirmation — the task id,

@@ -1,4 +1,4 @@
-"""Bulk actions on a filtered set of tasks (issue 9 point 8): the preview (the dry run, counted per outcome), the
+"""Bulk actions on a filtered set of tasks: the preview (the dry run, counted per outcome), the
 confirmation (the one dangerous-action flow), the progress page of the run (HTMX polling, stops once done).
 
 The filter is the work queue's, read from the same query string (console/forms/queue.py), so a queue's URL opens

@@ -1,4 +1,4 @@
-"""The task detail page (issue 9, point 3): the header and what the state waits for, the plan's nodes, the
+"""The task detail page: the header and what the state waits for, the plan's nodes, the
 operations, the timeline with the hash-chain check, the lease panel (polled), the takeover package, temp resources
 and retained objects. Views check access and call the reads of tasks/reads/detail.py; nothing here writes."""
 

@@ -1,4 +1,4 @@
-"""Operator notes on a task (issue 9 point 8): a small form, HTMX-friendly, with a plain page behind it. A note is an
+"""Operator notes on a task: a small form, HTMX-friendly, with a plain page behind it. A note is an
 audit row (tasks/people/notes.py): the detail page's timeline shows it, the queue counts it."""
 
 from typing import Any

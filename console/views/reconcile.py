@@ -1,4 +1,4 @@
-"""A task's actions (issue 9, points 5, 6, 7's force release, 9): reconcile its open operations — ask the remote by
+"""A task's actions: reconcile its open operations — ask the remote by
 op key, or settle by hand — reset a stuck temp resource, cancel, force-release its lease.
 
 Every view: the access check (console/access.py), a form, one service, a page. Every dangerous action is one flow

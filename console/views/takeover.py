@@ -1,4 +1,4 @@
-"""Take a task over, keep it, decide (issue 9, point 4): claim — or request it from the agent and wait — renew,
+"""Take a task over, keep it, decide: claim — or request it from the agent and wait — renew,
 release, submit a result (staged: review, then confirm), approve an approval node, re-plan as a person.
 
 Every view: access (console.access.operable_task: 404 if the task is not visible, 403 if only visible), a form, one

@@ -1,4 +1,4 @@
-"""Bulk operations on a filtered set of tasks (issue 9 point 8): preview, confirm, apply one task at a time.
+"""Bulk operations on a filtered set of tasks: preview, confirm, apply one task at a time.
 
 A person picks a named operation for the tasks a queue filter selects. ``bulk_preview`` is the dry run: for every
 task it reads the facts the operation depends on and asks ``verdict`` — a pure function, the one place the bulk

@@ -1,4 +1,4 @@
-"""Operator notes on a task (issue 9 point 8): a person who may operate the task writes what they saw or did.
+"""Operator notes on a task: a person who may operate the task writes what they saw or did.
 
 A note is an audit row (action ``task_note``) and nothing else: no new table, no task version, no event — it changes
 no state, so the task's own log is untouched; the detail page's timeline merges the task's audit rows and shows it.

@@ -1,4 +1,4 @@
-"""Whole jobs done by people in real Chromium against the live server (issue 9, "Tests"): each flow clicks and fills
+"""Whole jobs done by people in real Chromium against the live server: each flow clicks and fills
 the console's own pages; the starting state is reached through the real services, the worker loop and the
 object-store simulator, never by writing a status column.
 
