@@ -216,8 +216,8 @@ def test_a_scrape_of_a_live_server_after_the_reference_task_shows_the_database_f
 # reckon_metrics_scrape_seconds is the reading's own duration, not a figure of the database.
 UNCHECKED = frozenset({"reckon_metrics_scrape_seconds"})
 # What the metrics must cover: steps by outcome, operations unknown / unprovable now, reconciliation latency,
-# lease grants, expiries and forced releases, retries by failure class, tasks by state and pause reason, wake-ups queued and
-# deduplicated, cleanup backlog, chain verification failures.
+# lease grants, expiries and forced releases, retries by failure class, tasks by state and pause reason, wake-ups
+# queued and deduplicated, cleanup backlog, chain verification failures.
 ISSUE_METRICS = frozenset(
     {
         "reckon_steps_total",
