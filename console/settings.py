@@ -59,7 +59,9 @@ def _required(name: str, hint: str) -> str:
     """A variable a deployment must set: refused at start-up, naming it, rather than defaulted and warned about."""
     value = os.environ.get(name, "").strip()
     if not value:
-        raise ImproperlyConfigured(f"{name} is not set: {hint} (RECKON_ENV={RECKON_ENV}; see README, Secure defaults)")
+        raise ImproperlyConfigured(
+            f"{name} is not set: {hint} (RECKON_ENV={RECKON_ENV}; see docs/operations.md, Secure defaults)"
+        )
     return value
 
 
@@ -92,7 +94,8 @@ else:
 # development and test modes (chosen explicitly, above).
 DEBUG = os.environ.get("DJANGO_DEBUG", "0" if PRODUCTION else "1") == "1"
 
-# HTTPS (README, Secure defaults). RECKON_HTTPS=1 when the site is served over TLS: HTTP is redirected to HTTPS,
+# HTTPS (docs/operations.md, Secure defaults). RECKON_HTTPS=1 when the site is served over TLS: HTTP is redirected to
+# HTTPS,
 # cookies are sent over HTTPS only, and browsers are told to use HTTPS for RECKON_HSTS_SECONDS (default a year).
 # Each can be set on its own. RECKON_PROXY_SSL_HEADER=1 only behind a proxy that sets X-Forwarded-Proto itself
 # (and strips it from clients): otherwise a client could claim HTTPS.
@@ -373,7 +376,8 @@ RECKON_WEBHOOK_DENY_NETWORKS = os.environ.get("RECKON_WEBHOOK_DENY_NETWORKS", "1
 # The agent API's Idempotency-Key records are kept 24 hours (api/idempotency.py); this forgets older ones.
 CELERY_BEAT_SCHEDULE["api-idempotency-expire"] = {"task": "api.expire_idempotency_keys", "schedule": 3600.0}
 
-# Observability (observability/, README "Observability"). GET /metrics answers only a request bearing this token
+# Observability (observability/, docs/operations.md "Observability"). GET /metrics answers only a request bearing this
+# token
 # (Authorization: Bearer …); unset, metrics are off (404). A scrape's database reading is reused for this long.
 RECKON_METRICS_TOKEN = os.environ.get("RECKON_METRICS_TOKEN", "")
 RECKON_METRICS_CACHE_SECONDS = float(os.environ.get("RECKON_METRICS_CACHE_SECONDS", "5"))

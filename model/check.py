@@ -9,7 +9,7 @@ assertions and invalid end states, without it and with ``pan -a -f`` for the liv
 then ``pan``; its report is parsed for "errors: N", the states stored, the depth, the memory and the seconds. No
 bitstate or hash compaction: the search is exhaustive (``-DCOLLAPSE`` only compresses the stored states, losslessly).
 The model is split into configurations because all the faults and all the people at once are too many states for
-CI's two minutes: each configuration states its bounds, and the README lists them.
+CI's two minutes: each configuration states its bounds, and docs/verification.md lists them.
 """
 
 import argparse
@@ -108,7 +108,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
 
 
 # Known gaps: properties the protocol does not have yet, each checked to still fail (so that closing one is noticed
-# and the README updated). P7: a lookup's "not found" is final for a cancel or a person's "not done", yet a request
+# and docs/verification.md updated). P7: a lookup's "not found" is final for a cancel or a person's "not done", yet a
+# request
 # still in flight can land after it.
 KNOWN_GAPS: tuple[Sabotage, ...] = (
     Sabotage("-DCHECK_NOT_DONE_STAYS_NOT_DONE", "cancel", "P7 not_done_stays_not_done"),

@@ -15,7 +15,7 @@
  * and only the Clock process moves it on. Not modelled: accepted/observing, backoff timing, approvals, re-plans,
  * compensation, cleanup, input re-checks, the event log and audit chain.
  *
- * Bounds (the state space is finite because of them; README "The protocol, model-checked"):
+ * Bounds (the state space is finite because of them; docs/verification.md "The protocol, model-checked"):
  *   W = 2 agents, 1 operator, 1 admin, 1 remote, 1 clock
  *   N = 2 nodes, node b depends on node a; node a may be sent under 2 op keys (one retry after a definite
  *       rejection), node b under 1 (a rejection of b exhausts its budget: the task pauses)
@@ -47,7 +47,7 @@
  *    yet (not found); a recorded cancel then rejects the operation ("cancelled", the task stops), or a person
  *    confirms it "not done" (tasks/decisions.py:settle_not_done); the request lands after: an effect the log says
  *    never happened. (Without a cancel or a person, not found sends the same op key again and the remote
- *    deduplicates: P3 holds.) Kept as a documented gap (README), checked to still fail until the protocol closes it.
+ *    deduplicates: P3 holds.) Kept as a documented gap (docs/verification.md), checked to still fail until the protocol closes it.
  *
  * Sabotage (each must make spin report an error; tests/test_model_check.py):
  *   -DSABOTAGE_NO_FENCING         the compare-and-set checks the version but not the lease (epoch, live)  → P1

@@ -100,7 +100,7 @@ def live(server: tuple[str, Path]) -> Live:
 
 
 def agent(live: Live, store: Simulator, *extra: str, objects: int = OBJECTS) -> subprocess.Popen[str]:
-    """The reference agent's process, exactly as the README runs it."""
+    """The reference agent's process, exactly as the README's agent quick start runs it."""
     command = [sys.executable, str(AGENT), "--url", live.url, "--token", live.token, "--store", store.url]
     command += ["--project", "acme", "--objects", str(objects), "--lease-ttl", str(LEASE_TTL), *extra]
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # noqa: S603

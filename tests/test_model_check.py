@@ -37,7 +37,7 @@ def spin() -> None:
 def test_the_model_holds_every_property(spin: None, name: str) -> None:
     config = check.config_named(name)
     result = check.check(config)
-    print(  # the figures, for the README (printed, not asserted)
+    print(  # the figures, for docs/verification.md (printed, not asserted)
         f"\n{result.name}: {result.errors} errors, {result.states} states, depth {result.depth},"
         f" {result.memory_mb:.0f} MB, {result.seconds:.1f} s ({config.bounds})"
     )
@@ -54,8 +54,10 @@ def test_a_sabotaged_model_fails_the_property_it_breaks(spin: None, sabotage: ch
 
 @pytest.mark.parametrize("gap", check.KNOWN_GAPS, ids=lambda g: g.config)
 def test_the_known_gap_is_still_there(spin: None, gap: check.Sabotage) -> None:
-    """P7 (README): a request still in flight lands after a cancel or a person recorded its operation as not done.
-    When the protocol closes the gap this fails: move P7 to the properties that hold, and say so in the README."""
+    """P7 (docs/verification.md): a request still in flight lands after a cancel or a person recorded its operation as
+    not done.
+    When the protocol closes the gap this fails: move P7 to the properties that hold, and say so in
+    docs/verification.md."""
     result = check.check(check.config_named(gap.config), gap.define, optimise=False)
     print(f"\n{result.name}: {result.errors} errors after {result.states} states: {result.violation}")
     assert result.violated() == gap.violates, result.violation

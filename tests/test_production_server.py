@@ -93,7 +93,8 @@ def served(transactional_db: None, tmp_path: Path) -> Iterator[Served]:
         "RECKON_BIND": f"127.0.0.1:{port}",
         "RECKON_WEB_WORKERS": str(WORKERS),
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
-        # ./dev serve runs in the production mode: everything a deployment must set (README, Secure defaults).
+        # ./dev serve runs in the production mode: everything a deployment must set (docs/operations.md, Secure
+        # defaults).
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
         "RECKON_RETENTION_KEY": base64.b64encode(os.urandom(32)).decode(),
         "RECKON_ANCHOR_KEY": base64.b64encode(os.urandom(32)).decode(),

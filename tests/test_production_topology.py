@@ -1,4 +1,5 @@
-"""The production topology, started from the README's commands (Scale out): ``./dev serve`` (gunicorn, two web
+"""The production topology, started from the commands of docs/operations.md (Scale out): ``./dev serve`` (gunicorn, two
+web
 workers), two ``./dev worker`` and two ``./dev beat`` on PostgreSQL + RabbitMQ, in the production mode (no
 RECKON_ENV), against the object-store simulator. 200 reference tasks (migrate_project) are created in the database;
 the beat holding the beat lease sends the recovery scan, which wakes them. During the run each kind of process is
@@ -196,7 +197,7 @@ def test_the_production_topology_loses_nothing_when_each_process_is_stopped_with
     base = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if k not in ("RECKON_ENV", "DJANGO_DEBUG", "RECKON_FAILPOINTS")}
     env |= {
-        # The README's production environment (Scale out), on this test's database and virtual host.
+        # The production environment of docs/operations.md (Scale out), on this test's database and virtual host.
         "DATABASE_URL": database_url(),
         "CELERY_BROKER_URL": f"amqp://guest:guest@127.0.0.1:5672/{vhost}",
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),

@@ -1,4 +1,5 @@
-"""The README's agent quick start, run as written against the demo plan and a connector stand-in."""
+"""The in-process agent loop of docs/operations.md ("In process: the services"), run as written against the demo plan
+and a connector stand-in."""
 
 from typing import Any
 
@@ -33,7 +34,7 @@ class StoreStandIn:
         )
 
 
-def test_the_readme_agent_loop_runs_the_demo_plan_up_to_its_confirmation_point(db: None) -> None:
+def test_the_in_process_agent_loop_runs_the_demo_plan_up_to_its_confirmation_point(db: None) -> None:
     connector = StoreStandIn()
     task = task_create(kind="migrate_project", title="Migrate acme", plan=migration_plan(), created_by="agent:migrator")
     lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="worker-7")

@@ -31,7 +31,8 @@ START_SECONDS = 120
 
 
 def production_environment(data_dir: Path) -> dict[str, str]:
-    """The README's production environment (Secure defaults), with fresh secrets, a scratch data folder, and
+    """The production environment of docs/operations.md (Secure defaults), with fresh secrets, a scratch data folder,
+    and
     nothing inherited from the test run (no RECKON_ENV: a deployment's processes are production by default)."""
     return {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),

@@ -1,5 +1,5 @@
 """The step's writes as plain SQL, compiled once per shape: the ORM's query compiler cost more CPU per step than the
-database did (profile in the README). Only the compare-and-set uses this, for rows of known models and fields;
+database did (profile in docs/benchmark.md). Only the compare-and-set uses this, for rows of known models and fields;
 values are adapted by each model field (``get_db_prep_save``), so they are stored exactly as the ORM stores them.
 """
 
