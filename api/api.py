@@ -14,10 +14,12 @@ from api.auth import AgentToken
 from api.errors import CONTENT_TYPE, problem, problem_of, validation_errors
 from api.http import ApiError
 from api.ratelimit import RateLimited
+from api.retained import router as retained_router
 from api.steps import router as steps_router
 from api.tasks import router as tasks_router
 from audit.errors import Refused
 from leases.errors import LeaseError, LeaseHeld, LeaseRefused, RenewalOutOfOrder
+from retention.errors import RetentionExpired
 from tasks.core.errors import VersionConflict
 from tasks.models import Task
 
@@ -101,6 +103,21 @@ def _version_conflict(request: HttpRequest, error: VersionConflict) -> HttpRespo
     return response
 
 
+@api.exception_handler(RetentionExpired)
+def _retention_expired(request: HttpRequest, error: RetentionExpired) -> HttpResponse:
+    """410, naming what to re-create: the object's kind and name. Reckon does not re-create it — the agent holds
+    the external facts — and never answers a reference to something that is gone as if it were there."""
+    named = {k: error.details.get(k) for k in ("retained", "version", "kind", "name")}
+    task_id = request.resolver_match.kwargs.get("task_id") if request.resolver_match else None
+    where = f"POST /api/v1/tasks/{task_id}/retained" if task_id is not None else "a retain"
+    detail = (
+        f"{error}. Re-create its content from external facts (the source it was read from, by its versioned ref) "
+        f"and retain it again with {where} (kind {named['kind']!r}, name {named['name']!r}): keep the new "
+        "reference in the checkpoint instead of this one."
+    )
+    return problem(request, code=error.code, detail=detail, extra=named)
+
+
 @api.exception_handler(LeaseError)
 def _lease_error(request: HttpRequest, error: LeaseError) -> HttpResponse:
     person_holds = (isinstance(error, LeaseRefused) and error.status == "human") or (
@@ -137,3 +154,4 @@ def _http_error(request: HttpRequest, error: HttpError) -> HttpResponse:
 
 api.add_router("/", tasks_router)
 api.add_router("/", steps_router)
+api.add_router("/", retained_router)

@@ -26,7 +26,14 @@ STATUS_OF: Mapping[str, int] = {
     "not_found": 404,
     "token_not_found": 404,
     "webhook_not_found": 404,
+    "retention_not_found": 404,
     "method_not_allowed": 405,
+    # Retained objects (retention.errors): gone is 410 — re-create it from external facts and retain it again
+    "retention_expired": 410,
+    "retention_corrupt": 409,
+    "retention_key_mismatch": 409,
+    "retention_key_invalid": 503,
+    "retention_key_missing": 503,
     # Compare-and-set and leases
     "version_conflict": 412,
     "lease_held": 409,
@@ -54,6 +61,12 @@ STATUS_OF: Mapping[str, int] = {
     "invalid_header": 400,
     "precondition_required": 428,
     "idempotency_key_reused": 422,
+    "retention_error": 422,
+    "retention_refused": 422,
+    "retention_extension_refused": 409,
+    "retention_extension_reason_missing": 422,
+    "retention_extension_beyond_bound": 422,
+    "retention_extension_limit_reached": 422,
     # Pacing
     "backoff_active": 429,
     "rate_limited": 429,
@@ -84,6 +97,10 @@ TITLE_OF: Mapping[str, str] = {
     "webhook_url_invalid": "Not a webhook URL",
     "webhook_events_invalid": "Not webhook events",
     "webhook_not_found": "No such webhook subscription",
+    "retention_not_found": "No such retained object",
+    "retention_expired": "The retained object is gone: re-create it",
+    "retention_corrupt": "The retained object fails its integrity check",
+    "retention_refused": "The object cannot be retained as sent",
 }
 
 

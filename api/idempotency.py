@@ -25,8 +25,15 @@ KEPT_FOR = timedelta(hours=24)
 REPLAYED_HEADERS = ("ETag", "Location")
 
 
-def idempotent(request: HttpRequest, agent_id: str, run: Callable[[], HttpResponse]) -> HttpResponse:
-    """``run()`` once per (agent, key): its successful answer is recorded and replayed for the same request."""
+def idempotent(
+    request: HttpRequest, agent_id: str, run: Callable[[], HttpResponse], *, atomic: bool = True
+) -> HttpResponse:
+    """``run()`` once per (agent, key): its successful answer is recorded and replayed for the same request.
+
+    ``atomic=False`` is for a change that does I/O and commits on its own (``retention.services.retain`` writes its
+    file outside any transaction): its record is written just after it. A crash between the two, or a concurrent
+    request with the same key, can then leave one extra change that no answer names — for a retained object, a
+    version nobody references, which expires — while every answer to the key is still the first one."""
     key = request.headers.get(HEADER)
     if key is None:
         return run()
@@ -42,25 +49,34 @@ def idempotent(request: HttpRequest, agent_id: str, run: Callable[[], HttpRespon
     if replay is not None:
         return replay
     try:
-        with transaction.atomic():
+        if atomic:
+            with transaction.atomic():
+                response = run()
+                _record(agent_id, key, fingerprint, response)
+        else:
             response = run()
-            if 200 <= response.status_code < 300:
-                IdempotencyRecord.objects.create(
-                    agent_id=agent_id,
-                    key=key,
-                    fingerprint=fingerprint,
-                    status=response.status_code,
-                    body=response.content.decode(),
-                    headers={name: response[name] for name in REPLAYED_HEADERS if response.has_header(name)},
-                    created_at=clock.now(),
-                )
+            with transaction.atomic():
+                _record(agent_id, key, fingerprint, response)
     except IntegrityError:
-        # The same key committed meanwhile by a concurrent request: this one's change is rolled back.
+        # The same key committed meanwhile by a concurrent request: this one's change is rolled back (atomic).
         replay = _replay(request, agent_id, key, fingerprint)
         if replay is None:
             raise
         return replay
     return response
+
+
+def _record(agent_id: str, key: str, fingerprint: str, response: HttpResponse) -> None:
+    if 200 <= response.status_code < 300:
+        IdempotencyRecord.objects.create(
+            agent_id=agent_id,
+            key=key,
+            fingerprint=fingerprint,
+            status=response.status_code,
+            body=response.content.decode(),
+            headers={name: response[name] for name in REPLAYED_HEADERS if response.has_header(name)},
+            created_at=clock.now(),
+        )
 
 
 def _fingerprint(request: HttpRequest) -> str:

@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from leases.models import Lease
 from tasks.core.lifecycle import FailureClass
-from tasks.core.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
+from tasks.core.outcomes import RECEIPT_FIELDS, Accepted, Committed, Failed, NotFound, Outcome, Unprovable
 from tasks.decide.change import Snapshot
 from tasks.decide.decisions import Directive
 from tasks.models import Node, Operation, Task
@@ -159,7 +159,9 @@ class OperationStartIn(Schema):
 
 
 class OutcomeIn(Schema):
-    """What the external system said of an op key: ``result`` says which, and which fields apply."""
+    """What the external system said of an op key: ``result`` says which, and which fields apply. The receipt's
+    fields are tasks.core.outcomes.RECEIPT_FIELDS, each declared here with its bounds (tests/test_receipt_fields.py
+    holds the two equal)."""
 
     result: Literal["committed", "accepted", "failed", "not_found", "unprovable"]
     remote_id: Annotated[str, Field(max_length=200)] = ""
@@ -178,19 +180,14 @@ class OutcomeIn(Schema):
             raise ValueError("a failed outcome says its failure_class")
         if self.result != "failed" and self.failure_class is not None:
             raise ValueError("failure_class belongs to a failed outcome only")
-        if self.result != "committed" and (self.remote_version or self.count is not None or self.digest or self.data):
-            raise ValueError("remote_version, count, digest and data are a committed outcome's receipt")
+        receipt_only = [name for name in RECEIPT_FIELDS if name != "remote_id"]
+        if self.result != "committed" and (any(getattr(self, n) not in (None, "") for n in receipt_only) or self.data):
+            raise ValueError(f"{', '.join(receipt_only)} and data are a committed outcome's receipt")
         return self
 
     def outcome(self) -> Outcome:
         if self.result == "committed":
-            return Committed(
-                remote_id=self.remote_id,
-                remote_version=self.remote_version,
-                count=self.count,
-                digest=self.digest,
-                data=self.data,
-            )
+            return Committed(**{name: getattr(self, name) for name in RECEIPT_FIELDS}, data=self.data)
         if self.result == "accepted":
             return Accepted(remote_id=self.remote_id)
         if self.result == "failed":

@@ -36,7 +36,7 @@ from leases.models import HolderKind, Lease
 from leases.services import lease_acquire, lease_release, lease_renew
 from tasks.core.errors import TaskNotFound
 from tasks.decide.change import Snapshot
-from tasks.engine.protocol import next_directive, snapshot_at, step_confirm_inputs, step_settle, step_start
+from tasks.engine.protocol import inputs_confirm, next_directive, operation_start, record_outcome, snapshot_at
 from tasks.engine.snapshot import task_snapshot
 from tasks.models import Operation, Task
 
@@ -152,7 +152,8 @@ def operation_register(request: HttpRequest, task_id: int, payload: OperationSta
 
     def run() -> HttpResponse:
         snap = _scoped_snapshot(token, task_id, lease, version)
-        op, new = step_start(snap, payload.node_key, lease=lease)
+        begun = operation_start(snap, payload.node_key, lease=lease)
+        op, new = begun.operation, begun.snapshot
         return answer(operation_detail(op, payload.node_key), 201, version=new.version)
 
     return idempotent(request, token.agent_id, run)
@@ -175,7 +176,8 @@ def outcome_report(request: HttpRequest, task_id: int, op_key: str, payload: Out
         snap = _scoped_snapshot(token, task_id, lease, version)
         if snap.operation(op_key) is None and not Operation.objects.filter(task_id=task_id, op_key=op_key).exists():
             raise OperationNotFound(f"task {task_id} has no operation {op_key!r}")
-        op, new = step_settle(snap, op_key, payload.outcome(), lease=lease)
+        settled = record_outcome(snap, op_key, payload.outcome(), lease=lease)
+        op, new = settled.operation, settled.snapshot
         node = next((n.key for n in new.nodes if n.pk == op.node_id), "")
         body = OutcomeOut(operation=operation_detail(op, node), task=task_summary(new.task))
         return answer(body, version=new.version)
@@ -198,7 +200,7 @@ def inputs_report(request: HttpRequest, task_id: int, payload: InputsIn) -> Http
 
     def run() -> HttpResponse:
         snap = _scoped_snapshot(token, task_id, lease, version)
-        new = step_confirm_inputs(snap, dict(payload.current_versions), lease=lease)
+        new = inputs_confirm(snap, dict(payload.current_versions), lease=lease)
         return answer(task_summary(new.task), version=new.version)
 
     return idempotent(request, token.agent_id, run)

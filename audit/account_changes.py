@@ -19,6 +19,7 @@ from typing import Any
 
 from django.db import transaction
 
+from audit.hygiene import PayloadRejected
 from audit.models import AccountChange
 from audit.principals import Principal
 from audit.services import audit_append, audit_lock
@@ -36,7 +37,10 @@ def account_changes_fold(*, limit: int = 500) -> int:
         audit_lock()
         rows = list(AccountChange.objects.filter(audit_seq__isnull=True).order_by("pk")[:limit])
         for row in rows:
-            event = audit_append(actor=DATABASE, action=ACTION, at=row.at, details=_details(row))
+            try:
+                event = audit_append(actor=DATABASE, action=ACTION, at=row.at, details=_details(row))
+            except PayloadRejected as refused:  # refused before anything was written: the change still goes on
+                event = audit_append(actor=DATABASE, action=ACTION, at=row.at, details=_withheld(row, refused.code))
             AccountChange.objects.filter(pk=row.pk, audit_seq__isnull=True).update(audit_seq=event.seq)
     return len(rows)
 
@@ -52,10 +56,14 @@ def account_changes_fold_all() -> int:
 def _details(row: AccountChange) -> dict[str, Any]:
     change: dict[str, Any] = row.change if isinstance(row.change, dict) else {"change": row.change}
     # The row's own keys last: nothing a trigger wrote can stand in for them.
-    return {
-        **change,
-        "capture": row.pk,
-        "table": row.table_name,
-        "operation": row.operation,
-        "captured_at": row.at.isoformat(),
-    }
+    return {**change, **_capture(row)}
+
+
+def _withheld(row: AccountChange, refusal: str) -> dict[str, Any]:
+    """A captured change whose content the audit's hygiene refuses (a credential-like group or token name, or more
+    than its cap): on the chain without it, saying why; the captured row keeps it for whoever investigates."""
+    return {**_capture(row), "withheld": refusal}
+
+
+def _capture(row: AccountChange) -> dict[str, Any]:
+    return {"capture": row.pk, "table": row.table_name, "operation": row.operation, "captured_at": row.at.isoformat()}

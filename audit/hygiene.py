@@ -1,7 +1,8 @@
 """Checkpoint hygiene (invariant 8): payloads hold references, never secrets or large model context.
 
-Every event payload, receipt, node output and plan document passes ``check_payload`` when written;
-``scan_payload`` is the same test as a scanner (``manage.py verify_log`` runs it over stored rows).
+Every event payload, receipt, node output and plan document passes ``check_payload`` when written — an event's in
+its append (``tasks.engine.events.chain_event``), an audit row's in ``audit.services.audit_append``; ``scan_payload``
+is the same test as a scanner (``manage.py verify_log`` runs it over stored rows).
 
 Cap: 16 KiB of canonical JSON per payload (and per node input) — room for ids, versions, counts and
 digests, far too small for a transcript.
@@ -275,16 +276,17 @@ def digest_of(value: Any, *, canonical: str | None = None) -> str:
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode
 
 
-def scan_payload(value: Any, path: str = "$") -> Iterator[str]:
-    """Yield the path of every credential-like key or value found."""
+def scan_payload(value: Any, path: str = "$", ids: bool = False) -> Iterator[str]:
+    """Yield the path of every credential-like key or value found. ``ids``: a whole number under a credential-like
+    key is the id of the row it names (an audit row's ``"token": 12``, the API token issued), not a credential."""
     if isinstance(value, dict):
         for key, item in value.items():
-            if _is_secret_key(str(key)):
+            if _is_secret_key(str(key)) and not (ids and type(item) is int):
                 yield f"{path}.{key}"
-            yield from scan_payload(item, f"{path}.{key}")
+            yield from scan_payload(item, f"{path}.{key}", ids)
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            yield from scan_payload(item, f"{path}[{index}]")
+            yield from scan_payload(item, f"{path}[{index}]", ids)
     elif isinstance(value, str) and _is_secret_value(value):
         yield path
 
@@ -322,9 +324,11 @@ def may_hold_secret(value: Any, *, canonical: str | None = None) -> bool:
     return _has_secret_format(text) or _has_auth_scheme(text) or _hints_a_credential(_letters(text, breaks=True))
 
 
-def check_payload(value: Any, *, what: str, cap: int = PAYLOAD_CAP_BYTES, canonical: str | None = None) -> None:
+def check_payload(
+    value: Any, *, what: str, cap: int = PAYLOAD_CAP_BYTES, canonical: str | None = None, ids: bool = False
+) -> None:
     """Raise PayloadTooLarge or SecretInPayload; the message names the place, never the secret. ``canonical``: the
-    value's canonical JSON when the caller already made it (it is not made twice)."""
+    value's canonical JSON when the caller already made it (it is not made twice); ``ids``: as ``scan_payload``."""
     text = canonical if canonical is not None else canonical_json(value)
     size = len(text.encode())
     if size > cap:
@@ -333,6 +337,6 @@ def check_payload(value: Any, *, what: str, cap: int = PAYLOAD_CAP_BYTES, canoni
             size=size,
             cap=cap,
         )
-    found = list(scan_payload(value)) if may_hold_secret(value, canonical=text) else []
+    found = list(scan_payload(value, ids=ids)) if may_hold_secret(value, canonical=text) else []
     if found:
         raise SecretInPayload(f"{what} carries credential-like data at {', '.join(found)}", paths=found)

@@ -11,6 +11,7 @@ from django.db import transaction
 
 from audit.anchors import AnchorFile, anchored_audit_head, read_anchors
 from audit.append_only import AUDIT_TRIGGERS, missing_triggers
+from audit.hygiene import check_payload
 from audit.models import AccountChange, AuditEvent, AuditHead
 from audit.principals import Principal
 
@@ -55,9 +56,11 @@ def audit_append(
     impact: str = "",
     details: dict[str, Any] | None = None,
 ) -> AuditEvent:
-    """Append one event. Call it inside the transaction of the change it records: it shares its fate."""
+    """Append one event. Call it inside the transaction of the change it records: it shares its fate. Its reason,
+    impact and details pass checkpoint hygiene first (``audit_check``): a refusal writes no audit row."""
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("audit_append must run inside the transaction of the change it records")
+    stored = audit_check(action=action, reason=reason, impact=impact, details=details)
     head = audit_lock()
     event = AuditEvent(
         seq=head.seq + 1,
@@ -71,13 +74,26 @@ def audit_append(
         version_after=version_after,
         reason=reason[:MAX_TEXT],
         impact=impact[:MAX_TEXT],
-        details=json.loads(json.dumps(details or {}, default=str)),
+        details=stored,
         prev_digest=head.digest,
     )
     event.digest = _digest(head.digest, event)
     event.save(force_insert=True)
     AuditHead.objects.filter(pk=1).update(seq=event.seq, digest=event.digest)
     return event
+
+
+def audit_check(
+    *, action: str, reason: str = "", impact: str = "", details: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Refuse what an audit row must not hold (audit/hygiene.py): credential-like data in its reason, impact or
+    details (a whole number under a credential-like key is a row's id: ``"token": 12``), or more than
+    PAYLOAD_CAP_BYTES of them together (PayloadTooLarge, SecretInPayload). Returns the details as the row stores
+    them. ``audit_append`` runs it; a service whose change is written before its audit row runs it first, so that
+    the refusal comes before the change."""
+    stored: dict[str, Any] = json.loads(json.dumps(details or {}, default=str))
+    check_payload({"reason": reason, "impact": impact, "details": stored}, what=f"the {action} audit row", ids=True)
+    return stored
 
 
 def audit_lock() -> AuditHead:

@@ -15,6 +15,7 @@ urlpatterns = [
     path("", include("console.views.admin")),
     path("", include("console.views.bulk")),
     path("", include("console.views.notes")),
+    path("", include("console.views.retained")),
     path("", include("console.views.api_tokens")),
     path("api/v1/", include("api.urls")),
     path("admin/", admin.site.urls),

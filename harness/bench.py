@@ -890,8 +890,8 @@ class _Bench:
 # profiler inflates code of many small calls (pyinstrument put the webhook outbox's ORM read at ~8 % of a step,
 # timed on its own it was ~5 %).
 PHASES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("tasks.engine.protocol", "step_settle_and_start", ("tasks.engine.runner",)),
-    ("tasks.engine.protocol", "step_start", ("tasks.engine.runner",)),
+    ("tasks.engine.protocol", "record_outcome", ("tasks.engine.runner",)),
+    ("tasks.engine.protocol", "operation_start", ("tasks.engine.runner",)),
     ("tasks.engine.snapshot", "task_snapshot", ("tasks.engine.runner", "tasks.engine.protocol")),
     ("tasks.engine.cas", "compare_and_set", ("tasks.engine.protocol",)),
     ("tasks.engine.sql", "Batch.run", ()),

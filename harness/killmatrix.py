@@ -34,7 +34,7 @@ from audit.errors import Refused
 from audit.principals import Principal
 from tasks.core.lifecycle import OPEN_OPERATION_STATUSES, NodeStatus, OperationStatus, TaskStatus, TempResourceStatus
 from tasks.decide.evidence import evidence_problems
-from tasks.engine.cleanup import ENDED
+from tasks.engine.cleanup import CLEANABLE
 from tasks.engine.failpoints import hits
 from tasks.engine.verification import find_problems
 from tasks.jobs import drive_task, recovery_scan
@@ -349,9 +349,9 @@ def _finished(ids: list[int], scenario: Scenario) -> bool:
     # A paused or quarantined task moves no further without a person: the run is over, and _judge says what is wrong
     # (a broken run fails at once instead of waiting out its timeout).
     statuses = set(tasks.values_list("status", flat=True))
-    if not statuses <= {*ENDED, TaskStatus.PAUSED, TaskStatus.QUARANTINED}:
+    if not statuses <= {*CLEANABLE, TaskStatus.PAUSED, TaskStatus.QUARANTINED}:
         return False
-    if not statuses <= set(ENDED):
+    if not statuses <= set(CLEANABLE):
         return True
     undone = [TempResourceStatus.ACTIVE, TempResourceStatus.CLEANING]
     return not TempResource.objects.filter(task_id__in=ids, status__in=undone).exists()
@@ -490,7 +490,7 @@ def _wrong_final_state(task: Task, scenario: Scenario) -> list[str]:
             problems.append(f"paused for {task.status_reason!r}, expected input_changed")
         if Operation.objects.filter(task=task, action="store.switch_reference").exists():
             problems.append("the switch was sent after the source changed")
-    if task.status in ENDED:
+    if task.status in CLEANABLE:
         left = TempResource.objects.filter(task=task).exclude(status=TempResourceStatus.DELETED).count()
         if left:
             problems.append(f"{left} temp resources not deleted")

@@ -70,6 +70,7 @@ from harness.killmatrix import MAX_BATCH, OBJECTS, SCAN_EVERY, Row, Scenario, St
 from harness.ports import free_port
 from leases import clock
 from leases.models import Lease
+from leases.state import held_q, lapsed_q
 from observability.logs import STATE_LOGGER
 from tasks.core.lifecycle import OperationStatus
 from tasks.engine.failpoints import hits
@@ -493,9 +494,7 @@ def _database_step(lane: Lane, store: StoreProcess, queue: str, grace: timedelta
             return
         lane.state = "partitioned"
     elif lane.state == "partitioned":
-        lapsed = Lease.objects.filter(
-            task_id=lane.task, released_at__isnull=True, expires_at__lte=clock.now() - grace
-        ).exists()
+        lapsed = Lease.objects.filter(lapsed_q(clock.now(), grace), task_id=lane.task).exists()
         if lapsed and Operation.objects.get(pk=lane.op).status == OperationStatus.DISPATCHED:
             if not lane.taken_over:
                 drive_task.apply_async((lane.task,), queue=queue)  # as the recovery scan would: a direct worker
@@ -601,7 +600,7 @@ def _cut_step(lane: Lane, store: StoreProcess, queue: str, grace: timedelta, tal
     elif lane.state == "reconciling" and status in (OperationStatus.DISPATCHED, OperationStatus.UNKNOWN):
         # The worker's own retry may have come while its lapsed lease still stood (skipped: lease held); wake it
         # again, as the recovery scan would, once the lease is free — the same process, which must reconnect.
-        held = Lease.objects.filter(task_id=lane.task, released_at__isnull=True, expires_at__gt=clock.now() - grace)
+        held = Lease.objects.filter(held_q(clock.now(), grace), task_id=lane.task)
         if not held.exists() and time.monotonic() - lane.cut_at >= CUT_SECONDS + 2 * lane.woken + 1:
             lane.woken += 1
             drive_task.apply_async((lane.task,), queue=lane.queue)

@@ -17,6 +17,7 @@ from audit.services import audit_append
 from leases import clock
 from leases.errors import LeaseError, LeaseExpired, LeaseHeld, LeaseLost, LeaseRefused, LeaseReserved, RenewalOutOfOrder
 from leases.models import HolderKind, Lease, LeaseReservation, ReleaseReason
+from leases.state import held_q, lapsed_q, live_q, live_sql
 
 
 def _checked_ttl(ttl: timedelta | None) -> timedelta:
@@ -30,11 +31,6 @@ def _checked_ttl(ttl: timedelta | None) -> timedelta:
 def lease_ttl() -> timedelta:
     ttl: timedelta = settings.RECKON_LEASE_TTL
     return ttl
-
-
-def lease_grace() -> timedelta:
-    grace: timedelta = settings.RECKON_LEASE_GRACE
-    return grace
 
 
 def _task_state(task_id: int) -> tuple[int, str]:
@@ -105,7 +101,7 @@ def lease_acquire(*, task_id: int, holder_kind: str, holder_id: str, ttl: timede
 
 def _close_lapsed(task_id: int, now: datetime) -> None:
     """Close a lease that lapsed past its grace; a person's lapsed takeover is an audit event."""
-    lapsed = Lease.objects.open().filter(task_id=task_id, expires_at__lte=now - lease_grace()).first()
+    lapsed = Lease.objects.filter(lapsed_q(now), task_id=task_id).first()
     if lapsed is None:
         return
     Lease.objects.filter(pk=lapsed.pk, released_at__isnull=True).update(
@@ -161,18 +157,14 @@ def lease_renew(*, lease: Lease, expected_renewal_seq: int, ttl: timedelta | Non
     ttl = _checked_ttl(ttl)
     with transaction.atomic():
         now = clock.now()
-        updated = (
-            Lease.objects.open()
-            .filter(
-                pk=lease.pk,
-                epoch=lease.epoch,
-                holder_kind=lease.holder_kind,
-                holder_id=lease.holder_id,
-                renewal_seq=expected_renewal_seq,
-                expires_at__gt=now - lease_grace(),
-            )
-            .update(renewal_seq=F("renewal_seq") + 1, expires_at=now + ttl, ttl=ttl)
-        )
+        updated = Lease.objects.filter(
+            held_q(now),
+            pk=lease.pk,
+            epoch=lease.epoch,
+            holder_kind=lease.holder_kind,
+            holder_id=lease.holder_id,
+            renewal_seq=expected_renewal_seq,
+        ).update(renewal_seq=F("renewal_seq") + 1, expires_at=now + ttl, ttl=ttl)
         if updated != 1:
             _raise_renew_refusal(lease, expected_renewal_seq, now)
         return Lease.objects.get(pk=lease.pk)
@@ -239,6 +231,18 @@ class LeaseCheck:
     renew_params: list[Any] = field(default_factory=list)
 
 
+# The lease check's statements (lease_check), judged live at ":now", the write's own moment on the database clock.
+# Fixed text only: leases.state's condition names the columns.
+_GUARD_POSTGRESQL = (
+    "SELECT expires_at FROM leases_lease WHERE id = %s AND task_id = %s AND epoch = %s"  # noqa: S608
+    f" AND {live_sql(':now')} FOR UPDATE"
+)
+_GUARD_SQLITE = (
+    "UPDATE leases_lease SET expires_at = MAX(expires_at, %s) WHERE id = %s AND task_id = %s AND epoch = %s"  # noqa: S608
+    f" AND {live_sql(':now')} RETURNING expires_at"
+)
+
+
 def lease_check(*, lease: LeaseRef, task_id: int, at: datetime) -> LeaseCheck:
     """The statements that check and extend ``lease`` inside a write to ``task_id`` recorded at ``at`` (see
     LeaseCheck): the lease is judged on the database clock at the write's own statement, and extended to ``at``
@@ -247,29 +251,19 @@ def lease_check(*, lease: LeaseRef, task_id: int, at: datetime) -> LeaseCheck:
     until = at + (lease.ttl or timedelta(0))
     if connection.vendor == "postgresql":
         # now_expr is "statement_timestamp()" or "%s" (leases.clock.now_sql): never text from outside.
-        guard = (
-            "SELECT expires_at FROM leases_lease WHERE id = %s AND task_id = %s AND epoch = %s"
-            " AND released_at IS NULL AND expires_at > :now FOR UPDATE"
-        ).replace(":now", now_expr)
+        guard = _GUARD_POSTGRESQL.replace(":now", now_expr)
         renew = "UPDATE leases_lease SET expires_at = GREATEST(expires_at, %s) WHERE id = %s"
         return LeaseCheck(guard, [lease.pk, task_id, lease.epoch, *now_params], renew, [until, lease.pk])
     adapt = connection.ops.adapt_datetimefield_value
     if not now_params:  # SQLite's own clock, in a statement with parameters: its % signs doubled
         now_expr = now_expr.replace("%", "%%")
-    guard = (
-        "UPDATE leases_lease SET expires_at = MAX(expires_at, %s) WHERE id = %s AND task_id = %s AND epoch = %s"
-        " AND released_at IS NULL AND expires_at > :now RETURNING expires_at"
-    ).replace(":now", now_expr)
+    guard = _GUARD_SQLITE.replace(":now", now_expr)
     return LeaseCheck(guard, [adapt(until), lease.pk, task_id, lease.epoch, *(adapt(v) for v in now_params)])
 
 
 def lease_live(*, lease: LeaseRef, task_id: int) -> bool:
     """Whether ``lease`` may write to ``task_id`` now (a read: for naming a refusal, never for deciding a write)."""
-    return (
-        Lease.objects.open()
-        .filter(pk=lease.pk, task_id=task_id, epoch=lease.epoch, expires_at__gt=clock.now())
-        .exists()
-    )
+    return Lease.objects.filter(live_q(clock.now()), pk=lease.pk, task_id=task_id, epoch=lease.epoch).exists()
 
 
 def lease_refusal(*, lease: LeaseRef, task_id: int) -> LeaseError:

@@ -45,7 +45,7 @@
  * P7 (-DCHECK_NOT_DONE_STAYS_NOT_DONE) no effect lands under an op key the log records as rejected. It FAILS, and
  *    the model shows why: a request still in flight when its caller timed out; the lookup by op key finds nothing
  *    yet (not found); a recorded cancel then rejects the operation ("cancelled", the task stops), or a person
- *    confirms it "not done" (tasks/decisions.py:settle_not_done); the request lands after: an effect the log says
+ *    confirms it "not done" (tasks/decide/decisions.py:settle_not_done); the request lands after: an effect the log says
  *    never happened. (Without a cancel or a person, not found sends the same op key again and the remote
  *    deduplicates: P3 holds.) Kept as a documented gap (docs/verification.md), checked to still fail until the protocol closes it.
  *
@@ -89,7 +89,7 @@
 #define FORCES 1        /* 0: the admin never forces a release */
 #endif
 
-/* task status (tasks/lifecycle.py:TaskStatus; observing and backing_off fold into running, failed is not reached) */
+/* task status (tasks/core/lifecycle.py:TaskStatus; observing and backing_off fold into running, failed is not reached) */
 mtype = { T_PENDING, T_RUNNING, T_PAUSED, T_HUMAN, T_STOPPING, T_STOPPED_PENDING, T_STOPPED, T_COMPLETED };
 /* node status (NodeStatus) */
 #define N_PENDING 0
@@ -106,18 +106,18 @@ mtype = { T_PENDING, T_RUNNING, T_PAUSED, T_HUMAN, T_STOPPING, T_STOPPED_PENDING
 #define L_LIVE 0
 #define L_EXPIRED 1   /* past expires_at, inside the grace: nobody writes, only the holder may renew */
 #define L_LAPSED 2    /* past the grace: the next acquire closes it */
-/* what a call or lookup tells the caller (tasks/outcomes.py) */
+/* what a call or lookup tells the caller (tasks/core/outcomes.py) */
 #define R_COMMITTED 0
 #define R_REJECTED 1
 #define R_NOTFOUND 2
 #define R_LOST 3      /* Failed(connection_interrupted): no answer */
-/* directive kinds (tasks/decisions.py:Directive) */
+/* directive kinds (tasks/decide/decisions.py:Directive) */
 #define D_STOP 0
 #define D_DONE 1
 #define D_RECONCILE 2
 #define D_EXECUTE 3
 
-/* op keys: node a (0) → keys 0, 1 (its retries); node b (1) → key 2 (tasks/opkeys.py:effect) */
+/* op keys: node a (0) → keys 0, 1 (its retries); node b (1) → key 2 (tasks/core/opkeys.py:effect) */
 #define K 3
 #define NODE_OF(k) ((k) < 2 -> 0 : 1)
 #define MAX_ATT(n) ((n) == 0 -> 2 : 1)
@@ -156,14 +156,14 @@ byte authority;
 #define FIRST_INTENT (op_st[0] == O_INTENT -> 0 : (op_st[1] == O_INTENT -> 1 : 2))
 #define ENDED (status == T_COMPLETED || status == T_STOPPED)
 #define SETTLED (ENDED || status == T_PAUSED)
-/* tasks/lifecycle.py:PERMITS */
+/* tasks/core/lifecycle.py:PERMITS */
 #define RUNNABLE (status == T_PENDING || status == T_RUNNING)
 #define SETTLING (status == T_STOPPING || status == T_STOPPED_PENDING)
 #define AGENT_MAY_SETTLE (RUNNABLE || SETTLING || status == T_PAUSED)
 #define OPERATOR_MAY_SETTLE (SETTLING || status == T_HUMAN)
 #define OPERATOR_MAY_DECIDE (SETTLING || status == T_HUMAN || status == T_STOPPED)
 
-/* tasks/cas.py:compare_and_set's lease check (leases/services.py:lease_check): open, this epoch, live */
+/* tasks/engine/cas.py:compare_and_set's lease check (leases/services.py:lease_check): open, this epoch, live */
 #ifdef SABOTAGE_NO_FENCING
 #define FENCED(who, ep) true
 #else
@@ -173,7 +173,7 @@ byte authority;
 /* P1, at every commit made under a lease */
 #define COMMIT_UNDER_LEASE(ep) assert((ep) == authority); version++
 
-/* tasks/decisions.py:cancel_status — after a cancel: stopping while work is in flight, stopped_pending while only
+/* tasks/decide/decisions.py:cancel_status — after a cancel: stopping while work is in flight, stopped_pending while only
    unknowns remain, stopped once every operation is settled */
 inline cancel_status() {
   if
@@ -183,7 +183,7 @@ inline cancel_status() {
   fi
 }
 
-/* tasks/decisions.py:settle (its _committed, _failed, NotFound branches), the change commit 2 writes */
+/* tasks/decide/decisions.py:settle (its _committed, _failed, NotFound branches), the change commit 2 writes */
 inline settle(k, res) {
   if
   :: res == R_COMMITTED ->
@@ -276,7 +276,7 @@ end:
   od
 }
 
-/* tasks/runner.py:run_task_once / run_steps: one agent, woken again and again (the recovery scan) */
+/* tasks/engine/runner.py:run_task_once / run_steps: one agent, woken again and again (the recovery scan) */
 proctype Worker(byte me) {
   byte ep, lv, k, res, d;
 
@@ -289,7 +289,7 @@ end:
     l_epoch++; l_holder = me; l_state = L_LIVE; l_orphan = false; ep = l_epoch; authority = ep
   };
   do
-  :: /* tasks/snapshot.py:task_snapshot + tasks/decisions.py:directive (pure, on the snapshot) */
+  :: /* tasks/engine/snapshot.py:task_snapshot + tasks/decide/decisions.py:directive (pure, on the snapshot) */
      atomic {
        lv = version; k = 0;
        if
@@ -348,7 +348,7 @@ end:
      fi;
      if
      :: d == D_RECONCILE ->
-        /* tasks/runner.py:run_steps, reconcile branch: connector.lookup(op_key) */
+        /* tasks/engine/runner.py:run_steps, reconcile branch: connector.lookup(op_key) */
         lookup(k, res);
         if
         :: res == R_LOST -> break                              /* stopped_by remote_unreachable */
@@ -358,7 +358,7 @@ end:
         :: crashes < MAX_CRASHES -> goto crash
         :: true
         fi;
-        /* tasks/protocol.py:step_settle → tasks/cas.py:compare_and_set (kind settle, agent) */
+        /* tasks/engine/protocol.py:record_outcome → tasks/engine/cas.py:compare_and_set (kind settle, agent) */
         atomic {
           if
           :: version == lv && FENCED(me, ep) && AGENT_MAY_SETTLE && OPEN(k) ->
@@ -370,7 +370,7 @@ end:
 #ifdef SABOTAGE_INTENT_AFTER_CALL
         call(k, res);                                           /* the call first, commit 1 after it */
 #endif
-        /* tasks/protocol.py:step_start → tasks/decisions.py:start → tasks/cas.py:compare_and_set (kind start,
+        /* tasks/engine/protocol.py:operation_start → tasks/decide/decisions.py:start → tasks/engine/cas.py:compare_and_set (kind start,
            requires cancel_requested_at IS NULL): commit 1, the operation registered as dispatched */
         atomic {
           if
@@ -397,7 +397,7 @@ end:
         :: crashes < MAX_CRASHES -> goto crash
         :: true
         fi;
-        /* tasks/protocol.py:step_settle → compare_and_set (kind settle): commit 2, the outcome */
+        /* tasks/engine/protocol.py:record_outcome → compare_and_set (kind settle): commit 2, the outcome */
         atomic {
           if
           :: version == lv + 1 && FENCED(me, ep) && AGENT_MAY_SETTLE && OPEN(k) ->
@@ -409,7 +409,7 @@ end:
      fi;
      lv = 0; res = 0
   od;
-  /* tasks/runner.py:_run_holding → leases/services.py:lease_release (LeaseLost is suppressed) */
+  /* tasks/engine/runner.py:_run_holding → leases/services.py:lease_release (LeaseLost is suppressed) */
   atomic {
     if
     :: l_holder == me && l_epoch == ep -> l_holder = 0; authority = 0
@@ -430,14 +430,14 @@ crash:
   goto idle
 }
 
-/* a person: cancel (tasks/cancel.py) and takeover (tasks/takeover.py) */
+/* a person: cancel (tasks/people/cancel.py) and takeover (tasks/people/takeover.py) */
 active proctype Operator() {
   byte ep, lv, k, res;
 
   if
   :: skip                                                       /* never cancels */
-  :: CANCELS > 0 -> /* tasks/cancel.py:task_request_cancel (no lease, a person; its retry on VersionConflict makes it one atomic
-        step at the instant it lands) → tasks/decisions.py:cancel */
+  :: CANCELS > 0 -> /* tasks/people/cancel.py:task_request_cancel (no lease, a person; its retry on VersionConflict makes it one atomic
+        step at the instant it lands) → tasks/decide/decisions.py:cancel */
      atomic {
        if
        :: !cancel_req && !ENDED && !SETTLING ->
@@ -461,7 +461,7 @@ active proctype Operator() {
   fi;
 
 claim:
-  /* tasks/takeover.py:takeover_claim: leases/services.py:lease_acquire for the operator (closing a lapsed lease),
+  /* tasks/people/takeover.py:takeover_claim: leases/services.py:lease_acquire for the operator (closing a lapsed lease),
      or _wait_for_holder: leases/services.py:lease_reserve + compare_and_set(takeover_requested, no lease) */
   atomic {
     if
@@ -482,7 +482,7 @@ claim:
   };
 held:
   /* the next holder reconciles every open operation by op key first (the console's operation_resolve_by_person:
-     done, with the remote's receipt; not done, tasks/decisions.py:settle_not_done) */
+     done, with the remote's receipt; not done, tasks/decide/decisions.py:settle_not_done) */
   do
   :: atomic {
        lv = version;
@@ -490,7 +490,7 @@ held:
        :: !(l_holder == OPER && l_epoch == ep) -> goto claim     /* forced off, or lapsed and closed */
        :: l_holder == OPER && l_epoch == ep && l_state == L_LAPSED -> goto claim
        :: l_holder == OPER && l_epoch == ep && l_state == L_EXPIRED ->
-          l_state = L_LIVE; authority = ep                      /* tasks/takeover.py:takeover_renew (in grace) */
+          l_state = L_LIVE; authority = ep                      /* tasks/people/takeover.py:takeover_renew (in grace) */
        :: l_holder == OPER && l_epoch == ep && l_state == L_LIVE && ANY_OPEN ->
           k = FIRST_OPEN; res = (r_done[k] -> R_COMMITTED : R_NOTFOUND)
        :: l_holder == OPER && l_epoch == ep && l_state == L_LIVE && !ANY_OPEN -> break
@@ -511,7 +511,7 @@ held:
        k = 0; res = 0
      }
   od;
-  /* tasks/takeover.py:takeover_submit: end_task completed when every node has its receipt, replan (paused
+  /* tasks/people/takeover.py:takeover_submit: end_task completed when every node has its receipt, replan (paused
      needs_replan) when a node's budget is spent, else resume_agent; then leases/services.py:lease_release */
   atomic {
     if
@@ -540,7 +540,7 @@ done:
   skip
 }
 
-/* an admin: tasks/forced_release.py:lease_force_release → leases/services.py:lease_force_close, then a
+/* an admin: tasks/people/forced_release.py:lease_force_release → leases/services.py:lease_force_close, then a
    compare-and-set without a lease (force_release, person) that moves the version */
 active proctype Admin() {
   if

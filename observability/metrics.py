@@ -22,7 +22,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.conf import settings
 from django.db.models import Count, Exists, OuterRef, Q, Sum
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
@@ -37,6 +36,7 @@ from prometheus_client.registry import Collector
 from audit.models import VerificationRun
 from leases import clock
 from leases.models import ForcedRelease, Lease
+from leases.state import grace_q, lapsed_q, live_q
 from tasks.core.lifecycle import PauseReason, TaskStatus, TempResourceStatus
 from tasks.models import Event, Operation, Task, TaskWakeUp, TempResource
 
@@ -227,7 +227,6 @@ def _leases() -> Iterator[Metric]:
         releases.add_metric([reason], n)
     yield releases
     now = clock.now()
-    grace = settings.RECKON_LEASE_GRACE
     open_leases = Lease.objects.open()
     held = GaugeMetricFamily(
         "reckon_leases_open",
@@ -236,9 +235,9 @@ def _leases() -> Iterator[Metric]:
         labels=["state"],
     )
     aggregate = open_leases.aggregate(
-        live=Count("pk", filter=Q(expires_at__gt=now)),
-        grace=Count("pk", filter=Q(expires_at__lte=now, expires_at__gt=now - grace)),
-        lapsed=Count("pk", filter=Q(expires_at__lte=now - grace)),
+        live=Count("pk", filter=live_q(now)),
+        grace=Count("pk", filter=grace_q(now)),
+        lapsed=Count("pk", filter=lapsed_q(now)),
     )
     for state in ("live", "grace", "lapsed"):
         held.add_metric([state], aggregate[state])

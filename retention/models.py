@@ -20,6 +20,10 @@ class RetainedStatus(models.TextChoices):
 
 
 class RetainedObjectQuerySet(models.QuerySet["RetainedObject"]):
+    def live(self, now: datetime) -> "RetainedObjectQuerySet":
+        """What can still be read (and extended) at ``now``."""
+        return self.filter(status=RetainedStatus.LIVE, expires_at__gt=now)
+
     def due(self, now: datetime) -> "RetainedObjectQuerySet":
         """What a sweep must finish: expired live objects, and purges a crashed sweep left half-way."""
         return self.filter(Q(status=RetainedStatus.LIVE, expires_at__lte=now) | Q(status=RetainedStatus.PURGING))

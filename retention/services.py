@@ -4,10 +4,12 @@
   atomically, then inserts the row: no I/O inside a transaction. A file whose row never landed is an
   orphan, removed by the sweep once it is older than ORPHAN_GRACE.
 - Checkpoints hold ``Ref.as_checkpoint()`` — ``{"retained": id, "version": n}`` — never the content;
-  ``resolve`` turns one back into a Ref, ``fetch`` into the bytes. An object past its expiry raises
-  RetentionExpired: rebuild the input from external facts, never go on with something that is gone.
+  ``fetch`` turns one (as a Ref) into its content (a Retained). An object past its expiry raises
+  RetentionExpired, which names its kind and name: rebuild the input from external facts and retain it again,
+  never go on with something that is gone (the agent API answers 410 with them, and the Python client's
+  ``fetch_or_recreate`` does exactly that: the agent holds the external facts, not Reckon).
 - ``retention_extend``: a person who may operate the task, with a reason, bounded in time and in count,
-  audited in the same transaction.
+  audited in the same transaction (the console's retention page).
 - ``retention_sweep``: claim (live → purging, conditional), remove the file, mark purged. Each step is
   idempotent, so a crash anywhere is finished by the next sweep, and concurrent sweeps purge each object
   once. It removes only the file its row names, in that row's task folder, and orphans in task folders;
@@ -20,7 +22,7 @@ import hashlib
 import os
 import re
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -75,6 +77,18 @@ class Ref:
 
     def as_checkpoint(self) -> dict[str, int]:
         return {"retained": self.id, "version": self.version}
+
+
+@dataclass(frozen=True)
+class Retained:
+    """What ``fetch`` reads: the plaintext, checked against its digest, and what a reader needs beside it — the
+    kind (a debug artifact's plaintext is the canonical JSON of its fields) and how long it stays readable."""
+
+    ref: Ref
+    kind: str
+    name: str
+    expires_at: datetime
+    content: bytes
 
 
 # --- where and how ----------------------------------------------------------------------------------------------
@@ -156,6 +170,7 @@ def _plaintext(kind: str, name: str, content: bytes | Mapping[str, Any]) -> byte
             raise RetentionRefused(
                 f"debug artifact {name!r} must be a dict of minimal fields (ids, status, an excerpt), not raw bytes"
             )
+        # The sealed artifact itself, under its own cap: neither an event nor an audit row.
         check_payload(dict(content), what=f"debug artifact {name!r}", cap=DEBUG_ARTIFACT_CAP_BYTES)
         plaintext = canonical_json(content).encode()
     elif isinstance(content, bytes):
@@ -248,26 +263,19 @@ def _row(ref: Ref, task_id: int | None) -> RetainedObject:
 
 
 def _require_live(row: RetainedObject, now: datetime) -> None:
+    """RetentionExpired, naming what to re-create (its kind and name), unless the object is live at ``now``."""
+    named = {"retained": row.pk, "version": row.version, "kind": row.kind, "name": row.name}
     if row.status == RetainedStatus.PURGED:
-        raise RetentionExpired(f"{_describe(row)} was purged at {row.purged_at}", retained=row.pk)
+        raise RetentionExpired(f"{_describe(row)} was purged at {row.purged_at}", **named)
     if row.status != RetainedStatus.LIVE or row.expires_at <= now:
-        raise RetentionExpired(f"{_describe(row)} expired at {row.expires_at}", retained=row.pk)
+        raise RetentionExpired(f"{_describe(row)} expired at {row.expires_at}", **named)
 
 
-def resolve(checkpoint: Mapping[str, Any], *, task_id: int | None = None) -> Ref:
-    """The Ref a checkpoint holds, if that object exists (of ``task_id``, when given). Does not judge expiry:
-    ``fetch`` does."""
-    values = dict(checkpoint) if isinstance(checkpoint, Mapping) else {}
-    if set(values) != {"retained", "version"} or not all(type(v) is int for v in values.values()):
-        raise RetentionRefused('a checkpoint reference is {"retained": <id>, "version": <n>}')
-    ref = Ref(values["retained"], values["version"])
-    _row(ref, task_id)
-    return ref
-
-
-def fetch(ref: Ref, *, task_id: int | None = None) -> bytes:
-    """The plaintext, checked against its digest. Raises RetentionNotFound, RetentionExpired (at or after
-    expiry, or purged) or RetentionCorrupt (missing, altered or foreign file; RetentionKeyMismatch: wrong key)."""
+def fetch(ref: Ref, *, task_id: int | None = None) -> Retained:
+    """The plaintext, checked against its digest, with its kind, name and expiry. Raises RetentionNotFound,
+    RetentionExpired (at or after expiry, or purged: re-create it from external facts and retain it again) or
+    RetentionCorrupt (missing, altered or foreign file; RetentionKeyMismatch: wrong key) — a corrupt object is
+    never re-created: something is wrong that re-creating would hide."""
     row = _row(ref, task_id)
     _require_live(row, clock.now())
     try:
@@ -282,38 +290,39 @@ def fetch(ref: Ref, *, task_id: int | None = None) -> bytes:
         raise type(exc)(f"{_describe(row)}: {exc}", retained=row.pk) from exc
     if len(plaintext) != row.size or hashlib.sha256(plaintext).hexdigest() != row.sha256:
         raise RetentionCorrupt(f"{_describe(row)}: the content does not match its digest", retained=row.pk)
-    return plaintext
-
-
-def fetch_or_recreate(ref: Ref, *, task_id: int, recreate: Callable[[], bytes]) -> tuple[bytes, Ref]:
-    """The retained content, or — when retention already removed it — content re-created from external facts.
-
-    ``recreate`` reads what is true now (e.g. the source snapshot by its versioned ref) and returns the bytes; they
-    are retained again as the next version of the same name, and the caller keeps the new ref in its checkpoint.
-    A checkpoint never points at a file that is gone: an expired object is re-created, a corrupt one is refused
-    (RetentionCorrupt: something is wrong that re-creating would hide)."""
-    try:
-        return fetch(ref, task_id=task_id), ref
-    except RetentionExpired:
-        row = _row(ref, task_id)
-        content = recreate()
-        return content, retain(task_id=task_id, kind=row.kind, name=row.name, content=content)
+    return Retained(ref=ref, kind=row.kind, name=row.name, expires_at=row.expires_at, content=plaintext)
 
 
 # --- extend -----------------------------------------------------------------------------------------------------
 
 
-def retention_extend(*, actor: Principal, ref: Ref, until: datetime, reason: str) -> RetainedObject:
+def retention_extend(
+    *,
+    actor: Principal,
+    ref: Ref,
+    until: datetime,
+    reason: str,
+    task_id: int | None = None,
+    seen_extensions: int | None = None,
+) -> RetainedObject:
     """Keep a live object until ``until``: a person who may operate the task, with a reason of at least
     MIN_REASON characters, no later than created_at + RECKON_RETENTION_MAX_EXTENSION, at most
-    RECKON_RETENTION_MAX_EXTENSIONS times. Audited; a refusal writes nothing."""
+    RECKON_RETENTION_MAX_EXTENSIONS times. ``task_id``: the object must be that task's (RetentionNotFound
+    otherwise); ``seen_extensions``: how many extensions the person saw, refused (changed meanwhile) if another was
+    granted since. Audited; a refusal writes nothing."""
     reason = reason.strip()
     if len(reason) < MIN_REASON:
         raise ExtensionReasonMissing(f"extending a retention needs a reason of at least {MIN_REASON} characters")
     if timezone.is_naive(until):
         raise ExtensionRefused("`until` must carry a time zone")
-    row = _row(ref, None)
+    row = _row(ref, task_id)
     require_operate(actor, row.task)
+    if seen_extensions is not None and seen_extensions != row.extended_count:
+        raise ExtensionRefused(
+            f"{_describe(row)} changed meanwhile: extended {row.extended_count} times, not {seen_extensions} as "
+            f"seen; it now lasts until {row.expires_at}. Re-read it",
+            retained=row.pk,
+        )
     bound = row.created_at + max_lifetime()
     if until > bound:
         raise ExtensionBeyondBound(

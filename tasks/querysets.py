@@ -30,19 +30,22 @@ from django.db.models.sql.compiler import SQLCompiler
 
 from leases import clock
 from leases.models import Lease, LeaseReservation
-from leases.services import lease_grace
+from leases.state import held_q
 from tasks.core.actions import approval_actions
 from tasks.core.lifecycle import (
+    ENDED_TASK_STATUSES,
     NOT_ENDED,
     OPEN_OPERATION_STATUSES,
-    TERMINAL_TASK_STATUSES,
     UNSETTLED_OPERATION_STATUSES,
     WORKABLE_TASK_STATUSES,
+    Actor,
+    ChangeKind,
     NodeStatus,
     OperationStatus,
     PauseReason,
     TaskStatus,
     TempResourceStatus,
+    permitted,
 )
 
 if TYPE_CHECKING:
@@ -57,9 +60,7 @@ WORKABLE = sorted(s.value for s in WORKABLE_TASK_STATUSES)
 # Operation.failure_class of an unknown operation the remote can neither dedupe nor answer for (tasks.decide.decisions).
 UNPROVABLE = "unprovable"
 # In these, next_directive never reaches the plan's nodes (tasks.decide.decisions.directive).
-_DIRECTIVE_STOPS_BEFORE_NODES = sorted(
-    TERMINAL_TASK_STATUSES | {TaskStatus.QUARANTINED, TaskStatus.HUMAN, TaskStatus.PAUSED}
-)
+_DIRECTIVE_STOPS_BEFORE_NODES = sorted(ENDED_TASK_STATUSES | {TaskStatus.HUMAN, TaskStatus.PAUSED})
 
 
 class Attention(models.TextChoices):
@@ -112,9 +113,10 @@ class TaskQuerySet(models.QuerySet[_Task]):
         """What the recovery scan hands to a worker: workable tasks, and ended tasks with temp resources left to
         delete, that nobody holds (no lease still inside its grace) and no person waits for."""
         now = now or clock.now()
-        held = Lease.objects.open().filter(task_id=OuterRef("pk"), expires_at__gt=now - lease_grace())
+        held = Lease.objects.filter(held_q(now), task_id=OuterRef("pk"))
         reserved = LeaseReservation.objects.filter(task_id=OuterRef("pk"))
-        ended = sorted(s.value for s in TERMINAL_TASK_STATUSES)
+        # Where cleanup may run: the permit table's statuses (never a quarantined task's: tasks.engine.cleanup).
+        ended = sorted(s.value for s in permitted(ChangeKind.CLEANUP, Actor.AGENT))
         # A UNION of two index range reads (task_status_idx; temp_resource_status_idx): an OR with an EXISTS would
         # read every task row, finished ones included, and the scan would slow as history grows (bench scan).
         litter = (

@@ -150,7 +150,7 @@ def snapshot() -> dict[str, list[tuple[Any, ...]]]:
     tables = [
         t
         for t in connection.introspection.table_names()
-        if t.split("_")[0] in ("tasks", "leases", "audit", "api", "hooks")
+        if t.split("_")[0] in ("tasks", "leases", "audit", "api", "hooks", "retention")
     ]
     result = {}
     with connection.cursor() as cursor:

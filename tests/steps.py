@@ -2,7 +2,7 @@
 
 from leases.models import Lease
 from tasks.core.outcomes import Outcome
-from tasks.engine.protocol import operation_start, record_outcome
+from tasks.engine.protocol import operation_start, record_outcome, snapshot_at
 from tasks.models import Operation, Task
 
 
@@ -12,8 +12,12 @@ def version(task: Task) -> int:
 
 def send(task: Task, lease: Lease, key: str) -> Operation:
     """Register ``key``'s operation and mark it sent (one commit): the external call is now in flight."""
-    return operation_start(task_id=task.pk, node_key=key, expected_version=version(task), lease=lease)
+    return operation_start(
+        snapshot_at(task_id=task.pk, lease=lease, expected_version=version(task)), key, lease=lease
+    ).operation
 
 
 def record(op: Operation, outcome: Outcome, lease: Lease) -> Operation:
-    return record_outcome(op_key=op.op_key, outcome=outcome, expected_version=version(op.task), lease=lease)
+    return record_outcome(
+        snapshot_at(task_id=op.task_id, lease=lease, expected_version=version(op.task)), op.op_key, outcome, lease=lease
+    ).operation

@@ -172,8 +172,9 @@ class World:
 
 
 @pytest.fixture
-def world(settings: Any) -> World:
+def world(settings: Any, tmp_path: Any) -> World:
     settings.RECKON_API_RATE = 0  # thousands of requests a minute, all from one token
+    settings.DATA_DIR = tmp_path  # retained objects' sealed files: the run's own folder
     admin = person("root", "admin")
     token = api_token_issue(actor=admin, agent_id=AGENT, kinds=(KIND,), projects=())[1]
     tasks = [
@@ -328,6 +329,16 @@ LINKS: list[tuple[tuple[str, str, str], tuple[str, str], dict[str, str], Any]] =
             "path.revision": "$response.body#/revision",
             "header.Reckon-Lease": "$request.header.Reckon-Lease",
             "header.If-Match": "{$response.body#/task_version}",
+        },
+        None,
+    ),
+    (
+        ("post", TASK + "/retained", "201"),
+        ("get", TASK + "/retained/{retained_id}/versions/{version}"),
+        {
+            "path.task_id": "$request.path.task_id",
+            "path.retained_id": "$response.body#/retained",
+            "path.version": "$response.body#/version",
         },
         None,
     ),

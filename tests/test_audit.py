@@ -22,7 +22,7 @@ from tasks.access.permissions import permission_grant, permission_revoke
 from tasks.core.errors import VersionConflict
 from tasks.core.outcomes import Committed
 from tasks.engine.plans import plan_accept, plan_propose
-from tasks.engine.protocol import next_directive, operation_start
+from tasks.engine.protocol import next_directive, operation_start, snapshot_at
 from tasks.models import Task
 from tasks.people.cancel import task_request_cancel
 from tasks.people.forced_release import TakeoverRefused, forced_release_review, lease_force_release
@@ -338,7 +338,9 @@ def _scenario_resolve(make_task: Callable[..., Task], agent_lease: Any) -> Calla
     task = make_task(chain_plan("a"))
     lease = agent_lease(task)
     d = next_directive(task_id=task.pk, lease=lease)
-    op = operation_start(task_id=task.pk, node_key="a", expected_version=d.task_version, lease=lease)
+    op = operation_start(
+        snapshot_at(task_id=task.pk, lease=lease, expected_version=d.task_version), "a", lease=lease
+    ).operation
     lease_release(lease=lease)
     admin = person("ann", "admin")
     held = takeover_claim(actor=admin, task_id=task.pk).lease
@@ -424,7 +426,9 @@ def test_after_a_full_scenario_no_audit_row_carries_a_secret_and_the_chain_verif
 
     lease = agent_lease(task)
     d = next_directive(task_id=task.pk, lease=lease)
-    op = operation_start(task_id=task.pk, node_key="a", expected_version=d.task_version, lease=lease)
+    op = operation_start(
+        snapshot_at(task_id=task.pk, lease=lease, expected_version=d.task_version), "a", lease=lease
+    ).operation
     assert not takeover_claim(actor=ann, task_id=task.pk).granted
     lease_release(lease=lease)
     held = takeover_claim(actor=ann, task_id=task.pk).lease

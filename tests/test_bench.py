@@ -241,12 +241,10 @@ def test_the_phase_timer_times_each_phase_and_puts_every_function_back() -> None
     with PhaseTimer() as phases:
         during = _phase_functions()
         assert all(during[name] is not before[name] for name in before)  # each one timed, wherever it is called from
-        assert (
-            during["tasks.engine.runner.step_settle_and_start"] is during["tasks.engine.protocol.step_settle_and_start"]
-        )
+        assert during["tasks.engine.runner.record_outcome"] is during["tasks.engine.protocol.record_outcome"]
     assert _phase_functions() == before
     assert set(phases.calls) == {f"{module}.{qualname}" for module, qualname, _ in PHASES}
-    assert "tasks.engine.protocol.step_settle_and_start" in phases.table(1)
+    assert "tasks.engine.protocol.record_outcome" in phases.table(1)
 
 
 def test_the_cpu_readings_grow_with_the_cpu_spent() -> None:

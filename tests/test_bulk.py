@@ -22,16 +22,21 @@ from audit.services import verify_audit
 from leases.models import Lease
 from leases.services import lease_open, lease_release
 from tasks.access.permissions import PermissionDenied
+from tasks.access.permits import permits, permits_known
 from tasks.core.errors import VersionConflict
-from tasks.core.lifecycle import FailureClass
+from tasks.core.lifecycle import NEEDS, PERMITS, Actor, FailureClass, Need, TaskStatus, permitted, task_ended
 from tasks.core.outcomes import Failed
 from tasks.engine.events import find_log_problem
 from tasks.engine.plans import task_create
 from tasks.jobs import apply_bulk_run, drive_task
 from tasks.models import BulkItemStatus, BulkRun, BulkRunItem, Event, Task
 from tasks.people.bulk import (
+    CHANGE_OF,
+    ENDED,
     MAX_TASKS,
+    NO_PERMISSION,
     BulkRefused,
+    Facts,
     Seen,
     bulk_preview,
     bulk_run_apply,
@@ -45,6 +50,7 @@ from tasks.reads.queries import TaskFilter
 from tests.conftest import chain_plan, person
 from tests.simulator_fixture import Simulator
 from tests.steps import record, send
+from tests.test_permits import set_status
 from tests.test_races_postgres import run_threads
 from tests.workers import celery_worker
 
@@ -457,3 +463,77 @@ def test_two_jobs_racing_on_one_run_resume_each_task_once(
         assert AuditEvent.objects.filter(task_id=task.pk, action="takeover_result_submitted").count() == 1
         assert find_log_problem(fresh(task)) is None
     assert verify_audit().problem is None
+
+
+# -- one permit table: the preview asks it, and applying agrees ---------------------------------------------------
+
+
+def facts_of(**kw: Any) -> Facts:
+    """A free task's facts, operable by the person, as the permit table reads them (the status set consistently)."""
+    status = kw.get("status", "paused")
+    base: dict[str, Any] = {
+        "task_id": 1,
+        "version": 3,
+        "status": status,
+        "status_reason": "permission_revoked" if status == "paused" else "",
+        "cancel_requested": status in ("stopping", "stopped_pending", "stopped"),
+        "operable": True,
+        "epoch": None,
+        "lease_kind": None,
+        "lease_holder": None,
+        "lease_live": False,
+        "reserved_for": None,
+    }
+    return Facts(**(base | kw))
+
+
+@pytest.mark.parametrize("operation", ["cancel", "request_takeover", "resume"])
+def test_the_preview_asks_the_permit_table_in_every_status_and_keeps_no_copy_of_it(
+    operation: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    change = CHANGE_OF[operation]
+    assert change is not None
+    ada = Principal(kind="user", id="ada")
+    for status in TaskStatus:
+        judged = verdict(operation, "ada", facts_of(status=status.value))
+        refused = permits_known(ada, change, task_id=1, status=status.value, operable=True)
+        if refused is not None:
+            assert not judged.changes, (status, judged)
+        if task_ended(status):
+            assert judged == ENDED, (status, judged)
+    # The table changed changes the preview: a status taken out is skipped by the table's refusal, by name.
+    monkeypatch.setitem(PERMITS, (change, Actor.PERSON), permitted(change, Actor.PERSON) - {TaskStatus.PAUSED})
+    judged = verdict(operation, "ada", facts_of(status="paused"))
+    assert (judged.changes, judged.code) == (False, "task_not_runnable")
+    # And who the table needs: made an admin's change, an operator granted the task is no longer enough.
+    monkeypatch.setitem(NEEDS, (change, Actor.PERSON), Need.ADMIN)
+    assert verdict(operation, "ada", facts_of(status="pending")) == NO_PERMISSION
+
+
+@pytest.mark.parametrize("operation", ["cancel", "request_takeover"])
+def test_in_every_status_the_preview_says_what_applying_then_does(
+    operation: str, make_task: Callable[..., Task], admin: Principal
+) -> None:
+    change = CHANGE_OF[operation]
+    assert change is not None
+    made: dict[str, Task] = {}
+    for status in TaskStatus:
+        task = make_task(chain_plan("a"), project=PROJECT, title=status.value)
+        set_status(task, status.value)
+        made[status.value] = fresh(task)
+    preview = bulk_preview(actor=admin, operation=operation, task_filter=ALL)
+    predicted = {r.task.pk: r.verdict for r in preview.rows}
+    assert set(predicted) == {t.pk for t in made.values()}
+    # The preview changes a task exactly where the table allows the change (a cancel already recorded is left alone).
+    allowed = {
+        status
+        for status, task in made.items()
+        if permits(admin, change, task) is None and not (operation == "cancel" and task.cancel_requested_at)
+    }
+    assert {status for status, task in made.items() if predicted[task.pk].changes} == allowed
+    run = bulk_run_create(actor=admin, operation=operation, reason=REASON, seen=seen_of(preview, everything=True))
+    bulk_run_apply(run_id=run.pk)
+    for item in BulkRunItem.objects.filter(run=run):
+        judged = predicted[item.task_id]
+        assert (item.status == BulkItemStatus.DONE) == judged.changes, (item.task_id, judged, item.detail)
+        assert item.status != BulkItemStatus.FAILED, item.detail

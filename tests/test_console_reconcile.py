@@ -15,8 +15,9 @@ from guardian.shortcuts import assign_perm
 
 from audit.models import AuditEvent
 from audit.principals import Principal
-from leases.services import lease_release
-from tasks.core.lifecycle import FailureClass, TempResourceStatus
+from leases.services import lease_open, lease_release
+from tasks.access.permits import permits
+from tasks.core.lifecycle import PERMITS, Actor, ChangeKind, FailureClass, TaskStatus, TempResourceStatus, permitted
 from tasks.core.outcomes import Committed, Failed, NotFound, Outcome
 from tasks.engine.cleanup import cleanup_temp_resources
 from tasks.models import Event, Operation, Task, TempResource
@@ -24,6 +25,7 @@ from tasks.people.takeover import takeover_claim
 from tests.conftest import chain_plan, effect_node, person, snapshot
 from tests.kinds import kind_registered
 from tests.steps import record, send
+from tests.test_permits import set_status
 
 pytestmark = pytest.mark.django_db
 
@@ -459,3 +461,80 @@ def test_settle_as_compensate_commits_the_effect_and_registers_its_compensation(
     compensation = Operation.objects.get(compensates=op)
     assert (compensation.op_key, compensation.status) == (f"{op.op_key}-compensation", "intent")
     assert AuditEvent.objects.count() == audits + 1
+
+
+# -- the actions offered are the permit table's -------------------------------------------------------------------
+
+PERSONAS = ("operator", "holder", "admin")
+
+
+def offered_scene(make_task: Callable[..., Task], agent_lease: Callable[..., Any], persona: str, status: str):
+    """A task with an unknown operation and a stuck temp resource, in ``status``, and who looks at it: an operator
+    granted it, an operator holding its takeover lease, or an admin."""
+    task = unknown_task(make_task, agent_lease)
+    temp = TempResource.objects.create(
+        task=task,
+        node=task.nodes.first(),
+        locator="staging/left",
+        created_at=task.created_at,
+        retention_until=task.created_at,
+        status=TempResourceStatus.STUCK.value,
+    )
+    who = person("ada", "admin") if persona == "admin" else operator_of(task)
+    if persona == "holder":
+        assert takeover_claim(actor=who, task_id=task.pk).granted
+    set_status(task, status)
+    return Task.objects.get(pk=task.pk), temp, who
+
+
+def offered_on_pages(client: Client, task: Task, temp: TempResource) -> dict[str, bool]:
+    """What the actions page and the detail page offer, read from the HTML."""
+    html = client.get(reverse("task-actions", args=[task.pk])).content.decode()
+    detail = client.get(reverse("task-detail", args=[task.pk])).content.decode()
+    return {
+        "cancel": reverse("task-cancel", args=[task.pk]) in html,
+        "force_release": reverse("force-release", args=[task.pk]) in html,
+        "settle": "Query the remote now" in html and "?resolution=not_done" in html,
+        "reset": reverse("temp-reset", args=[task.pk, temp.pk]) in html,
+        "take_over": "Take over…" in detail,
+    }
+
+
+def allowed_by_permits(who: Principal, task: Task) -> dict[str, bool]:
+    """What tasks.access.permits allows ``who`` on ``task`` now (with their takeover lease, when they hold it)."""
+    lease = lease_open(task.pk)
+    mine = lease if lease is not None and (lease.holder_kind, lease.holder_id) == ("operator", who.id) else None
+    return {
+        "cancel": task.cancel_requested_at is None and permits(who, ChangeKind.CANCEL, task) is None,
+        "force_release": permits(who, ChangeKind.FORCE_RELEASE, task) is None,
+        "settle": mine is not None and permits(who, ChangeKind.SETTLE, task, lease=mine) is None,
+        "reset": permits(who, ChangeKind.CLEANUP, task) is None,
+        "take_over": permits(who, ChangeKind.TAKEOVER, task) is None,
+    }
+
+
+@pytest.mark.parametrize("status", [s.value for s in TaskStatus])
+@pytest.mark.parametrize("persona", PERSONAS)
+def test_the_pages_offer_exactly_the_actions_the_permit_table_allows(
+    client, make_task, agent_lease, clock, persona, status
+) -> None:
+    task, temp, who = offered_scene(make_task, agent_lease, persona, status)
+    client.force_login(who.user)
+    assert offered_on_pages(client, task, temp) == allowed_by_permits(who, task)
+
+
+def test_the_pages_follow_the_permit_table_when_it_changes(client, make_task, agent_lease, clock, monkeypatch) -> None:
+    task, temp, ann = offered_scene(make_task, agent_lease, "operator", "paused")
+    client.force_login(ann.user)
+    before = offered_on_pages(client, task, temp)
+    assert before["cancel"] and before["take_over"] and not before["reset"]
+    changed = {
+        (ChangeKind.CANCEL, Actor.PERSON): permitted(ChangeKind.CANCEL, Actor.PERSON) - {TaskStatus.PAUSED},
+        (ChangeKind.TAKEOVER, Actor.PERSON): permitted(ChangeKind.TAKEOVER, Actor.PERSON) - {TaskStatus.PAUSED},
+        (ChangeKind.CLEANUP, Actor.PERSON): permitted(ChangeKind.CLEANUP, Actor.PERSON) | {TaskStatus.PAUSED},
+    }
+    for key, statuses in changed.items():
+        monkeypatch.setitem(PERMITS, key, statuses)
+    after = offered_on_pages(client, task, temp)
+    assert (after["cancel"], after["take_over"], after["reset"]) == (False, False, True)
+    assert after == allowed_by_permits(ann, task)

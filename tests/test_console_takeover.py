@@ -28,7 +28,7 @@ from leases.services import lease_open, lease_release
 from tasks.access.permissions import permission_grant
 from tasks.core.errors import TaskError, VersionConflict
 from tasks.core.lifecycle import NodeStatus, PauseReason, TaskStatus
-from tasks.engine.protocol import inputs_confirm
+from tasks.engine.protocol import inputs_confirm, snapshot_at
 from tasks.models import Event, Node, PlanRevision, Task
 from tasks.people.cancel import task_request_cancel
 from tasks.people.takeover import takeover_claim, takeover_submit
@@ -495,7 +495,9 @@ def _input_changed(make_task: Callable[..., Task], agent_lease: Callable[..., Le
     lease = held(operator, task)
     takeover_submit(actor=operator, lease=lease, based_on_version=version(task), decision="resume_agent")
     agent = agent_lease(task)
-    inputs_confirm(task_id=task.pk, current_versions={"copy.source": "8"}, expected_version=version(task), lease=agent)
+    inputs_confirm(
+        snapshot_at(task_id=task.pk, lease=agent, expected_version=version(task)), {"copy.source": "8"}, lease=agent
+    )
     lease_release(lease=agent)
     assert (fresh(task).status, fresh(task).status_reason) == (TaskStatus.PAUSED, PauseReason.INPUT_CHANGED)
     return task

@@ -8,7 +8,7 @@ import pytest
 from django.db import IntegrityError, transaction
 
 from tasks.core.outcomes import Committed
-from tasks.engine.protocol import next_directive, operation_start, record_outcome
+from tasks.engine.protocol import next_directive, operation_start, record_outcome, snapshot_at
 from tasks.models import Event, Node, Operation, Receipt, Task, TempResource
 
 
@@ -25,10 +25,15 @@ def task(make_task, clock) -> Task:
 
 def committed_op(task: Task, lease: Any) -> Operation:
     d = next_directive(task_id=task.pk, lease=lease)
-    op = operation_start(task_id=task.pk, node_key=d.node_key, expected_version=d.task_version, lease=lease)
+    op = operation_start(
+        snapshot_at(task_id=task.pk, lease=lease, expected_version=d.task_version), d.node_key, lease=lease
+    ).operation
     return record_outcome(
-        op_key=op.op_key, outcome=Committed(remote_id="r-1"), expected_version=d.task_version + 1, lease=lease
-    )
+        snapshot_at(task_id=op.task_id, lease=lease, expected_version=d.task_version + 1),
+        op.op_key,
+        Committed(remote_id="r-1"),
+        lease=lease,
+    ).operation
 
 
 def test_a_task_status_outside_the_lifecycle_is_refused(task: Task) -> None:

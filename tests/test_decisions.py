@@ -330,3 +330,14 @@ def test_an_unknown_operation_found_unprovable_is_recorded_as_unprovable() -> No
     change = decisions.settle(snap(task(), [a], [op]), op, Unprovable())
     assert change is not None and change.operations[0][1] == {"failure_class": "unprovable"}
     assert change.task["status_reason"] == "unprovable"
+
+
+def test_the_next_start_in_a_shared_commit_raises_when_start_disagrees_with_the_directive() -> None:
+    # The directive looks at dependencies only; b's input reads a node it does not depend on (a plan would be
+    # refused for it): the directive says execute b, start refuses — and next_start says so, never "nothing".
+    b, a = node("b", 1, input={"target": {"from": "a", "field": "remote_id"}}), node("a", 2)
+    disagreeing = snap(task(), [b, a])
+    d = decisions.directive(disagreeing)
+    assert (d.kind, d.node_key, d.op_key) == ("execute", "b", "")
+    with pytest.raises(NodeNotReady, match="reads a"):
+        decisions.next_start(disagreeing)

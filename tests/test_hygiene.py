@@ -34,7 +34,7 @@ from tasks.core.outcomes import Committed, Failed, Outcome
 from tasks.core.plan import MAX_NODES
 from tasks.engine.events import append_event, event_digest, find_log_problem
 from tasks.engine.plans import plan_propose, task_create
-from tasks.engine.protocol import next_directive, operation_start, record_outcome
+from tasks.engine.protocol import next_directive, operation_start, record_outcome, snapshot_at
 from tasks.engine.verification import find_secrets, task_verify_log
 from tasks.models import Event, Operation, Receipt, Task
 from tasks.people.cancel import task_request_cancel
@@ -62,14 +62,18 @@ def step_to_dispatched(task: Task, lease: Lease) -> Operation:
     directive = next_directive(task_id=task.pk, lease=lease)
     assert directive.kind == "execute", directive
     return operation_start(
-        task_id=task.pk, node_key=directive.node_key, expected_version=directive.task_version, lease=lease
-    )
+        snapshot_at(task_id=task.pk, lease=lease, expected_version=directive.task_version),
+        directive.node_key,
+        lease=lease,
+    ).operation
 
 
 def run_node(task: Task, lease: Lease, outcome: Outcome) -> Operation:
     op = step_to_dispatched(task, lease)
     version = current(task).version
-    op = record_outcome(op_key=op.op_key, outcome=outcome, expected_version=version, lease=lease)
+    op = record_outcome(
+        snapshot_at(task_id=op.task_id, lease=lease, expected_version=version), op.op_key, outcome, lease=lease
+    ).operation
     assert current(task).version == version + 1
     return op
 
@@ -460,9 +464,9 @@ def test_record_outcome_refuses_a_password_in_receipt_text_and_writes_nothing(ma
     before = snapshot()
     with pytest.raises(SecretInPayload, match=r"\$\.note"):
         record_outcome(
-            op_key=op.op_key,
-            outcome=Committed(remote_id="r-a", data={"note": "copied with password=" + PASSWORD}),
-            expected_version=current(task).version,
+            snapshot_at(task_id=op.task_id, lease=lease, expected_version=current(task).version),
+            op.op_key,
+            Committed(remote_id="r-a", data={"note": "copied with password=" + PASSWORD}),
             lease=lease,
         )
     assert snapshot() == before
@@ -471,9 +475,9 @@ def test_record_outcome_refuses_a_password_in_receipt_text_and_writes_nothing(ma
 def test_a_cancel_reason_carrying_a_password_is_refused_and_nothing_is_written(make_task, clock) -> None:
     task = make_task(chain_plan("a"))
     before = snapshot()
-    with pytest.raises(SecretInPayload, match="cancel reason"):
+    with pytest.raises(SecretInPayload, match=r"cancel_requested audit row carries .* at \$\.reason"):
         task_request_cancel(
-            actor=Principal.agent("agent-1"), task_id=task.pk, reason="stop it, the db passwd: " + PASSWORD
+            actor=Principal.agent("tester"), task_id=task.pk, reason="stop it, the db passwd: " + PASSWORD
         )
     assert snapshot() == before
 
@@ -485,7 +489,7 @@ def test_a_forced_release_justification_carrying_a_token_is_refused_and_nothing_
     agent_lease(task)
     root = person("root", "admin")
     before = snapshot()
-    with pytest.raises(SecretInPayload, match="forced release"):
+    with pytest.raises(SecretInPayload, match=r"lease_forced_release audit row carries .* at \$\.reason"):
         lease_force_release(
             actor=root,
             task_id=task.pk,
@@ -645,13 +649,21 @@ def test_record_outcome_refuses_receipt_data_carrying_a_token(make_task, agent_l
     before = snapshot()
     with pytest.raises(SecretInPayload):
         record_outcome(
-            op_key=op.op_key, outcome=Committed(remote_id="r-a", data=data), expected_version=version, lease=lease
+            snapshot_at(task_id=op.task_id, lease=lease, expected_version=version),
+            op.op_key,
+            Committed(remote_id="r-a", data=data),
+            lease=lease,
         )
     assert snapshot() == before
     assert Operation.objects.get(pk=op.pk).status == OperationStatus.DISPATCHED
     assert not Receipt.objects.filter(operation=op).exists()
 
-    record_outcome(op_key=op.op_key, outcome=Committed(remote_id="r-a"), expected_version=version, lease=lease)
+    record_outcome(
+        snapshot_at(task_id=op.task_id, lease=lease, expected_version=version),
+        op.op_key,
+        Committed(remote_id="r-a"),
+        lease=lease,
+    )
     assert current(task).status == TaskStatus.COMPLETED
 
 
@@ -669,7 +681,12 @@ def test_record_outcome_refuses_receipt_fields_carrying_a_token(make_task, agent
     op = step_to_dispatched(task, lease)
     before = snapshot()
     with pytest.raises(SecretInPayload):
-        record_outcome(op_key=op.op_key, outcome=receipt, expected_version=current(task).version, lease=lease)
+        record_outcome(
+            snapshot_at(task_id=op.task_id, lease=lease, expected_version=current(task).version),
+            op.op_key,
+            receipt,
+            lease=lease,
+        )
     assert snapshot() == before
     assert Operation.objects.get(pk=op.pk).status == OperationStatus.DISPATCHED
 
@@ -681,9 +698,9 @@ def test_record_outcome_refuses_an_oversized_receipt(make_task, agent_lease, clo
     before = snapshot()
     with pytest.raises(PayloadTooLarge):
         record_outcome(
-            op_key=op.op_key,
-            outcome=Committed(remote_id="r-a", data=padded_to(PAYLOAD_CAP_BYTES + 1)),
-            expected_version=current(task).version,
+            snapshot_at(task_id=op.task_id, lease=lease, expected_version=current(task).version),
+            op.op_key,
+            Committed(remote_id="r-a", data=padded_to(PAYLOAD_CAP_BYTES + 1)),
             lease=lease,
         )
     assert snapshot() == before
@@ -696,9 +713,9 @@ def test_a_failure_detail_in_plain_words_is_not_taken_for_a_credential(make_task
     lease = agent_lease(task)
     op = step_to_dispatched(task, lease)
     record_outcome(
-        op_key=op.op_key,
-        outcome=Failed(FailureClass.PERMISSION_REVOKED, "Basic authentication required for this bucket"),
-        expected_version=current(task).version,
+        snapshot_at(task_id=op.task_id, lease=lease, expected_version=current(task).version),
+        op.op_key,
+        Failed(FailureClass.PERMISSION_REVOKED, "Basic authentication required for this bucket"),
         lease=lease,
     )
     paused = current(task)

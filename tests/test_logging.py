@@ -21,7 +21,8 @@ from celery.signals import task_postrun, task_prerun
 
 from agents.demo import migration_plan
 from agents.objectstore import ObjectStoreConnector
-from leases.services import lease_acquire, lease_grace, lease_ttl
+from leases.services import lease_acquire, lease_ttl
+from leases.state import lease_grace
 from observability.logs import (
     STATE_EVENTS,
     STATE_LOGGER,
@@ -33,7 +34,7 @@ from observability.logs import (
 )
 from tasks.core.errors import VersionConflict
 from tasks.engine.plans import task_create
-from tasks.engine.protocol import operation_start
+from tasks.engine.protocol import operation_start, snapshot_at
 from tasks.engine.runner import run_steps
 from tasks.jobs import drive_task, recovery_scan
 from tasks.models import Event, Operation
@@ -278,7 +279,7 @@ def test_a_refused_change_logs_nothing_and_a_task_s_creation_logs_its_events(jso
     assert lines[0]["event"] == "task_created" and lines[0]["message"] == "task changed: task_created; task pending"
     lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="worker-1")
     with pytest.raises(VersionConflict):
-        operation_start(task_id=task.pk, node_key="a", expected_version=task.version - 1, lease=lease)
+        operation_start(snapshot_at(task_id=task.pk, lease=lease, expected_version=task.version - 1), "a", lease=lease)
     assert len(state_lines(json_lines)) == len(lines)
 
 

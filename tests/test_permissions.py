@@ -39,7 +39,7 @@ from tasks.access.permissions import (
     viewable_condition,
 )
 from tasks.access.permissions import can_operate as can_operate_task
-from tasks.engine.protocol import next_directive, operation_start
+from tasks.engine.protocol import next_directive, operation_start, snapshot_at
 from tasks.models import ScopeGrant, Task
 from tasks.people.cancel import task_request_cancel
 from tasks.people.forced_release import forced_release_review, lease_force_release
@@ -127,7 +127,9 @@ def test_an_operator_whose_grant_was_revoked_cannot_settle_an_operation(make_tas
     task = make_task(chain_plan("a"))
     agent = agent_lease(task)
     d = next_directive(task_id=task.pk, lease=agent)
-    op = operation_start(task_id=task.pk, node_key="a", expected_version=d.task_version, lease=agent)
+    op = operation_start(
+        snapshot_at(task_id=task.pk, lease=agent, expected_version=d.task_version), "a", lease=agent
+    ).operation
     lease_release(lease=agent)
     permission_grant(actor=root, user=ann.user, task=task)
     lease = claims(ann, task)

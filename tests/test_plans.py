@@ -21,7 +21,7 @@ from tasks.core.outcomes import Committed, Failed, Outcome, Unprovable
 from tasks.core.plan import MAX_NODES, validate_plan
 from tasks.engine.events import find_log_problem
 from tasks.engine.plans import plan_accept, plan_propose, task_create
-from tasks.engine.protocol import next_directive, operation_start, record_outcome
+from tasks.engine.protocol import next_directive, operation_start, record_outcome, snapshot_at
 from tasks.engine.verification import task_verify_log
 from tasks.models import Event, Node, Operation, PlanRevision, ProposalStatus, Task
 from tests.conftest import chain_plan, effect_node, snapshot
@@ -70,9 +70,13 @@ def run_node(task: Task, lease: Lease, outcome: Outcome) -> Operation:
     directive = next_directive(task_id=task.pk, lease=lease)
     assert directive.kind == "execute", directive
     version = directive.task_version
-    op = operation_start(task_id=task.pk, node_key=directive.node_key, expected_version=version, lease=lease)
+    op = operation_start(
+        snapshot_at(task_id=task.pk, lease=lease, expected_version=version), directive.node_key, lease=lease
+    ).operation
     assert current(task).version == version + 1
-    op = record_outcome(op_key=op.op_key, outcome=outcome, expected_version=version + 1, lease=lease)
+    op = record_outcome(
+        snapshot_at(task_id=op.task_id, lease=lease, expected_version=version + 1), op.op_key, outcome, lease=lease
+    ).operation
     assert current(task).version == version + 2
     return op
 

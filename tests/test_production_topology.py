@@ -35,7 +35,7 @@ from harness.ports import free_port
 from leases.beat import BEAT_LEASE
 from leases.models import BeatLease, Lease
 from tasks.core.lifecycle import OPEN_OPERATION_STATUSES, OperationStatus, TaskStatus, TempResourceStatus
-from tasks.engine.cleanup import ENDED
+from tasks.engine.cleanup import CLEANABLE
 from tasks.engine.plans import task_create
 from tasks.jobs import drive_task
 from tasks.models import Operation, OperationPurpose, Task, TempResource
@@ -173,7 +173,7 @@ def _create_tasks(store: StoreProcess, count: int) -> list[int]:
 
 
 def _completed(ids: list[int]) -> int:
-    return Task.objects.filter(pk__in=ids, status__in=ENDED).count()
+    return Task.objects.filter(pk__in=ids, status__in=CLEANABLE).count()
 
 
 def _all_done(ids: list[int]) -> bool:

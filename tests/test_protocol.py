@@ -36,7 +36,7 @@ from tasks.decide.change import Change
 from tasks.engine.cas import compare_and_set
 from tasks.engine.events import find_log_problem
 from tasks.engine.plans import plan_accept, plan_propose
-from tasks.engine.protocol import next_directive, operation_start, record_outcome, step_start
+from tasks.engine.protocol import next_directive, operation_start, record_outcome, snapshot_at
 from tasks.engine.snapshot import task_snapshot
 from tasks.engine.verification import task_quarantine
 from tasks.models import Event, Node, Operation, Receipt, Task
@@ -265,7 +265,12 @@ def test_start_refuses_a_stale_version(make_task, agent_lease, clock) -> None:
     stale = version(task)
     complete(task, lease, "a")
     assert_refused(
-        VersionConflict, lambda: operation_start(task_id=task.pk, node_key="b", expected_version=stale, lease=lease)
+        VersionConflict,
+        lambda: (
+            operation_start(
+                snapshot_at(task_id=task.pk, lease=lease, expected_version=stale), "b", lease=lease
+            ).operation
+        ),
     )
 
 
@@ -320,7 +325,7 @@ def test_the_start_guard_refuses_a_spent_task_budget_inside_the_compare_and_set(
     lease = agent_lease(task)
     snap = task_snapshot(task_id=task.pk, lease=lease)
     Task.objects.filter(pk=task.pk).update(attempts_used=2)  # behind the snapshot's back, same version
-    error = assert_refused(BudgetExhausted, lambda: step_start(snap, "a", lease=lease))
+    error = assert_refused(BudgetExhausted, lambda: operation_start(snap, "a", lease=lease))
     assert isinstance(error, TaskError) and error.details["scope"] == "task"
 
 
@@ -333,7 +338,7 @@ def test_start_refuses_a_node_whose_attempts_are_spent(make_task, agent_lease, c
     Node.objects.filter(task=task, key="a").update(attempts=2)
     error = assert_refused(BudgetExhausted, lambda: send(task, lease, "a"))
     assert isinstance(error, TaskError) and error.details["scope"] == "node"
-    error = assert_refused(BudgetExhausted, lambda: step_start(snap, "a", lease=lease))
+    error = assert_refused(BudgetExhausted, lambda: operation_start(snap, "a", lease=lease))
     assert isinstance(error, TaskError) and error.details["scope"] == "node"
 
 
@@ -351,10 +356,10 @@ def test_a_row_that_no_longer_matches_aborts_a_commit_made_outside_any_transacti
     snap = task_snapshot(task_id=task.pk, lease=lease)
     Node.objects.filter(task=task, key="a").update(attempts=2)
     assert connection.get_autocommit()  # no transaction around the step: the one-statement commit is what runs
-    error = assert_refused(BudgetExhausted, lambda: step_start(snap, "a", lease=lease))
+    error = assert_refused(BudgetExhausted, lambda: operation_start(snap, "a", lease=lease))
     assert isinstance(error, TaskError) and error.details["scope"] == "node"
     # and the same snapshot's other node still goes through, whole: the refusal left nothing half-written
-    op, _new = step_start(snap, "b", lease=lease)
+    op = operation_start(snap, "b", lease=lease).operation
     assert Task.objects.get(pk=task.pk).version == snap.version + 1
     assert Operation.objects.filter(task=task).count() == 1 and op.op_key
     assert list(Event.objects.filter(task=task).values_list("seq", flat=True)) == list(range(1, snap.version + 2))
@@ -509,7 +514,7 @@ def test_no_start_is_made_with_a_stale_snapshot_after_the_task_moved(make_task, 
     task, lease, _op = _intent_to_resend(make_task, agent_lease)
     snap = task_snapshot(task_id=task.pk, lease=lease)
     task_quarantine(task_id=task.pk, expected_version=version(task), reason="log and rows disagree")
-    assert_refused(VersionConflict, lambda: step_start(snap, "a", lease=lease))
+    assert_refused(VersionConflict, lambda: operation_start(snap, "a", lease=lease))
 
 
 @pytest.mark.parametrize("status", ["quarantined", "human", "paused", "stopping", "completed"])
@@ -609,7 +614,14 @@ def test_a_satisfying_receipt_is_persisted_and_advances_the_node_in_one_transact
     stale = version(task) - 1
     assert_refused(
         VersionConflict,
-        lambda: record_outcome(op_key=op.op_key, outcome=satisfying_receipt(), expected_version=stale, lease=lease),
+        lambda: (
+            record_outcome(
+                snapshot_at(task_id=op.task_id, lease=lease, expected_version=stale),
+                op.op_key,
+                satisfying_receipt(),
+                lease=lease,
+            ).operation
+        ),
     )
     assert not Receipt.objects.filter(operation=op).exists()
 

@@ -11,7 +11,7 @@ from leases.services import lease_acquire
 from tasks.core.lifecycle import NodeStatus, TaskStatus
 from tasks.core.outcomes import Committed, Outcome
 from tasks.engine.plans import task_create
-from tasks.engine.protocol import next_directive, operation_start, record_outcome
+from tasks.engine.protocol import next_directive, operation_start, record_outcome, snapshot_at
 from tasks.models import Node, Task
 
 
@@ -41,9 +41,16 @@ def test_the_in_process_agent_loop_runs_the_demo_plan_up_to_its_confirmation_poi
     while True:
         d = next_directive(task_id=task.pk, lease=lease)
         if d.kind == "execute":  # commit 1: the operation, registered as sent before the call
-            op = operation_start(task_id=task.pk, node_key=d.node_key, expected_version=d.task_version, lease=lease)
+            op = operation_start(
+                snapshot_at(task_id=task.pk, lease=lease, expected_version=d.task_version), d.node_key, lease=lease
+            ).operation
             outcome = connector.submit(op.op_key, op.request)
-            record_outcome(op_key=op.op_key, outcome=outcome, expected_version=d.task_version + 1, lease=lease)
+            record_outcome(
+                snapshot_at(task_id=op.task_id, lease=lease, expected_version=d.task_version + 1),
+                op.op_key,
+                outcome,
+                lease=lease,
+            )
         else:
             break
     assert (d.kind, d.reason, d.node_key) == ("stop", "awaiting_approval", "approve-cleanup")

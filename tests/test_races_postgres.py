@@ -28,7 +28,7 @@ from tasks.core.outcomes import Committed, NotFound
 from tasks.decide.change import Change
 from tasks.engine.cas import compare_and_set
 from tasks.engine.events import find_log_problem
-from tasks.engine.protocol import next_directive, operation_start, record_outcome
+from tasks.engine.protocol import next_directive, operation_start, record_outcome, snapshot_at
 from tasks.models import Event, Node, Operation, Receipt, Task
 from tasks.people.cancel import task_request_cancel
 from tests.conftest import chain_plan
@@ -214,7 +214,9 @@ def race_start(
     def work(index: int, barrier: threading.Barrier) -> None:
         barrier.wait()
         try:
-            results[index] = operation_start(task_id=task.pk, node_key=key, expected_version=version, lease=lease)
+            results[index] = operation_start(
+                snapshot_at(task_id=task.pk, lease=lease, expected_version=version), key, lease=lease
+            ).operation
         except VersionConflict as exc:
             results[index] = exc
 
@@ -266,7 +268,9 @@ def test_concurrent_starts_send_each_op_key_once_and_spend_one_attempt(
         conflicts += THREADS - 1
 
         # The winner died before its call: the remote has no trace of the op key, so it is sent again, raced too.
-        record_outcome(op_key=op.op_key, outcome=NotFound(), expected_version=start + 1, lease=lease)
+        record_outcome(
+            snapshot_at(task_id=op.task_id, lease=lease, expected_version=start + 1), op.op_key, NotFound(), lease=lease
+        )
         directive = next_directive(task_id=task.pk, lease=lease)
         assert (directive.kind, directive.node_key, directive.op_key) == ("execute", key, op.op_key)
         results, seconds = race_start(task, key, start + 2, lease)
@@ -283,7 +287,10 @@ def test_concurrent_starts_send_each_op_key_once_and_spend_one_attempt(
         op_keys.append(op.op_key)
 
         record_outcome(
-            op_key=op.op_key, outcome=Committed(remote_id=f"r-{key}"), expected_version=start + 3, lease=lease
+            snapshot_at(task_id=op.task_id, lease=lease, expected_version=start + 3),
+            op.op_key,
+            Committed(remote_id=f"r-{key}"),
+            lease=lease,
         )
 
     task.refresh_from_db()
@@ -445,15 +452,27 @@ def _protocol_racer(
                 d = next_directive(task_id=task.pk, lease=lease)  # may be refused: the task kept changing as read
                 if d.kind == "execute":  # a ready node, or an intent to send again under its op key
                     op = operation_start(
-                        task_id=task.pk, node_key=d.node_key, expected_version=d.task_version, lease=lease
-                    )
+                        snapshot_at(task_id=task.pk, lease=lease, expected_version=d.task_version),
+                        d.node_key,
+                        lease=lease,
+                    ).operation
                     sent.append((op.op_key, op.dispatch_count))
                     time.sleep(0.001)  # the remote call: the cancel may land while it is in flight
                     receipt = Committed(remote_id=f"r-{op.op_key}")
-                    record_outcome(op_key=op.op_key, outcome=receipt, expected_version=d.task_version + 1, lease=lease)
+                    record_outcome(
+                        snapshot_at(task_id=op.task_id, lease=lease, expected_version=d.task_version + 1),
+                        op.op_key,
+                        receipt,
+                        lease=lease,
+                    )
                 elif d.kind == "reconcile":
                     receipt = Committed(remote_id=f"r-{d.op_key}")
-                    record_outcome(op_key=d.op_key, outcome=receipt, expected_version=d.task_version, lease=lease)
+                    record_outcome(
+                        snapshot_at(task_id=task.pk, lease=lease, expected_version=d.task_version),
+                        d.op_key,
+                        receipt,
+                        lease=lease,
+                    )
                 else:
                     stops.append(f"{d.kind} {d.reason}".strip())
                     return
@@ -474,8 +493,15 @@ def test_a_cancel_racing_the_step_protocol_stops_every_new_side_effect(make_task
     for round_number, delay in enumerate(CANCEL_DELAYS):
         task = make_task(plan=chain_plan(*(f"n{i}" for i in range(CANCEL_NODES))), attempt_budget=2 * CANCEL_NODES)
         lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id=f"workers-{round_number}")
-        first = operation_start(task_id=task.pk, node_key="n0", expected_version=task.version, lease=lease)
-        record_outcome(op_key=first.op_key, outcome=NotFound(), expected_version=task.version + 1, lease=lease)
+        first = operation_start(
+            snapshot_at(task_id=task.pk, lease=lease, expected_version=task.version), "n0", lease=lease
+        ).operation
+        record_outcome(
+            snapshot_at(task_id=first.task_id, lease=lease, expected_version=task.version + 1),
+            first.op_key,
+            NotFound(),
+            lease=lease,
+        )
         assert Operation.objects.get(pk=first.pk).status == OperationStatus.INTENT
         sent: list[tuple[str, int]] = []
         run_threads(THREADS, _protocol_racer(task, lease, delay, sent, stops))
@@ -539,14 +565,16 @@ def test_a_start_whose_read_straddles_another_start_is_refused_as_a_version_conf
             armed.clear()
             run_threads(
                 1,
-                lambda _index, _barrier: operation_start(
-                    task_id=task.pk, node_key="a", expected_version=version, lease=lease
+                lambda _index, _barrier: (
+                    operation_start(
+                        snapshot_at(task_id=task.pk, lease=lease, expected_version=version), "a", lease=lease
+                    ).operation
                 ),
             )
         return result
 
     with connection.execute_wrapper(another_start_commits_after_the_first_read), pytest.raises(VersionConflict):
-        operation_start(task_id=task.pk, node_key="a", expected_version=version, lease=lease)
+        operation_start(snapshot_at(task_id=task.pk, lease=lease, expected_version=version), "a", lease=lease)
     assert current_version(task.pk) == version + 1
     assert Operation.objects.filter(task=task).count() == 1
 
@@ -560,13 +588,11 @@ def test_a_directive_whose_read_straddles_a_commit_is_the_directive_of_one_versi
     tells a worker to give up on a task that has work left."""
     task = make_task(plan=chain_plan("a", "b"))
     lease = agent_lease(task)
-    record_outcome(
-        op_key=operation_start(task_id=task.pk, node_key="a", expected_version=task.version, lease=lease).op_key,
-        outcome=Committed(remote_id="r-a"),
-        expected_version=task.version + 1,
-        lease=lease,
-    )
-    op = operation_start(task_id=task.pk, node_key="b", expected_version=task.version + 2, lease=lease)
+    begun = operation_start(snapshot_at(task_id=task.pk, lease=lease, expected_version=task.version), "a", lease=lease)
+    record_outcome(begun.snapshot, begun.operation.op_key, Committed(remote_id="r-a"), lease=lease)
+    op = operation_start(
+        snapshot_at(task_id=task.pk, lease=lease, expected_version=task.version + 2), "b", lease=lease
+    ).operation
     version = current_version(task.pk)
     reads = [0]
 
@@ -578,8 +604,13 @@ def test_a_directive_whose_read_straddles_a_commit_is_the_directive_of_one_versi
         if reads[0] == 2:
             run_threads(
                 1,
-                lambda _index, _barrier: record_outcome(
-                    op_key=op.op_key, outcome=Committed(remote_id="r-b"), expected_version=version, lease=lease
+                lambda _index, _barrier: (
+                    record_outcome(
+                        snapshot_at(task_id=op.task_id, lease=lease, expected_version=version),
+                        op.op_key,
+                        Committed(remote_id="r-b"),
+                        lease=lease,
+                    ).operation
                 ),
             )
         return result

@@ -53,9 +53,7 @@ from retention.services import (
     Ref,
     SweepReport,
     fetch,
-    fetch_or_recreate,
     object_path,
-    resolve,
     retain,
     retention_extend,
     retention_root,
@@ -164,7 +162,7 @@ def test_the_file_on_disk_is_ciphertext_and_only_its_owner_reads_it(task, clock,
     assert stored.name == f"{row(ref).uid}-v1.bin"
     assert CONTEXT not in blob and b"CANARY-7f3a9c" not in blob
     assert stat.S_IMODE(stored.stat().st_mode) == 0o600
-    assert fetch(ref) == CONTEXT
+    assert fetch(ref).content == CONTEXT
     r = row(ref)
     assert (r.sha256, r.size, r.version, r.status) == (hashlib.sha256(CONTEXT).hexdigest(), len(CONTEXT), 1, "live")
     assert "CANARY" not in json.dumps(list(RetainedObject.objects.values_list()), default=str)
@@ -176,25 +174,19 @@ def test_each_retain_of_a_name_is_its_next_version(task, clock) -> None:
     second = keep(task, content=b"two")
     other = keep(task, name="tool-notes", content=b"three")
     assert (first.version, second.version, other.version) == (1, 2, 1)
-    assert (fetch(first), fetch(second), fetch(other)) == (b"one", b"two", b"three")
+    assert (fetch(first).content, fetch(second).content, fetch(other).content) == (b"one", b"two", b"three")
 
 
-def test_a_checkpoint_keeps_only_the_id_and_version_and_resolves_back(task, other_task, clock) -> None:
+def test_a_checkpoint_keeps_only_the_id_and_version(task, other_task, clock) -> None:
     ref = keep(task)
     checkpoint = ref.as_checkpoint()
     assert checkpoint == {"retained": ref.id, "version": 1}
     check_payload(checkpoint, what="checkpoint")  # passes the checkpoint hygiene: a reference, no secret
-    assert resolve(json.loads(json.dumps(checkpoint))) == ref
-    assert resolve(checkpoint, task_id=task.pk) == ref
+    assert fetch(Ref(checkpoint["retained"], checkpoint["version"]), task_id=task.pk).content
     with pytest.raises(RetentionNotFound):
-        resolve(checkpoint, task_id=other_task.pk)  # another task's checkpoint cannot reach it
-    with pytest.raises(RetentionNotFound):
-        resolve({"retained": ref.id, "version": 2})
+        fetch(ref, task_id=other_task.pk)  # another task's checkpoint cannot reach it
     with pytest.raises(RetentionNotFound):
         fetch(Ref(ref.id, 2))
-    for malformed in ({"retained": ref.id}, {"retained": str(ref.id), "version": 1}, {**checkpoint, "path": "/x"}):
-        with pytest.raises(RetentionRefused):
-            resolve(malformed)
 
 
 @pytest.mark.parametrize(
@@ -244,14 +236,14 @@ def test_a_wrong_key_gives_a_named_error(task, clock, settings, configured) -> N
     assert isinstance(caught.value, RetentionCorrupt)
     assert KEY not in str(caught.value) and OTHER_KEY not in str(caught.value)
     settings.RECKON_RETENTION_KEY = KEY
-    assert fetch(ref) == CONTEXT
+    assert fetch(ref).content == CONTEXT
 
 
 def test_without_a_configured_key_the_development_key_still_seals(task, clock, settings) -> None:
     settings.RECKON_RETENTION_KEY = ""
     ref = keep(task)
     assert CONTEXT not in path_of(ref).read_bytes()
-    assert fetch(ref) == CONTEXT
+    assert fetch(ref).content == CONTEXT
     settings.SECRET_KEY = "another secret key"
     with pytest.raises(RetentionKeyMismatch):
         fetch(ref)
@@ -285,7 +277,7 @@ def test_in_production_no_key_is_derived_at_all(task, clock, settings, retention
     assert_refused(RetentionKeyMissing, retention_settings, lambda: keep(task))
     assert [m.id for m in checks.retention_key_check()] == ["retention.E002"]
     settings.RECKON_RETENTION_KEY = KEY  # a configured key works in production as anywhere
-    assert fetch(keep(task, name="configured")) == CONTEXT
+    assert fetch(keep(task, name="configured")).content == CONTEXT
 
 
 @pytest.mark.parametrize("configured", ["not base64!", base64.b64encode(b"short").decode()])
@@ -312,7 +304,7 @@ def test_a_file_moved_to_another_object_does_not_decrypt(task, other_task, clock
     path_of(victim).write_bytes(path_of(source).read_bytes())
     with pytest.raises(RetentionCorrupt, match="does not authenticate"):
         fetch(victim)
-    assert fetch(source) == CONTEXT
+    assert fetch(source).content == CONTEXT
 
 
 # --- what may be retained -----------------------------------------------------------------------------------------
@@ -339,7 +331,7 @@ def test_each_kind_has_its_default_retention(task, clock, settings) -> None:
 def test_a_debug_artifact_of_minimal_fields_round_trips_as_json(task, clock) -> None:
     fields = {"tool": "store.copy_batch", "status": 503, "remote_id": "batch-9", "excerpt": "Service Unavailable"}
     ref = retain(task_id=task.pk, kind="debug_artifact", name="copy attempt 2", content=fields)
-    assert json.loads(fetch(ref)) == fields
+    assert json.loads(fetch(ref).content) == fields
 
 
 @pytest.mark.parametrize(
@@ -416,7 +408,7 @@ def test_what_cannot_be_retained_is_refused_before_anything_is_written(
 def test_an_object_reads_until_one_tick_before_its_expiry_and_never_at_it(task, clock) -> None:
     ref = keep(task, ttl=timedelta(hours=1))
     clock.advance(timedelta(hours=1) - TICK)
-    assert fetch(ref) == CONTEXT
+    assert fetch(ref).content == CONTEXT
     assert retention_sweep().purged == 0
     clock.advance(TICK)
     with pytest.raises(RetentionExpired, match="expired"):
@@ -435,31 +427,25 @@ def test_an_object_a_sweep_is_purging_reads_as_expired_not_corrupt(task, clock) 
         fetch(ref)
 
 
-def test_an_expired_input_is_recreated_from_external_facts_and_never_read_from_a_missing_file(task, clock) -> None:
+def test_an_expired_object_names_what_to_recreate_and_never_reads_a_missing_file(task, clock) -> None:
+    """What an agent needs to re-create it from external facts and retain it again (the API's 410, the client's
+    fetch_or_recreate: tests/test_client_retained.py): its kind and name — never the content, never a path."""
     ref = keep(task, ttl=timedelta(hours=1))
-    calls: list[int] = []
-
-    def from_the_source() -> bytes:  # what the agent re-reads from the real system, by its versioned ref
-        calls.append(1)
-        return b"manifest of projects/acme@7, re-read"
-
-    assert fetch_or_recreate(ref, task_id=task.pk, recreate=from_the_source) == (CONTEXT, ref)
-    assert calls == []  # live: read as kept, nothing re-created
+    read = fetch(ref, task_id=task.pk)
+    assert (read.ref, read.kind, read.name, read.content) == (ref, "sensitive_input", "context", CONTEXT)
+    assert read.expires_at == row(ref).expires_at
     clock.advance(timedelta(hours=1))
-    retention_sweep()  # the file is gone now
-    content, new = fetch_or_recreate(ref, task_id=task.pk, recreate=from_the_source)
-    assert content == b"manifest of projects/acme@7, re-read" and calls == [1]
+    for sweep in (False, True):
+        if sweep:
+            retention_sweep()  # the file is gone now
+        with pytest.raises(RetentionExpired) as gone:
+            fetch(ref, task_id=task.pk)
+        named = {k: gone.value.details[k] for k in ("retained", "version", "kind", "name")}
+        assert named == {"retained": ref.id, "version": 1, "kind": "sensitive_input", "name": "context"}
+    new = keep(task, content=b"manifest of projects/acme@7, re-read")
     assert (new.id != ref.id, new.version) == (True, 2)
-    assert fetch(new) == content and resolve(new.as_checkpoint(), task_id=task.pk) == new
-    with pytest.raises(RetentionExpired):
-        fetch(ref)  # the old checkpoint still names an expired object, never a path
-
-
-def test_a_corrupt_input_is_refused_not_silently_recreated(task) -> None:
-    ref = keep(task)
-    path_of(ref).write_bytes(b"RKR1" + b"\0" * 60)
-    with pytest.raises(RetentionCorrupt):
-        fetch_or_recreate(ref, task_id=task.pk, recreate=lambda: b"should not be used")
+    assert fetch(new).content == b"manifest of projects/acme@7, re-read"
+    assert fetch(new, task_id=task.pk).ref == new
 
 
 # --- extension ----------------------------------------------------------------------------------------------------
@@ -485,7 +471,7 @@ def test_an_extension_with_a_reason_moves_the_expiry_and_is_audited(task, operat
     assert verify_audit().broken_at is None
     clock.advance(timedelta(hours=1))
     assert retention_sweep().purged == 0, "the sweep honours the extension"
-    assert fetch(ref) == CONTEXT
+    assert fetch(ref).content == CONTEXT
 
 
 @pytest.mark.parametrize("reason", ["", "   ", "because", "  short!  "])
@@ -522,6 +508,31 @@ def test_an_extension_must_be_later_than_the_current_expiry(task, operator, cloc
     expiry = row(ref).expires_at
     for until in (expiry, expiry - timedelta(hours=1)):
         assert_refused(ExtensionRefused, retention_settings, partial(extend, operator, ref, until))
+
+
+def test_an_extension_refuses_an_object_of_another_task_and_one_changed_since_it_was_seen(
+    task, other_task, operator, root, clock, retention_settings
+) -> None:
+    ref = keep(task)
+    later = row(ref).expires_at + timedelta(days=1)
+    assert_refused(
+        RetentionNotFound,
+        retention_settings,
+        lambda: retention_extend(actor=root, ref=ref, until=later, reason=REASON, task_id=other_task.pk),
+    )
+    assert extend(operator, ref, later).extended_count == 1  # by someone else, meanwhile
+    refused = assert_refused(
+        ExtensionRefused,
+        retention_settings,
+        lambda: retention_extend(
+            actor=root, ref=ref, until=later + timedelta(days=1), reason=REASON, task_id=task.pk, seen_extensions=0
+        ),
+    )
+    assert "changed meanwhile" in str(refused)
+    kept = retention_extend(
+        actor=root, ref=ref, until=later + timedelta(days=1), reason=REASON, task_id=task.pk, seen_extensions=1
+    )
+    assert kept.extended_count == 2
 
 
 def test_an_expired_or_purged_object_cannot_be_extended(task, operator, clock, retention_settings) -> None:
@@ -621,7 +632,7 @@ def test_the_sweep_never_touches_another_tasks_objects(task, other_task, clock) 
     assert not misplaced.exists()
     assert theirs_path.read_bytes() == theirs_bytes
     assert row(theirs).status == RetainedStatus.LIVE
-    assert fetch(theirs) == CONTEXT
+    assert fetch(theirs).content == CONTEXT
 
 
 def test_the_sweep_never_touches_receipts_or_attachment_files(
@@ -674,7 +685,7 @@ def test_leftover_partials_are_removed_and_unknown_files_left_alone(task, clock)
     report = retention_sweep()
     assert (report.orphans_removed, report.unrecognised) == (1, 2)
     assert not torn.exists() and fresh.exists() and stranger.exists()
-    assert fetch(ref) == CONTEXT
+    assert fetch(ref).content == CONTEXT
 
 
 def test_the_sweep_follows_no_symlink_out_of_its_folder(task, clock, retention_settings) -> None:
@@ -780,7 +791,7 @@ def test_concurrent_sweeps_purge_each_object_exactly_once_beside_recovery(
             # Recovery reading at the database time before expiry, while the sweepers purge what is due then.
             for ref, content in list(contents.items()) * 2:
                 try:
-                    got = fetch(ref)
+                    got = fetch(ref).content
                     assert got == content
                     outcome = "read"
                 except RetentionExpired:
@@ -809,7 +820,7 @@ def test_concurrent_sweeps_purge_each_object_exactly_once_beside_recovery(
     assert not any(r.failed for r in reports)
     assert set(RetainedObject.objects.exclude(pk=survivor.id).values_list("status", flat=True)) == {"purged"}
     assert all(not path_of(ref).exists() for ref in contents)
-    assert fetch(survivor) == b"still needed"
+    assert fetch(survivor).content == b"still needed"
     assert sum(reads.values()) == len(READERS) * 2 * len(contents), "every read gave the content or RetentionExpired"
 
 
@@ -835,4 +846,4 @@ def test_concurrent_retains_of_one_name_get_distinct_versions_and_leave_no_stray
     assert versions == list(range(1, THREADS * 5 + 1))
     folder = retention_root() / str(task.uid)
     assert sorted(p.name for p in folder.iterdir()) == sorted(path_of(ref).name for ref in refs)
-    assert {fetch(ref) for ref in refs} == {f"{i}-{n}".encode() for i in range(THREADS) for n in range(5)}
+    assert {fetch(ref).content for ref in refs} == {f"{i}-{n}".encode() for i in range(THREADS) for n in range(5)}

@@ -1,5 +1,5 @@
 """A chain shares commits: one node's receipt and the next node's intent land in one write (as two events), before
-the next call — or neither lands (tasks.engine.protocol.step_settle_and_start, compare_and_set(then=…))."""
+the next call — or neither lands (tasks.engine.protocol.record_outcome(start_next=True), compare_and_set(then=…))."""
 
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +12,7 @@ from tasks.core.lifecycle import NodeStatus, OperationStatus
 from tasks.core.outcomes import Committed
 from tasks.decide.change import Change
 from tasks.engine.cas import compare_and_set
-from tasks.engine.protocol import step_settle_and_start, step_start
+from tasks.engine.protocol import operation_start, record_outcome
 from tasks.engine.runner import run_steps
 from tasks.engine.snapshot import task_snapshot
 from tasks.models import Event, Node, Operation, Receipt, Task
@@ -72,13 +72,14 @@ def test_nothing_of_a_shared_write_lands_when_a_row_of_the_next_start_changed_be
     task = make_task(chain_plan("a", "b"))
     lease = agent_lease(task)
     snap = task_snapshot(task_id=task.pk, lease=lease)
-    op, snap = step_start(snap, "a", lease=lease)
+    begun = operation_start(snap, "a", lease=lease)
+    op, snap = begun.operation, begun.snapshot
     # A write that bypassed the version: node b is no longer the pending node the snapshot shows.
     Node.objects.filter(task=task, key="b").update(status=NodeStatus.RUNNING)
     before = snapshot()
 
     with pytest.raises(VersionConflict):
-        step_settle_and_start(snap, op.op_key, Committed(remote_id="r-a"), lease=lease)
+        record_outcome(snap, op.op_key, Committed(remote_id="r-a"), lease=lease, start_next=True)
 
     assert snapshot() == before  # neither a's receipt and advance nor b's intent
     op.refresh_from_db()

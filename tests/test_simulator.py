@@ -14,7 +14,7 @@ from tasks.core.lifecycle import FailureClass, NodeStatus, OperationStatus, Task
 from tasks.core.outcomes import Committed, Failed, NotFound, Unprovable
 from tasks.engine.connectors import Connector, SourceNotFound
 from tasks.engine.plans import task_create
-from tasks.engine.protocol import next_directive, operation_start, record_outcome
+from tasks.engine.protocol import next_directive, operation_start, record_outcome, snapshot_at
 from tasks.models import Node, Operation, Receipt, Task
 from tests.simulator_fixture import REFUSALS, Simulator
 
@@ -205,12 +205,22 @@ def test_the_readme_agent_loop_runs_the_demo_plan_against_the_store(
         if d.kind == "reconcile":
             reconciled += 1
             record_outcome(
-                op_key=d.op_key, outcome=store.lookup(d.op_key), expected_version=d.task_version, lease=lease
+                snapshot_at(task_id=task.pk, lease=lease, expected_version=d.task_version),
+                d.op_key,
+                store.lookup(d.op_key),
+                lease=lease,
             )
         elif d.kind == "execute":  # commit 1: the operation, registered as sent before the call
-            op = operation_start(task_id=task.pk, node_key=d.node_key, expected_version=d.task_version, lease=lease)
+            op = operation_start(
+                snapshot_at(task_id=task.pk, lease=lease, expected_version=d.task_version), d.node_key, lease=lease
+            ).operation
             outcome = store.submit(op.op_key, op.request)
-            record_outcome(op_key=op.op_key, outcome=outcome, expected_version=d.task_version + 1, lease=lease)
+            record_outcome(
+                snapshot_at(task_id=op.task_id, lease=lease, expected_version=d.task_version + 1),
+                op.op_key,
+                outcome,
+                lease=lease,
+            )
         else:
             break
     assert (d.kind, d.reason, d.node_key) == ("stop", "awaiting_approval", "approve-cleanup")

@@ -3,7 +3,7 @@ from typing import Any
 from leases.models import Lease
 from tasks.core.lifecycle import TaskStatus
 from tasks.core.outcomes import Committed
-from tasks.engine.protocol import next_directive, operation_start, record_outcome
+from tasks.engine.protocol import next_directive, operation_start, record_outcome, snapshot_at
 from tasks.engine.verification import task_verify_log
 
 
@@ -14,12 +14,14 @@ def test_a_task_runs_to_completion_on_receipts(make_task: Any, agent_lease: Any,
         directive = next_directive(task_id=task.pk, lease=lease)
         assert directive.kind == "execute"
         op = operation_start(
-            task_id=task.pk, node_key=directive.node_key, expected_version=directive.task_version, lease=lease
-        )
+            snapshot_at(task_id=task.pk, lease=lease, expected_version=directive.task_version),
+            directive.node_key,
+            lease=lease,
+        ).operation
         record_outcome(
-            op_key=op.op_key,
-            outcome=Committed(remote_id="r-" + directive.node_key),
-            expected_version=directive.task_version + 1,
+            snapshot_at(task_id=op.task_id, lease=lease, expected_version=directive.task_version + 1),
+            op.op_key,
+            Committed(remote_id="r-" + directive.node_key),
             lease=lease,
         )
     task.refresh_from_db()

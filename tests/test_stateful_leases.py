@@ -49,13 +49,13 @@ from leases.errors import (
 from leases.models import ForcedRelease, HolderKind, Lease, ReleaseReason
 from leases.services import (
     lease_acquire,
-    lease_grace,
     lease_open,
     lease_release,
     lease_renew,
     lease_reservation,
     operator_ttl,
 )
+from leases.state import lease_grace
 from tasks.access.permissions import ADMIN, OPERATOR, PermissionDenied, permission_grant
 from tasks.core.errors import InvalidTransition, TakeoverHeld, TaskError, VersionConflict
 from tasks.core.lifecycle import TERMINAL_TASK_STATUSES, ChangeKind, NodeStatus, OperationStatus, TaskStatus
@@ -64,7 +64,7 @@ from tasks.decide.change import Change
 from tasks.engine.cas import compare_and_set
 from tasks.engine.events import find_log_problem
 from tasks.engine.plans import task_create
-from tasks.engine.protocol import next_directive, operation_start, record_outcome
+from tasks.engine.protocol import next_directive, operation_start, record_outcome, snapshot_at
 from tasks.models import Node, Operation, Task
 from tasks.people.forced_release import MIN_FORCE_TEXT, TakeoverRefused, lease_force_release
 from tasks.people.takeover import takeover_claim, takeover_release, takeover_renew, takeover_submit
@@ -259,14 +259,25 @@ class LeaseMachine(RuleBasedStateMachine):
             node_key = d.node_key
 
             def call() -> Any:
-                return operation_start(task_id=task_id, node_key=node_key, expected_version=d.task_version, lease=lease)
+                return operation_start(
+                    snapshot_at(task_id=task_id, lease=lease, expected_version=d.task_version), node_key, lease=lease
+                ).operation
 
         elif d.kind == "reconcile" and d.op_key:
             op_key = d.op_key
             outcome = NotFound() if answer == "not_found" else Committed(remote_id=f"r-{op_key}")
 
             def call() -> Any:
-                return record_outcome(op_key=op_key, outcome=outcome, expected_version=d.task_version, lease=lease)
+                return record_outcome(
+                    snapshot_at(
+                        task_id=Operation.objects.get(op_key=op_key).task_id,
+                        lease=lease,
+                        expected_version=d.task_version,
+                    ),
+                    op_key,
+                    outcome,
+                    lease=lease,
+                ).operation
 
         else:
             STATS[f"agent directive: {d.kind} {d.reason}"] += 1
@@ -317,12 +328,20 @@ class LeaseMachine(RuleBasedStateMachine):
             )
             if node is None:
                 return None
-            return lambda: operation_start(task_id=task_id, node_key=node.key, expected_version=version, lease=lease)
+            return lambda: (
+                operation_start(
+                    snapshot_at(task_id=task_id, lease=lease, expected_version=version), node.key, lease=lease
+                ).operation
+            )
         op = Operation.objects.filter(task_id=task_id, status=OperationStatus.DISPATCHED).first()
         if op is None:
             return None
         outcome = NotFound() if write == "not_found" else Committed(remote_id=f"r-{op.op_key}")
-        return lambda: record_outcome(op_key=op.op_key, outcome=outcome, expected_version=version, lease=lease)
+        return lambda: (
+            record_outcome(
+                snapshot_at(task_id=op.task_id, lease=lease, expected_version=version), op.op_key, outcome, lease=lease
+            ).operation
+        )
 
     # --- operators -----------------------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ from tasks.core.outcomes import Accepted, Committed, Failed, NotFound, Outcome
 from tasks.decide.evidence import evidence_problems
 from tasks.engine.events import find_log_problem
 from tasks.engine.plans import task_create
-from tasks.engine.protocol import Directive, next_directive, operation_start, record_outcome
+from tasks.engine.protocol import Directive, next_directive, operation_start, record_outcome, snapshot_at
 from tasks.models import Event, Node, Operation, Receipt, Task
 from tasks.people.cancel import task_request_cancel
 
@@ -241,8 +241,12 @@ class ProtocolMachine(RuleBasedStateMachine):
         # One commit: the operation registered and marked sent (or an intent sent again), before the call.
         op = self._write(
             agent,
-            lambda: operation_start(
-                task_id=self.task.pk, node_key=directive.node_key, expected_version=started_at, lease=agent.lease
+            lambda: (
+                operation_start(
+                    snapshot_at(task_id=self.task.pk, lease=agent.lease, expected_version=started_at),
+                    directive.node_key,
+                    lease=agent.lease,
+                ).operation
             ),
         )
         if not isinstance(op, Operation):
@@ -274,21 +278,36 @@ class ProtocolMachine(RuleBasedStateMachine):
             lease = agent.lease
             duplicate = self._write(
                 agent,
-                lambda: operation_start(
-                    task_id=self.task.pk, node_key=directive.node_key, expected_version=started_at, lease=lease
+                lambda: (
+                    operation_start(
+                        snapshot_at(task_id=self.task.pk, lease=lease, expected_version=started_at),
+                        directive.node_key,
+                        lease=lease,
+                    ).operation
                 ),
             )
             assert duplicate is None, "a start delivered twice was applied twice"
             duplicate = self._write(
                 agent,
-                lambda: record_outcome(op_key=op.op_key, outcome=outcome, expected_version=recorded_at, lease=lease),
+                lambda: (
+                    record_outcome(
+                        snapshot_at(task_id=op.task_id, lease=lease, expected_version=recorded_at),
+                        op.op_key,
+                        outcome,
+                        lease=lease,
+                    ).operation
+                ),
             )
             assert duplicate is None or recorded is None, "an outcome delivered twice was recorded twice"
             # And the start once more at the version now, as an agent that re-read it: the op key is not sent again.
             again = self._write(
                 agent,
-                lambda: operation_start(
-                    task_id=self.task.pk, node_key=directive.node_key, expected_version=agent.version, lease=lease
+                lambda: (
+                    operation_start(
+                        snapshot_at(task_id=self.task.pk, lease=lease, expected_version=agent.version),
+                        directive.node_key,
+                        lease=lease,
+                    ).operation
                 ),
             )
             assert not isinstance(again, Operation) or again.op_key != op.op_key, "the same op key was sent twice"
@@ -301,7 +320,18 @@ class ProtocolMachine(RuleBasedStateMachine):
         assert lease is not None
         return self._write(
             agent,
-            lambda: record_outcome(op_key=op_key, outcome=outcome, expected_version=agent.version, lease=lease),
+            lambda: (
+                record_outcome(
+                    snapshot_at(
+                        task_id=Operation.objects.get(op_key=op_key).task_id,
+                        lease=lease,
+                        expected_version=agent.version,
+                    ),
+                    op_key,
+                    outcome,
+                    lease=lease,
+                ).operation
+            ),
         )
 
     # Rare (1 in 50 draws, away from the bounds hypothesis favours): a cancel ends the interesting part of a run.
@@ -418,16 +448,21 @@ class ProtocolMachine(RuleBasedStateMachine):
             if directive.kind == "reconcile":
                 outcome = self.remote.lookup(directive.op_key)
                 record_outcome(
-                    op_key=directive.op_key, outcome=outcome, expected_version=directive.task_version, lease=lease
+                    snapshot_at(task_id=self.task.pk, lease=lease, expected_version=directive.task_version),
+                    directive.op_key,
+                    outcome,
+                    lease=lease,
                 )
             elif directive.kind == "execute":
                 v = directive.task_version
-                op = operation_start(task_id=self.task.pk, node_key=directive.node_key, expected_version=v, lease=lease)
+                op = operation_start(
+                    snapshot_at(task_id=self.task.pk, lease=lease, expected_version=v), directive.node_key, lease=lease
+                ).operation
                 assert not directive.op_key or op.op_key == directive.op_key
                 record_outcome(
-                    op_key=op.op_key,
-                    outcome=self.remote.submit(op.op_key, "commit"),
-                    expected_version=v + 1,
+                    snapshot_at(task_id=op.task_id, lease=lease, expected_version=v + 1),
+                    op.op_key,
+                    self.remote.submit(op.op_key, "commit"),
                     lease=lease,
                 )
             elif directive.kind == "wait":

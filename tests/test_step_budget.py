@@ -24,8 +24,7 @@ from tasks.engine.protocol import (
     next_directive,
     operation_start,
     record_outcome,
-    step_settle,
-    step_start,
+    snapshot_at,
 )
 from tasks.engine.runner import run_steps
 from tasks.engine.snapshot import task_snapshot
@@ -63,7 +62,7 @@ def commits(ctx: CaptureQueriesContext) -> int:
 
 def chain_commits(nodes: int) -> int:
     """A chain of ``nodes`` run by one worker: the first node's start, then each receipt's commit, which starts the
-    next node (tasks.engine.protocol.step_settle_and_start) — at most 2 per node, the issue's budget."""
+    next node (tasks.engine.protocol.record_outcome's start_next) — at most 2 per node, the issue's budget."""
     return nodes + 1
 
 
@@ -140,13 +139,16 @@ def test_each_step_write_on_a_snapshot_is_one_transaction_of_pinned_statements(
     task = make_task(chain_plan("a", "b"))
     lease = agent_lease(task)
     snap = task_snapshot(task_id=task.pk, lease=lease)
-    op, snap = step_start(snap, "a", lease=lease) if service == "settle" else (None, snap)
+    op = None
+    if service == "settle":
+        begun = operation_start(snap, "a", lease=lease)
+        op, snap = begun.operation, begun.snapshot
     with CaptureQueriesContext(connection) as ctx:
         if service == "start":
-            step_start(snap, "a", lease=lease)
+            operation_start(snap, "a", lease=lease)
         else:
             assert op is not None
-            step_settle(snap, op.op_key, Committed(remote_id="r-a"), lease=lease)
+            record_outcome(snap, op.op_key, Committed(remote_id="r-a"), lease=lease)
     assert commits(ctx) == 1
     # SAVEPOINT, then the lease and the rows (PostgreSQL: one statement; SQLite: lease, task, node, operation,
     # (receipt,) event), RELEASE
@@ -156,13 +158,13 @@ def test_each_step_write_on_a_snapshot_is_one_transaction_of_pinned_statements(
 
 @pytest.mark.parametrize(
     ("service", "reads"),
-    [("next_directive", 3), ("operation_start", 3), ("record_outcome", 4)],
+    [("next_directive", 3), ("operation_start", 3), ("record_outcome", 3)],
 )
-def test_the_public_services_read_one_snapshot_and_no_more(
+def test_each_service_on_a_snapshot_read_at_a_version_reads_no_more(
     make_task, agent_lease, clock, service: str, reads: int
 ) -> None:
-    """Without a snapshot each service reads one (three queries; record_outcome finds the task of its op key
-    first) and never reads again after it writes."""
+    """A caller without a snapshot reads one at the version it decided on (snapshot_at: three queries); the
+    service never reads again after it writes."""
     task = make_task(chain_plan("a", "b"))
     lease = agent_lease(task)
     call: Callable[[], object]
@@ -172,13 +174,21 @@ def test_the_public_services_read_one_snapshot_and_no_more(
     if service == "next_directive":
         call = lambda: next_directive(task_id=task.pk, lease=lease)  # noqa: E731
     elif service == "operation_start":
-        call = lambda: operation_start(task_id=task.pk, node_key="a", expected_version=task.version, lease=lease)  # noqa: E731
+
+        def call() -> object:
+            return operation_start(
+                snapshot_at(task_id=task.pk, lease=lease, expected_version=task.version), "a", lease=lease
+            )
+
         writes = 3 if connection.vendor == "postgresql" else 7
     else:
-        op = operation_start(task_id=task.pk, node_key="a", expected_version=task.version, lease=lease)
-        call = lambda: record_outcome(  # noqa: E731
-            op_key=op.op_key, outcome=Committed(remote_id="r-a"), expected_version=task.version + 1, lease=lease
-        )
+        first = snapshot_at(task_id=task.pk, lease=lease, expected_version=task.version)
+        op = operation_start(first, "a", lease=lease).operation
+
+        def call() -> object:
+            snap = snapshot_at(task_id=task.pk, lease=lease, expected_version=task.version + 1)
+            return record_outcome(snap, op.op_key, Committed(remote_id="r-a"), lease=lease)
+
         writes = 3 if connection.vendor == "postgresql" else 8
     with CaptureQueriesContext(connection) as ctx:
         call()
@@ -211,7 +221,7 @@ def test_confirming_inputs_and_cancelling_cost_pinned_statements(make_task, agen
     lease = agent_lease(task)
     Task.objects.filter(pk=task.pk).update(inputs_recheck_required=True)
     with CaptureQueriesContext(connection) as confirm:
-        inputs_confirm(task_id=task.pk, current_versions={}, expected_version=task.version, lease=lease)
+        inputs_confirm(snapshot_at(task_id=task.pk, lease=lease, expected_version=task.version), {}, lease=lease)
     with CaptureQueriesContext(connection) as cancel:
         task_request_cancel(actor=Principal.agent("tester"), task_id=task.pk, reason="no longer needed")
     pg = connection.vendor == "postgresql"

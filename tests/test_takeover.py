@@ -56,6 +56,7 @@ from tasks.engine.cas import compare_and_set
 from tasks.engine.protocol import (
     inputs_confirm,
     next_directive,
+    snapshot_at,
 )
 from tasks.engine.verification import find_problems, task_quarantine
 from tasks.models import Event, Node, Operation, Receipt, Task
@@ -770,13 +771,17 @@ def test_resume_agent_hands_back_and_the_agent_rechecks_its_inputs_before_anythi
     assert_refused(InputsRecheckRequired, lambda: send(task, agent, "copy"))
     assert_refused(
         InputsRecheckRequired,
-        lambda: inputs_confirm(task_id=task.pk, current_versions={}, expected_version=version(task), lease=agent),
+        lambda: (
+            inputs_confirm(
+                snapshot_at(task_id=task.pk, lease=agent, expected_version=version(task)), {}, lease=agent
+            ).task
+        ),
     )
 
     now_at = "8" if changed else SOURCE_REF["version"]
     confirmed = inputs_confirm(
-        task_id=task.pk, current_versions={"copy.source": now_at}, expected_version=version(task), lease=agent
-    )
+        snapshot_at(task_id=task.pk, lease=agent, expected_version=version(task)), {"copy.source": now_at}, lease=agent
+    ).task
 
     assert not confirmed.inputs_recheck_required
     directive = next_directive(task_id=task.pk, lease=agent)

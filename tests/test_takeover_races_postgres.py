@@ -33,7 +33,7 @@ from tasks.core.outcomes import Committed
 from tasks.decide.change import Change
 from tasks.engine.cas import compare_and_set
 from tasks.engine.events import find_log_problem
-from tasks.engine.protocol import next_directive, operation_start, record_outcome
+from tasks.engine.protocol import next_directive, operation_start, record_outcome, snapshot_at
 from tasks.models import Event, Operation, Task
 from tasks.people.takeover import (
     Claim,
@@ -201,13 +201,20 @@ def _agent_loop(task: Task, index: int, stop: threading.Event, figures: Figures)
                 if d.kind == "execute":
                     # One commit: the operation registered and marked sent (the call itself is the remote's).
                     op = operation_start(
-                        task_id=task.pk, node_key=d.node_key, expected_version=d.task_version, lease=lease
-                    )
+                        snapshot_at(task_id=task.pk, lease=lease, expected_version=d.task_version),
+                        d.node_key,
+                        lease=lease,
+                    ).operation
                     written = ("operation_dispatched", op.op_key)
                 elif d.kind == "reconcile" and d.op_key:
                     # The remote committed every dispatched operation; a query by op key says so.
                     receipt = Committed(remote_id=f"r-{d.op_key}")
-                    record_outcome(op_key=d.op_key, outcome=receipt, expected_version=d.task_version, lease=lease)
+                    record_outcome(
+                        snapshot_at(task_id=task.pk, lease=lease, expected_version=d.task_version),
+                        d.op_key,
+                        receipt,
+                        lease=lease,
+                    )
                     written = ("node_succeeded", d.op_key)
                 else:
                     figures.count(figures.directives, f"{d.kind} {d.reason}")
@@ -455,7 +462,9 @@ def test_a_takeover_is_recorded_as_granted_after_the_agent_it_follows_let_go(mak
     d = next_directive(task_id=task.pk, lease=agent)
 
     def agent_writes_then_lets_go() -> None:
-        operation_start(task_id=task.pk, node_key=d.node_key, expected_version=d.task_version, lease=agent)
+        operation_start(
+            snapshot_at(task_id=task.pk, lease=agent, expected_version=d.task_version), d.node_key, lease=agent
+        )
         lease_release(lease=agent)
 
     with use_clock(InterleavingClock(agent_writes_then_lets_go)):

@@ -8,7 +8,7 @@ from leases.services import lease_release
 from tasks.access.permissions import permission_grant
 from tasks.core.lifecycle import TaskStatus
 from tasks.core.outcomes import Committed
-from tasks.engine.protocol import inputs_confirm, next_directive, operation_start
+from tasks.engine.protocol import inputs_confirm, next_directive, operation_start, snapshot_at
 from tasks.models import Task
 from tasks.people.forced_release import forced_release_review, lease_force_release
 from tasks.people.takeover import (
@@ -27,7 +27,9 @@ def test_a_takeover_round_trip(make_task, agent_lease, clock) -> None:
     permission_grant(actor=admin, user=ann.user, task=task)
     lease = agent_lease(task)
     d = next_directive(task_id=task.pk, lease=lease)
-    op = operation_start(task_id=task.pk, node_key="a", expected_version=d.task_version, lease=lease)
+    op = operation_start(
+        snapshot_at(task_id=task.pk, lease=lease, expected_version=d.task_version), "a", lease=lease
+    ).operation
     claim = takeover_claim(actor=ann, task_id=task.pk)
     assert not claim.granted and claim.waiting_for == "agent:agent-1"
     assert next_directive(task_id=task.pk, lease=lease).kind == "reconcile"  # in-flight work may settle
@@ -109,7 +111,9 @@ def test_resume_agent_makes_the_agent_recheck_inputs(make_task, agent_lease, clo
     lease = agent_lease(task)
     d = next_directive(task_id=task.pk, lease=lease)
     assert (d.kind, d.reason) == ("reconcile", "recheck_inputs")
-    inputs_confirm(task_id=task.pk, current_versions={"a.src": "8"}, expected_version=d.task_version, lease=lease)
+    inputs_confirm(
+        snapshot_at(task_id=task.pk, lease=lease, expected_version=d.task_version), {"a.src": "8"}, lease=lease
+    )
     t = Task.objects.get(pk=task.pk)
     assert (t.status, t.status_reason) == (TaskStatus.PAUSED, "input_changed")
 

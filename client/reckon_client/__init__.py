@@ -14,7 +14,7 @@ from reckon_client.aio import AsyncReckon
 from reckon_client.connector import Actions, AsyncConnector, Connector
 from reckon_client.errors import ApiError
 from reckon_client.outcomes import Accepted, Committed, Failed, FailureClass, NotFound, Outcome, Unprovable
-from reckon_client.protocol import RunResult, Task
+from reckon_client.protocol import Retained, RetainedRef, RunResult, Task
 from reckon_client.sync import Reckon
 
 __all__ = [
@@ -30,6 +30,8 @@ __all__ = [
     "NotFound",
     "Outcome",
     "Reckon",
+    "Retained",
+    "RetainedRef",
     "RunResult",
     "Task",
     "Unprovable",

@@ -3,7 +3,7 @@
 import asyncio
 import contextlib
 import inspect
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Self
 
 import httpx
@@ -11,7 +11,19 @@ import httpx
 from reckon_client import protocol
 from reckon_client.connector import AsyncConnector, Connector
 from reckon_client.errors import ApiError
-from reckon_client.protocol import Call, LeaseState, Remote, RunResult, Sleep, Steps, Task
+from reckon_client.protocol import (
+    Call,
+    Content,
+    LeaseState,
+    Recreator,
+    Remote,
+    Retained,
+    RetainedRef,
+    RunResult,
+    Sleep,
+    Steps,
+    Task,
+)
 from reckon_client.transport import (
     MAX_ATTEMPTS,
     RETRY_STATUSES,
@@ -89,6 +101,29 @@ class AsyncReckon:
             if not acquired.lost:
                 with contextlib.suppress(httpx.HTTPError, ApiError):
                     await self._drive(protocol.release(acquired))
+
+    async def retain(
+        self,
+        task_id: int,
+        kind: str,
+        name: str,
+        content: Content,
+        *,
+        ttl_seconds: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> RetainedRef:
+        """As ``Reckon.retain``."""
+        steps = protocol.retain(task_id, kind, name, content, ttl_seconds=ttl_seconds, idempotency_key=idempotency_key)
+        return await self._drive(steps)
+
+    async def fetch(self, ref: RetainedRef) -> Retained:
+        return await self._drive(protocol.fetch(ref))
+
+    async def fetch_or_recreate(
+        self, ref: RetainedRef, *, recreate: Callable[[], Content | Awaitable[Content]]
+    ) -> Retained:
+        """As ``Reckon.fetch_or_recreate``; ``recreate`` may be a coroutine function."""
+        return await self._drive(protocol.fetch_or_recreate(ref), Recreator(recreate))
 
     async def _renew(self, state: LeaseState) -> None:
         while not state.lost:

@@ -53,18 +53,21 @@ class Unprovable:
 type Outcome = Committed | Accepted | Failed | NotFound | Unprovable
 OUTCOME_TYPES = (Committed, Accepted, Failed, NotFound, Unprovable)
 
+# What a receipt shows: the fields of ``Committed`` but its data. The server names them too
+# (tasks.core.outcomes.RECEIPT_FIELDS); the client imports nothing of the server, and a test of the server's
+# (tests/test_receipt_fields.py) holds the two equal.
+RECEIPT_FIELDS = ("remote_id", "remote_version", "count", "digest")
+
 
 def outcome_json(outcome: Outcome) -> dict[str, Any]:
     """The outcome as the body of ``POST …/operations/{op_key}/outcome``."""
     match outcome:
         case Committed():
-            body: dict[str, Any] = {"result": "committed", "remote_id": outcome.remote_id}
-            if outcome.remote_version:
-                body["remote_version"] = outcome.remote_version
-            if outcome.count is not None:
-                body["count"] = outcome.count
-            if outcome.digest:
-                body["digest"] = outcome.digest
+            # The remote id always; every other receipt field only when given.
+            receipt = {name: getattr(outcome, name) for name in RECEIPT_FIELDS}
+            body: dict[str, Any] = {"result": "committed"} | {
+                name: value for name, value in receipt.items() if name == "remote_id" or value not in (None, "")
+            }
             if outcome.data:
                 body["data"] = outcome.data
             return body

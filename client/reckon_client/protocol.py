@@ -9,11 +9,12 @@ What the loop follows is the server's directive: reconcile comes before execute 
 crash (SIGKILL anywhere) asks the remote what became of the operation in flight before it sends anything new.
 """
 
+import base64
 import hashlib
 import json
 import re
 import uuid
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -45,9 +46,10 @@ class Reply:
 
 @dataclass(frozen=True)
 class Remote:
-    """A call to the connector. An exception it raises is thrown back into the generator."""
+    """A call to the connector (or, for ``recreate``, to the caller's Recreator). An exception it raises is thrown
+    back into the generator."""
 
-    name: Literal["submit", "compensate", "lookup", "current_version"]
+    name: Literal["submit", "compensate", "lookup", "current_version", "recreate"]
     args: tuple[Any, ...]
 
 
@@ -107,6 +109,46 @@ class RunResult:
     @property
     def done(self) -> bool:
         return self.status == "done"
+
+
+@dataclass(frozen=True)
+class RetainedRef:
+    """An object Reckon retained for a task. A checkpoint keeps ``as_checkpoint()`` — ``{"retained": id, "version":
+    n}`` — never the content; ``of_checkpoint`` reads one back."""
+
+    task_id: int
+    id: int
+    version: int
+
+    def as_checkpoint(self) -> dict[str, int]:
+        return {"retained": self.id, "version": self.version}
+
+    @classmethod
+    def of_checkpoint(cls, task_id: int, checkpoint: Mapping[str, Any]) -> "RetainedRef":
+        return cls(task_id=task_id, id=int(checkpoint["retained"]), version=int(checkpoint["version"]))
+
+
+@dataclass(frozen=True)
+class Retained:
+    """A retained object as read: ``content`` is a debug artifact's fields (a dict), the bytes of any other kind.
+    ``ref`` is the reference to keep (after ``fetch_or_recreate``, the re-created object's)."""
+
+    ref: RetainedRef
+    kind: str
+    name: str
+    expires_at: datetime | None
+    content: bytes | dict[str, Any]
+
+
+type Content = bytes | Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Recreator:
+    """What ``fetch_or_recreate`` calls when the object is gone: the caller's function, which reads the external
+    facts again (the source by its versioned ref) and returns the content (bytes; a debug artifact: a dict)."""
+
+    recreate: Callable[[], Any]
 
 
 @dataclass
@@ -223,6 +265,67 @@ def cancel(task_id: int, reason: str, *, version: int | None = None) -> Steps[Ta
     headers = {"If-Match": f'"{version}"'} if version is not None else {}
     reply = yield Call("POST", f"/tasks/{task_id}/cancel", {"reason": reason}, headers)
     return Task.of(ok(reply))
+
+
+def retain(
+    task_id: int,
+    kind: str,
+    name: str,
+    content: Content,
+    *,
+    ttl_seconds: int | None = None,
+    idempotency_key: str | None = None,
+) -> Steps[RetainedRef]:
+    """Retain ``content`` as the next version of ``name`` (sealed, expiring); the answer is what a checkpoint keeps.
+    Always keyed, so a retry after a lost answer answers the same reference instead of retaining twice."""
+    body: dict[str, Any] = {"kind": kind, "name": name, "content": _content_json(content)}
+    if ttl_seconds is not None:
+        body["ttl_seconds"] = ttl_seconds
+    key = idempotency_key or f"rk-client:retain:{uuid.uuid4()}"
+    reply = yield Call("POST", f"/tasks/{task_id}/retained", body, {"Idempotency-Key": key})
+    ref = ok(reply)
+    return RetainedRef(task_id=task_id, id=int(ref["retained"]), version=int(ref["version"]))
+
+
+def fetch(ref: RetainedRef) -> Steps[Retained]:
+    """The object's content while its retention lasts. Gone (410 ``retention_expired``): ApiError — re-create it
+    from external facts (``fetch_or_recreate``); corrupt (409 ``retention_corrupt``): ApiError, never re-created."""
+    body = ok((yield Call("GET", f"/tasks/{ref.task_id}/retained/{ref.id}/versions/{ref.version}")))
+    content = body.get("content")
+    return Retained(
+        ref=ref,
+        kind=str(body.get("kind", "")),
+        name=str(body.get("name", "")),
+        expires_at=parse_time(body.get("expires_at")),
+        content=dict(content) if isinstance(content, dict) else base64.b64decode(str(content or ""), validate=True),
+    )
+
+
+def fetch_or_recreate(ref: RetainedRef) -> Steps[Retained]:
+    """The object, or — when its retention has ended — the content the Recreator re-reads from external facts,
+    retained again as the next version of the same kind and name (the 410 names them). The answer's ``ref`` is the
+    one to keep in the checkpoint: never a reference to something that is gone. Anything else (not found, corrupt)
+    is an ApiError: re-creating over a corrupt object would hide what is wrong."""
+    try:
+        return (yield from fetch(ref))
+    except ApiError as refusal:
+        if refusal.code != "retention_expired":
+            raise
+        kind, name = refusal.problem.get("kind"), refusal.problem.get("name")
+        if not isinstance(kind, str) or not isinstance(name, str):
+            raise
+    content = yield Remote("recreate", ())
+    new = yield from retain(ref.task_id, kind, name, content)
+    return (yield from fetch(new))
+
+
+def _content_json(content: Content) -> Any:
+    """A debug artifact's fields as the JSON object they are; bytes as base64 text."""
+    if isinstance(content, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(content)).decode()
+    if isinstance(content, Mapping):
+        return dict(content)
+    raise TypeError(f"retained content is bytes (or, for a debug artifact, a dict), not {type(content).__name__}")
 
 
 def acquire(task_id: int, *, ttl_seconds: int | None, lease_wait: float) -> Steps[LeaseState | RunResult]:

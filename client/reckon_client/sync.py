@@ -3,7 +3,7 @@
 import contextlib
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Self
 
 import httpx
@@ -11,7 +11,19 @@ import httpx
 from reckon_client import protocol
 from reckon_client.connector import Connector
 from reckon_client.errors import ApiError
-from reckon_client.protocol import Call, LeaseState, Remote, RunResult, Sleep, Steps, Task
+from reckon_client.protocol import (
+    Call,
+    Content,
+    LeaseState,
+    Recreator,
+    Remote,
+    Retained,
+    RetainedRef,
+    RunResult,
+    Sleep,
+    Steps,
+    Task,
+)
 from reckon_client.transport import (
     MAX_ATTEMPTS,
     RETRY_STATUSES,
@@ -97,6 +109,33 @@ class Reckon:
             if not acquired.lost:
                 with contextlib.suppress(httpx.HTTPError, ApiError):  # else it lapses by itself after its ttl
                     self._drive(protocol.release(acquired))
+
+    # ---------------------------------------------------------------------------------------------- retained objects
+
+    def retain(
+        self,
+        task_id: int,
+        kind: str,
+        name: str,
+        content: Content,
+        *,
+        ttl_seconds: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> RetainedRef:
+        """Seal ``content`` for the task as the next version of ``name``, expiring after ``ttl_seconds`` (default:
+        the kind's retention). ``kind``: ``sensitive_input`` or ``temp_material`` (bytes), ``debug_artifact`` (a dict
+        of minimal fields; credential-like data is refused). Keep ``ref.as_checkpoint()`` in the checkpoint."""
+        steps = protocol.retain(task_id, kind, name, content, ttl_seconds=ttl_seconds, idempotency_key=idempotency_key)
+        return self._drive(steps)
+
+    def fetch(self, ref: RetainedRef) -> Retained:
+        """The content while its retention lasts; ``ApiError`` ``retention_expired`` (410) once it has ended."""
+        return self._drive(protocol.fetch(ref))
+
+    def fetch_or_recreate(self, ref: RetainedRef, *, recreate: Callable[[], Content]) -> Retained:
+        """The content, or — once its retention has ended — what ``recreate()`` reads again from external facts,
+        retained as the next version. Keep the answer's ``ref`` in the checkpoint (it is new if it was re-created)."""
+        return self._drive(protocol.fetch_or_recreate(ref), Recreator(recreate))
 
     # ---------------------------------------------------------------------------------------------- the driver
 

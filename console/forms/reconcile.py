@@ -12,7 +12,8 @@ from typing import Any
 
 from django import forms
 
-from tasks.core.outcomes import Committed
+from console.forms.receipts import receipt_form_fields
+from tasks.core.outcomes import RECEIPT_FIELDS, Committed
 from tasks.people.forced_release import MIN_FORCE_TEXT
 from tasks.people.settlement import MIN_NOTE
 from tasks.reads.consequences import Consequences
@@ -75,24 +76,22 @@ class SettleForm(DangerForm):
 
     reason_label = "What you checked"
     reason_help = "The evidence: where you looked and what it showed."
-    field_order = ["version", "resolution", "remote_id", "remote_version", "count", "digest", "reason", "confirm"]
+    field_order = ["version", "resolution", *RECEIPT_FIELDS, "reason", "confirm"]
 
     # Chosen by the link the person followed (each shows its own consequences), carried as a hidden field.
     resolution = forms.ChoiceField(choices=RESOLUTIONS, widget=forms.HiddenInput)
-    remote_id = forms.CharField(required=False, max_length=300, label="Remote id")
-    remote_version = forms.CharField(required=False, max_length=200, label="Remote version")
-    count = forms.IntegerField(required=False, min_value=0, label="Count")
-    digest = forms.CharField(required=False, max_length=200, label="Digest")
 
     def __init__(self, *args: Any, can_compensate: bool, **kwargs: Any) -> None:
         super().__init__(*args, reason_min=MIN_NOTE, **kwargs)
+        self.fields.update(receipt_form_fields())
+        self.order_fields(self.field_order)
         if not can_compensate:
             self.fields["resolution"].choices = [c for c in RESOLUTIONS if c[0] != "compensate"]  # type: ignore[attr-defined]
 
     def clean(self) -> dict[str, Any] | None:
         data = super().clean() or {}
         resolution = data.get("resolution")
-        receipt_given = any(data.get(f) not in (None, "") for f in ("remote_id", "remote_version", "count", "digest"))
+        receipt_given = any(data.get(f) not in (None, "") for f in RECEIPT_FIELDS)
         if resolution in ("done", "compensate") and not data.get("remote_id"):
             self.add_error("remote_id", "It happened: give the remote id the external system gave it.")
         if resolution == "not_done" and receipt_given:
@@ -103,12 +102,7 @@ class SettleForm(DangerForm):
         data = self.cleaned_data
         if data["resolution"] == "not_done":
             return None
-        return Committed(
-            remote_id=data["remote_id"],
-            remote_version=data.get("remote_version") or "",
-            count=data.get("count"),
-            digest=data.get("digest") or "",
-        )
+        return Committed(**{name: data[name] for name in RECEIPT_FIELDS})
 
 
 class ForceReleaseForm(DangerForm):

@@ -9,7 +9,9 @@ from typing import Any
 from django import forms
 from django.core.files.uploadedfile import UploadedFile
 
+from console.forms.receipts import receipt_form_fields
 from tasks.core.errors import NodeNotReady
+from tasks.core.outcomes import RECEIPT_FIELDS
 from tasks.decide.decisions import resolved_input
 from tasks.decide.evidence import expected_values
 from tasks.models import Node
@@ -111,22 +113,17 @@ class ResultForm(VersionedForm, LeaseForm):
             expects = expected_values(node, {"input": resolved_input(all_nodes, node)})
         except NodeNotReady:
             expects = {name: None for name in node.evidence if name != "remote_id"}
-        names = {"remote_id": _field(node.key, "remote_id")}
-        self.fields[names["remote_id"]] = forms.CharField(
-            max_length=200, required=False, label="Remote id", help_text="The id the external system gave the result."
-        )
-        for name in ("remote_version", "digest", "count"):
-            if name not in node.evidence:
-                continue
-            names[name] = _field(node.key, name)
-            hint = f"Must be {expects[name]!r}." if expects.get(name) is not None else "Pinned by the step's input."
-            if name == "count":
-                self.fields[names[name]] = forms.IntegerField(
-                    min_value=0, required=False, label="Count", help_text=hint
-                )
-            else:
-                label = "Remote version" if name == "remote_version" else "Digest"
-                self.fields[names[name]] = forms.CharField(max_length=200, required=False, label=label, help_text=hint)
+        # The remote id always; each other receipt field the node's evidence spec pins, with what it must be.
+        hints = {"remote_id": "The id the external system gave the result."} | {
+            name: f"Must be {expects[name]!r}." if expects.get(name) is not None else "Pinned by the step's input."
+            for name in RECEIPT_FIELDS
+            if name in node.evidence and name != "remote_id"
+        }
+        names: dict[str, str] = {}
+        for name, field in receipt_form_fields(**hints).items():
+            if name in hints:
+                names[name] = _field(node.key, name)
+                self.fields[names[name]] = field
         names["evidence"] = _field(node.key, "evidence")
         self.fields[names["evidence"]] = forms.CharField(
             max_length=4000,
@@ -150,7 +147,7 @@ class ResultForm(VersionedForm, LeaseForm):
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
         for nf in self.node_fields:
-            given = [cleaned.get(nf.names[n]) for n in ("remote_version", "digest", "count") if n in nf.names]
+            given = [cleaned.get(nf.names[n]) for n in RECEIPT_FIELDS if n != "remote_id" and n in nf.names]
             if not cleaned.get(nf.names["remote_id"]) and any(v not in (None, "") for v in given):
                 self.add_error(nf.names["remote_id"], "A result for this step needs the remote id.")
             for line in (cleaned.get(nf.names["evidence"]) or "").splitlines():
@@ -186,13 +183,12 @@ class ResultForm(VersionedForm, LeaseForm):
                 )
                 if kind.strip()
             ]
+            # The receipt fields this node's form asks for; the others stay as NodeResult leaves them (empty).
+            receipt = {name: self.cleaned_data.get(nf.names[name]) for name in RECEIPT_FIELDS if name in nf.names}
             results.append(
                 NodeResult(
                     node_key=nf.node.key,
-                    remote_id=remote_id,
-                    remote_version=self.cleaned_data.get(nf.names.get("remote_version", ""), "") or "",
-                    count=self.cleaned_data.get(nf.names.get("count", "")),
-                    digest=self.cleaned_data.get(nf.names.get("digest", ""), "") or "",
+                    **(receipt | {"remote_id": remote_id}),
                     evidence=evidence,
                     attachments=[
                         AttachmentIn(name=name, content=read_attachment(sha256))

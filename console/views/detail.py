@@ -15,6 +15,8 @@ from django_htmx.http import HttpResponseStopPolling
 from console.access import principal, viewable_task
 from retention.queries import retained_for_task
 from tasks.access.permissions import can_operate
+from tasks.access.permits import permits
+from tasks.core.lifecycle import ChangeKind
 from tasks.models import Task
 from tasks.reads.detail import InvalidTimelineCursor, chain_check, detail_page, is_terminal, lease_view, timeline_page
 
@@ -76,7 +78,7 @@ def _page_context(request: HttpRequest, task: Task, *, force_check: bool = False
         "package": shown.package,
         "retained": retained_for_task(task.pk),
         "may_operate": may_operate,
-        "may_take_over": may_operate and shown.takeover_possible,
+        "may_take_over": permits(principal(request), ChangeKind.TAKEOVER, task, operable=may_operate) is None,
         "poll_seconds": LEASE_POLL_SECONDS,
         "remote": shown.remote,
         "remote_wait_seconds": shown.remote.wait_seconds(shown.lease.now) if shown.remote else None,

@@ -21,6 +21,7 @@ from django.views.decorators.http import require_http_methods, require_POST, req
 from django_htmx.http import HttpResponseStopPolling
 
 from audit.errors import Refused
+from audit.principals import Principal
 from console import present
 from console.access import operable_task, principal, require_admin_role, viewable_task
 from console.errors import message_for
@@ -34,17 +35,21 @@ from console.forms.reconcile import (
     SettleForm,
     TempResetForm,
 )
-from leases.models import HolderKind
+from leases import clock
+from leases.errors import LeaseError
+from leases.models import HolderKind, Lease
 from leases.services import lease_open
-from tasks.access.permissions import ADMIN, has_role
+from leases.state import lease_state
 from tasks.access.permissions import PermissionDenied as ServiceDenied
+from tasks.access.permits import permits
 from tasks.core.errors import TaskNotFound, VersionConflict
 from tasks.core.lifecycle import (
     OPEN_OPERATION_STATUSES,
-    TERMINAL_TASK_STATUSES,
+    ChangeKind,
     OperationStatus,
     TaskStatus,
     TempResourceStatus,
+    task_ended,
 )
 from tasks.engine.cleanup import cleanup_tries, temp_resource_reset
 from tasks.models import Operation, Task, TempResource
@@ -55,7 +60,6 @@ from tasks.reads import consequences
 from tasks.reads.consequences import plural
 
 POLL_SECONDS = 2
-_ENDED = {s.value for s in TERMINAL_TASK_STATUSES} | {TaskStatus.QUARANTINED.value}
 _SHOWN_TEMPS = [TempResourceStatus.STUCK.value, TempResourceStatus.ACTIVE.value, TempResourceStatus.CLEANING.value]
 
 
@@ -63,12 +67,15 @@ def _htmx(request: HttpRequest) -> bool:
     return request.headers.get("HX-Request") == "true"
 
 
-def _refusal_status(error: Refused) -> int:
+type Refusal = Refused | LeaseError
+
+
+def _refusal_status(error: Refusal) -> int:
     if isinstance(error, ServiceDenied):
         return 403
     if isinstance(error, TaskNotFound):
         return 404
-    return 409 if isinstance(error, VersionConflict) else 400
+    return 409 if isinstance(error, VersionConflict | LeaseError) else 400
 
 
 def _actions_url(task: Task) -> str:
@@ -121,21 +128,41 @@ def shown_status(task: Task) -> Shown:
 
 
 def _actions_context(request: HttpRequest, task: Task, **extra: Any) -> dict[str, Any]:
+    now = clock.now()  # the lease is shown as it stands at this reading of the database clock
     lease = lease_open(task.pk)
+    state = None if lease is None else lease_state(expires_at=lease.expires_at, now=now)
     who = principal(request)
-    holds = lease is not None and lease.holder_kind == HolderKind.OPERATOR and lease.holder_id == who.id
+    mine = lease is not None and lease.holder_kind == HolderKind.OPERATOR and lease.holder_id == who.id
+    holds = mine and state is not None and state.live  # only a live lease writes
     return {
         "task": task,
         "shown": shown_status(task),
-        "is_admin": has_role(who, ADMIN),
+        **_offered(who, task, lease if holds else None),
         "operations": _open_operations(task),
         "temps": _temp_resources(task),
         "lease": lease,
+        "lease_state": state,
+        "mine": mine,
         "holds_takeover": holds,
-        "terminal": task.status in _ENDED,
-        "cancellable": task.cancel_requested_at is None and task.status not in _ENDED,
+        "terminal": task_ended(task.status),
         "poll_seconds": POLL_SECONDS,
         **extra,
+    }
+
+
+def _offered(who: Principal, task: Task, lease: Lease | None) -> dict[str, bool]:
+    """The actions the page offers: exactly those the permit table allows ``who`` now (tasks.access.permits), with
+    their takeover lease when they hold it. The page opened only for people who may operate the task."""
+
+    def allowed(change: ChangeKind, held: Lease | None = None) -> bool:
+        return permits(who, change, task, lease=held, operable=True) is None
+
+    return {
+        # A cancel already recorded is not asked again: the service would change nothing.
+        "cancellable": task.cancel_requested_at is None and allowed(ChangeKind.CANCEL),
+        "may_force_release": allowed(ChangeKind.FORCE_RELEASE),
+        "may_settle": lease is not None and allowed(ChangeKind.SETTLE, lease),
+        "may_reset_temps": allowed(ChangeKind.CLEANUP),
     }
 
 
@@ -160,7 +187,7 @@ def task_actions_status(request: HttpRequest, task_id: int) -> HttpResponse:
     context = {
         "task": task,
         "shown": shown_status(task),
-        "terminal": task.status in _ENDED,
+        "terminal": task_ended(task.status),
         "poll_seconds": POLL_SECONDS,
     }
     html = render_to_string("console/reconcile/actions.html#status", context, request=request)
@@ -204,7 +231,7 @@ def _confirmed(
     if form.is_valid():
         try:
             act(form.cleaned_data)
-        except Refused as refused:
+        except (Refused, LeaseError) as refused:
             outcome = _Outcome(error=message_for(refused), status=_refusal_status(refused))
         else:
             return _Outcome(response=_done(request, task, done))
@@ -344,7 +371,7 @@ def operation_query(request: HttpRequest, task_id: int, op_key: str) -> HttpResp
                 op_key=op.op_key,
                 expected_version=form.cleaned_data["version"],
             )
-        except Refused as refused:
+        except (Refused, LeaseError) as refused:
             error, status = message_for(refused), _refusal_status(refused)
     task.refresh_from_db()
     context = _actions_context(request, task, answer=answer, answer_error=error, asked=op.op_key)

@@ -1,4 +1,5 @@
-"""Who may do what. The one place these rules live; every state-changing service calls it.
+"""Who a principal is: roles and grants, the one place these rules live. Which of them a change needs, in which
+task status, is the permit table (tasks.core.lifecycle: PERMITS and NEEDS), asked through tasks.access.permits.
 
 Roles are Django groups — operator, admin, auditor (read-only) — and nothing else: a Django superuser is not a
 Reckon admin unless the admin group says so (granting it is audited: tasks/access/accounts.py). An operator
@@ -142,38 +143,18 @@ def _granted(user: Any) -> Q:
     )
 
 
-def require_view(principal: Principal, task: Task) -> None:
-    if not can_view(principal, task):
-        raise PermissionDenied(f"{principal} may not see task {task.pk}", task_id=task.pk)
+def operate_denied(principal: Principal, task_id: int) -> PermissionDenied:
+    return PermissionDenied(f"{principal} may not operate task {task_id}", task_id=task_id)
 
 
 def require_operate(principal: Principal, task: Task) -> None:
     if not can_operate(principal, task):
-        raise PermissionDenied(f"{principal} may not operate task {task.pk}", task_id=task.pk)
+        raise operate_denied(principal, task.pk)
 
 
 def require_admin(principal: Principal, what: str) -> None:
     if not has_role(principal, ADMIN):
         raise PermissionDenied(f"{principal} is not an admin: only admins may {what}")
-
-
-def require_cancel(principal: Principal, task: Task, *, lease: Any = None) -> None:
-    """A person needs the right to operate the task. An agent or a system process cancels only its own work: a
-    task whose lease it holds (``lease``, checked live by the compare-and-set) or a task it created."""
-    if principal.kind == "user":
-        require_operate(principal, task)
-        return
-    holds = (
-        lease is not None
-        and principal.kind == "agent"
-        and (lease.holder_kind, lease.task_id, lease.holder_id) == ("agent", task.pk, principal.id)
-    )
-    created = task.created_by in (principal.id, str(principal))
-    if not (holds or created):
-        raise PermissionDenied(
-            f"{principal} may cancel only a task it created or holds the lease of, not task {task.pk}",
-            task_id=task.pk,
-        )
 
 
 def permission_grant(

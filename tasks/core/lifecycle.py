@@ -8,6 +8,8 @@ from enum import StrEnum
 
 from django.db.models import TextChoices
 
+from tasks.core.errors import TaskNotRunnable
+
 
 class TaskStatus(StrEnum):
     PENDING = "pending"
@@ -60,7 +62,13 @@ class FailureClass(StrEnum):
     CONFLICT = "conflict"
 
 
+# Ended: nothing runs on the task any more and nothing moves it back to work. It completed, failed or stopped (the
+# terminal statuses: ended by its own work or a cancel, with a log that can be trusted), or it was quarantined
+# (nothing moves a task out of quarantined; its log cannot be trusted). The one definition of "ended": services,
+# reads, scans and pages ask task_ended or these sets, never a list of their own.
 TERMINAL_TASK_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.STOPPED})
+ENDED_TASK_STATUSES = TERMINAL_TASK_STATUSES | {TaskStatus.QUARANTINED}
+NOT_ENDED = frozenset(set(TaskStatus) - ENDED_TASK_STATUSES)
 # An agent may register an intent only in these.
 RUNNABLE_TASK_STATUSES = frozenset({TaskStatus.PENDING, TaskStatus.RUNNING, TaskStatus.BACKING_OFF})
 # Statuses in which an agent has something to do: run nodes, observe or reconcile operations, settle a cancel.
@@ -124,7 +132,7 @@ TASK_TRANSITIONS: frozenset[tuple[TaskStatus, TaskStatus]] = frozenset(
     | {
         (s, stop)
         for s in _T
-        if s not in TERMINAL_TASK_STATUSES | {_T.STOPPING, _T.STOPPED_PENDING, _T.QUARANTINED}
+        if s not in ENDED_TASK_STATUSES | {_T.STOPPING, _T.STOPPED_PENDING}
         for stop in (_T.STOPPING, _T.STOPPED_PENDING, _T.STOPPED)
     }
     | {(s, _T.QUARANTINED) for s in _T if s is not _T.QUARANTINED}
@@ -172,6 +180,11 @@ OPERATION_TRANSITIONS: frozenset[tuple[OperationStatus, OperationStatus]] = froz
 )
 
 
+def task_ended(status: TaskStatus | str) -> bool:
+    """Nothing runs on a task in ``status`` any more (ENDED_TASK_STATUSES)."""
+    return TaskStatus(status) in ENDED_TASK_STATUSES
+
+
 def task_can_move(source: TaskStatus | str, target: TaskStatus | str) -> bool:
     return (TaskStatus(source), TaskStatus(target)) in TASK_TRANSITIONS
 
@@ -215,7 +228,6 @@ class ChangeKind(StrEnum):
 
 _ACTIVE = frozenset({_T.PENDING, _T.RUNNING, _T.OBSERVING, _T.BACKING_OFF})
 _SETTLING = frozenset({_T.STOPPING, _T.STOPPED_PENDING})
-NOT_ENDED = frozenset(set(_T) - TERMINAL_TASK_STATUSES - {_T.QUARANTINED})
 
 PERMITS: dict[tuple[ChangeKind, Actor], frozenset[TaskStatus]] = {
     # Nothing new starts unless the task is runnable: never paused, with people, stopping or quarantined.
@@ -224,6 +236,8 @@ PERMITS: dict[tuple[ChangeKind, Actor], frozenset[TaskStatus]] = {
     (ChangeKind.SETTLE, Actor.AGENT): _ACTIVE | _SETTLING | {_T.PAUSED},
     (ChangeKind.SETTLE, Actor.OPERATOR): _SETTLING | {_T.HUMAN},
     (ChangeKind.CONFIRM, Actor.AGENT): _ACTIVE,
+    # Temp resources are deleted once the task has ended with a log that can be trusted: never while quarantined,
+    # whose temp resources stay as recorded for a person (tasks.engine.cleanup).
     (ChangeKind.CLEANUP, Actor.AGENT): TERMINAL_TASK_STATUSES,
     # A person makes a stuck temp resource eligible for deletion again (tasks.engine.cleanup.temp_resource_reset).
     (ChangeKind.CLEANUP, Actor.PERSON): TERMINAL_TASK_STATUSES,
@@ -251,9 +265,60 @@ NEEDS_FREE_TASK = frozenset({(ChangeKind.ACCEPT, Actor.SYSTEM)})
 AGENT_LEASABLE = frozenset(set(_T) - {_T.HUMAN, _T.QUARANTINED})
 
 
+class Need(StrEnum):
+    """What a principal must be to make a change as an actor, besides a status PERMITS allows (tasks.access.permits
+    asks it of the principal's roles, grants and lease)."""
+
+    LEASE = "its lease"  # the task's agent lease, its own: nothing more (the compare-and-set checks it live)
+    OPERATE = "operate"  # a person who may operate the task: an admin, or an operator granted it, its project or kind
+    ADMIN = "admin"  # a person with the admin role
+    CREATOR = "creator"  # the agent or system process that created the task, without its lease
+    SYSTEM = "system"  # a system process itself (the scheduler, the verifier): never an agent or a person
+
+
+# The other half of the permit table, with the same keys: who the principal must be. An operator (the takeover
+# lease's holder) also holds that lease, their own, as an agent holds its own.
+NEEDS: dict[tuple[ChangeKind, Actor], Need] = {
+    (ChangeKind.START, Actor.AGENT): Need.LEASE,
+    (ChangeKind.SETTLE, Actor.AGENT): Need.LEASE,
+    (ChangeKind.SETTLE, Actor.OPERATOR): Need.OPERATE,
+    (ChangeKind.CONFIRM, Actor.AGENT): Need.LEASE,
+    (ChangeKind.CLEANUP, Actor.AGENT): Need.LEASE,
+    (ChangeKind.CLEANUP, Actor.PERSON): Need.OPERATE,
+    (ChangeKind.CANCEL, Actor.AGENT): Need.LEASE,
+    (ChangeKind.CANCEL, Actor.OPERATOR): Need.OPERATE,
+    (ChangeKind.CANCEL, Actor.PERSON): Need.OPERATE,
+    (ChangeKind.CANCEL, Actor.SYSTEM): Need.CREATOR,
+    (ChangeKind.TAKEOVER, Actor.PERSON): Need.OPERATE,
+    (ChangeKind.TAKEOVER, Actor.OPERATOR): Need.OPERATE,
+    (ChangeKind.DECIDE, Actor.OPERATOR): Need.OPERATE,
+    (ChangeKind.PROPOSE, Actor.AGENT): Need.LEASE,
+    (ChangeKind.PROPOSE, Actor.OPERATOR): Need.OPERATE,
+    (ChangeKind.ACCEPT, Actor.AGENT): Need.LEASE,
+    (ChangeKind.ACCEPT, Actor.OPERATOR): Need.OPERATE,
+    (ChangeKind.ACCEPT, Actor.SYSTEM): Need.SYSTEM,
+    (ChangeKind.FORCE_RELEASE, Actor.PERSON): Need.ADMIN,
+    (ChangeKind.QUARANTINE, Actor.SYSTEM): Need.SYSTEM,
+}
+
+
 def permitted(kind: ChangeKind, actor: Actor) -> frozenset[TaskStatus]:
     """The task statuses in which ``actor`` may make a change of ``kind`` (empty: never)."""
     return PERMITS.get((kind, actor), frozenset())
+
+
+def status_refusal(task_id: int, status: str, kind: ChangeKind, actor: Actor) -> TaskNotRunnable | None:
+    """The refusal the compare-and-set names when ``actor`` may not make a change of ``kind`` in ``status`` (None:
+    the table allows it)."""
+    if TaskStatus(status) in permitted(kind, actor):
+        return None
+    article = "an" if actor.value[0] in "aeiou" else "a"
+    return TaskNotRunnable(
+        f"task {task_id} is {status}: {article} {actor} may not {kind} in that status",
+        status=str(status),
+        change=kind.value,
+        actor=actor.value,
+    )
 
 
 class TempResourceStatus(TextChoices):

@@ -1,9 +1,10 @@
-"""What an external call (or a query by op key) can say. Connectors return these; record_outcome takes them."""
+"""What an external call (or a query by op key) can say. Connectors return these; record_outcome takes them.
+``operation_after`` is what each makes of its operation, for every caller that records one."""
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.core.lifecycle import FailureClass
+from tasks.core.lifecycle import FailureClass, OperationStatus
 
 
 @dataclass(frozen=True)
@@ -48,5 +49,45 @@ type Outcome = Committed | Accepted | Failed | NotFound | Unprovable
 
 
 # What a receipt shows, named here once: the receipt row, the log's summary of it, a node's output, a plan's
-# evidence spec and a node's output reference all hold these four.
+# evidence spec and a node's output reference all hold these four, and the API's outcome, the console's forms and
+# the Python client (its own copy: it imports nothing of the server) ask for them; tests/test_receipt_fields.py
+# holds every declaration of them to this tuple.
 RECEIPT_FIELDS = ("remote_id", "remote_version", "count", "digest")
+
+
+@dataclass(frozen=True)
+class OperationAfter:
+    """What an outcome makes of the open operation it answers: its status, and the failure class it records."""
+
+    status: OperationStatus
+    failure_class: str = ""
+
+    def fields(self) -> dict[str, str]:
+        """As the operation's row takes them (the failure class only when there is one)."""
+        return {"status": self.status.value} | ({"failure_class": self.failure_class} if self.failure_class else {})
+
+
+def operation_after(outcome: Outcome, *, may_send_again: bool = True) -> OperationAfter:
+    """The one mapping of an outcome to its operation's status, for every operation (an effect, a compensation, a
+    cleanup's delete). A receipt commits it, but a ``Committed`` without the remote's id proves nothing: unknown.
+    Accepted is still running. Not found never took effect: an intent, sent again under the same op key — or, when
+    nothing may be sent again (a cancel is recorded), rejected as cancelled. A dropped connection, or a remote that
+    can neither dedupe nor be queried, leaves it unknown; any other failure rejects it."""
+    match outcome:
+        case Committed(remote_id=""):
+            return OperationAfter(OperationStatus.UNKNOWN, "no_receipt")
+        case Committed():
+            return OperationAfter(OperationStatus.COMMITTED)
+        case Accepted():
+            return OperationAfter(OperationStatus.ACCEPTED)
+        case NotFound():
+            if may_send_again:
+                return OperationAfter(OperationStatus.INTENT)
+            return OperationAfter(OperationStatus.REJECTED, "cancelled")
+        case Unprovable():
+            return OperationAfter(OperationStatus.UNKNOWN, "unprovable")
+        case Failed(failure_class=FailureClass.CONNECTION_INTERRUPTED):
+            return OperationAfter(OperationStatus.UNKNOWN, FailureClass.CONNECTION_INTERRUPTED.value)
+        case Failed():
+            return OperationAfter(OperationStatus.REJECTED, str(outcome.failure_class))
+    raise TypeError(f"an outcome is one of Committed, Accepted, Failed, NotFound, Unprovable, not {outcome!r}")

@@ -44,13 +44,15 @@ KEY_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,99}$")
 MAX_NODES = 100
 
 
+# What a later node may read of an earlier one's output (``from`` … ``field``): the receipt's fields.
 OUTPUT_FIELDS = RECEIPT_FIELDS
 
 
 REF_FIELDS = ("source", "locator", "version", "digest")
 
 
-EVIDENCE_KEYS = ("remote_id", "count", "digest", "remote_version")
+# What a node's evidence spec may pin: the receipt's fields, the same names.
+EVIDENCE_KEYS = RECEIPT_FIELDS
 
 
 NODE_KEYS = {
@@ -138,6 +140,7 @@ def validate_plan(document: Any) -> list[NodeSpec]:
     if problems:
         raise PlanInvalid(problems)
     try:
+        # The plan revision's document, under its own larger cap: its events carry its digest only.
         check_payload(document, what="plan document", cap=PLAN_CAP_BYTES)
     except Exception as exc:
         raise PlanInvalid([str(exc)]) from exc

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from leases.state import live_at
 from tasks.core.lifecycle import OPEN_OPERATION_STATUSES, ChangeKind, NodeStatus, OperationStatus
 from tasks.models import Node, Operation, Receipt, Task, TempResource
 
@@ -39,7 +40,7 @@ class Snapshot:
         return {n.key for n in self.nodes if n.status == NodeStatus.SUCCEEDED}
 
     def lease_live(self) -> bool:
-        return self.lease_expires_at is not None and self.lease_expires_at > self.now
+        return self.lease_expires_at is not None and live_at(self.lease_expires_at, self.now)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ from tasks.core.errors import (
     NodeNotReady,
     OperationsOpen,
     TakeoverRequested,
-    TaskError,
     TaskNotRunnable,
 )
 from tasks.core.failures import PAUSE_REASON, backoff, destination
@@ -39,8 +38,9 @@ from tasks.core.lifecycle import (
     OperationStatus,
     PauseReason,
     TaskStatus,
+    task_ended,
 )
-from tasks.core.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
+from tasks.core.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable, operation_after
 from tasks.decide.change import AtCommit, Change, Snapshot
 from tasks.decide.evidence import evidence_problems
 from tasks.decide.receipts import receipt_of, receipt_summary, succeeded_fields, temp_locators
@@ -69,7 +69,7 @@ def directive(snap: Snapshot) -> Directive:
     task, v = snap.task, snap.version
     if task.status == TaskStatus.COMPLETED:
         return Directive("done", v)
-    if task.status in (TaskStatus.FAILED, TaskStatus.STOPPED, TaskStatus.QUARANTINED):
+    if task_ended(task.status):  # failed, stopped or quarantined
         return Directive("stop", v, reason=task.status)
     if snap.lease_expires_at is None:
         return Directive("stop", v, reason="lease_lost")
@@ -167,6 +167,7 @@ def start(snap: Snapshot, node_key: str) -> tuple[Change, Operation]:
     resolved = resolved_input(snap.nodes, node)
     request = {"action": node.action, "input": resolved}
     body = canonical_json(request)  # made once: for the cap, the digest and the stored value (canonical_request)
+    # The operation row's request (its event carries the digest only): not covered by the event's append.
     check_payload(request, what=f"request of node {node_key}", canonical=body)
     values = {
         "node_id": node.pk,
@@ -241,10 +242,9 @@ def next_start(snap: Snapshot) -> tuple[Change, Operation] | None:
     d = directive(snap)
     if d.kind != "execute" or d.op_key:
         return None
-    try:
-        return start(snap, d.node_key)
-    except TaskError:  # pragma: no cover - the directive said execute: start agrees on the same snapshot
-        return None
+    # The directive said execute: start decides on the same snapshot, and a refusal here is a disagreement between
+    # the two rules — it is raised (the shared write is refused whole), never taken for "nothing to start".
+    return start(snap, d.node_key)
 
 
 _START_REQUIRES: dict[str, Any] = {"cancel_requested_at__isnull": True, "inputs_recheck_required": False}
@@ -296,6 +296,7 @@ def settle(snap: Snapshot, op: Operation, outcome: Outcome, *, settled_by: str =
     if isinstance(outcome, Committed):
         if not outcome.remote_id:
             raise EvidenceInsufficient(f"a receipt for {op.op_key} needs the remote id the external system gave it")
+        # The receipt row's data (its event carries the receipt's fields only): not covered by the event's append.
         check_payload(outcome.data, what="receipt data")
         if op.purpose == OperationPurpose.COMPENSATION:
             return _compensation_committed(snap, op, outcome)
@@ -308,40 +309,41 @@ def settle(snap: Snapshot, op: Operation, outcome: Outcome, *, settled_by: str =
     task, node = snap.task, op.node
     data: dict[str, Any] = {"op_key": op.op_key, "outcome": type(outcome).__name__.lower()}
     cancelled = task.cancel_requested_at is not None
+    after = operation_after(outcome, may_send_again=not cancelled)
     if isinstance(outcome, Accepted):
         return Change(
             event="operation_accepted",
             task=_after_accepted(snap, op),
             nodes=[(node, {"status": NodeStatus.OBSERVING.value})] if node.status != NodeStatus.OBSERVING else [],
-            operations=[(op, {"status": OperationStatus.ACCEPTED.value, "remote_id": outcome.remote_id})],
+            operations=[(op, after.fields() | {"remote_id": outcome.remote_id})],
             data=data | {"remote_id": outcome.remote_id},
         )
     if isinstance(outcome, NotFound):
         if cancelled:  # never took effect, and a cancel is recorded: it must not be sent again
             return Change(
                 event="operation_cancelled",
-                task=_after_settling(snap, op, OperationStatus.REJECTED),
+                task=_after_settling(snap, op, after.status),
                 nodes=[(node, {"status": NodeStatus.PENDING.value})] if node.status != NodeStatus.SUCCEEDED else [],
-                operations=[(op, {"status": OperationStatus.REJECTED.value, "failure_class": "cancelled"})],
+                operations=[(op, after.fields())],
                 data=data,
             )
         # Sent again with the same op key: the same attempt, not a new one (only a remote's failure is).
         return Change(
             event="operation_not_found",
-            task=_after_settling(snap, op, OperationStatus.INTENT),
-            operations=[(op, {"status": OperationStatus.INTENT.value})],
+            task=_after_settling(snap, op, after.status),
+            operations=[(op, after.fields())],
             data=data | {"next": "send again with the same op key"},
         )
     if isinstance(outcome, Unprovable):
         return Change(
             event="operation_unprovable",
-            task=_after_settling(snap, op, OperationStatus.UNKNOWN)
+            task=_after_settling(snap, op, after.status)
             if cancelled
             else pause(task, PauseReason.UNPROVABLE, outcome.detail or "the remote can neither dedupe nor be queried"),
             # An operation already unknown (a dropped answer) that now cannot be proven either is recorded as such.
-            operations=[(op, {"status": OperationStatus.UNKNOWN.value, "failure_class": "unprovable"})]
-            if op.status != OperationStatus.UNKNOWN
-            else [(op, {"failure_class": "unprovable"})],
+            operations=[(op, after.fields())]
+            if op.status != after.status
+            else [(op, {"failure_class": after.failure_class})],
             data=data,
         )
     if op.purpose == OperationPurpose.COMPENSATION and not interrupted:
@@ -358,19 +360,15 @@ def _committed(snap: Snapshot, op: Operation, outcome: Committed, settled_by: st
     data: dict[str, Any] = {"op_key": op.op_key, "receipt": receipt_summary(receipt)}
     if temp:
         data["temp"] = temp
-    op_fields = {
-        "status": OperationStatus.COMMITTED.value,
-        "remote_id": receipt.remote_id,
-        "settled_at": AtCommit(),
-        "settled_by": settled_by,
-    }
+    after = operation_after(outcome)
+    op_fields = after.fields() | {"remote_id": receipt.remote_id, "settled_at": AtCommit(), "settled_by": settled_by}
     temps = [TempResource(task_id=task.pk, node=node, locator=locator) for locator in temp]
     if problems:
         version_mismatch = any(p.startswith("receipt remote_version") for p in problems)
         reason = PauseReason.VERSION_CONFLICT if version_mismatch else PauseReason.NEEDS_REPLAN
         task_fields = pause(task, reason, f"node {node.key}: " + "; ".join(problems))
         if task.cancel_requested_at is not None:
-            task_fields = _after_settling(snap, op, OperationStatus.COMMITTED)
+            task_fields = _after_settling(snap, op, after.status)
         failed = {
             "status": NodeStatus.FAILED.value,
             "last_error_class": "evidence_insufficient",
@@ -388,7 +386,7 @@ def _committed(snap: Snapshot, op: Operation, outcome: Committed, settled_by: st
     last = all(n.status == NodeStatus.SUCCEEDED for n in snap.nodes if n.pk != node.pk)
     return Change(
         event="node_succeeded",
-        task=_after_settling(snap, op, OperationStatus.COMMITTED, all_done=last),
+        task=_after_settling(snap, op, after.status, all_done=last),
         nodes=[(node, succeeded_fields(receipt))],
         operations=[(op, op_fields)],
         receipts=[receipt],
@@ -402,18 +400,15 @@ def _failed(snap: Snapshot, op: Operation, outcome: Failed, data: dict[str, Any]
     cls = FailureClass(outcome.failure_class)
     data = data | {"failure_class": cls.value, "detail": outcome.detail[:200]}
     cancelled = task.cancel_requested_at is not None
-    if cls == FailureClass.CONNECTION_INTERRUPTED:
+    after = operation_after(outcome)
+    if after.status == OperationStatus.UNKNOWN:  # the connection dropped: it may or may not have happened
         return Change(
             event="operation_unknown",
-            task=_after_settling(snap, op, OperationStatus.UNKNOWN) if cancelled else {},
-            operations=[(op, {"status": OperationStatus.UNKNOWN.value, "failure_class": cls.value})],
+            task=_after_settling(snap, op, after.status) if cancelled else {},
+            operations=[(op, after.fields())],
             data=data,
         )
-    rejected = {
-        "status": OperationStatus.REJECTED.value,
-        "failure_class": cls.value,
-        "failure_detail": outcome.detail[:500],
-    }
+    rejected = after.fields() | {"failure_detail": outcome.detail[:500]}
     node_fields: dict[str, Any] = {"last_error_class": cls.value}
     task_fields: dict[str, Any]
     detail = f"node {node.key}: {outcome.detail}"[:500]
@@ -441,7 +436,7 @@ def _failed(snap: Snapshot, op: Operation, outcome: Failed, data: dict[str, Any]
         node_fields |= {"status": NodeStatus.PENDING.value, "next_allowed_action": "takeover"}
         task_fields = pause(task, PAUSE_REASON[cls], detail)
     if cancelled:
-        task_fields = _after_settling(snap, op, OperationStatus.REJECTED)
+        task_fields = _after_settling(snap, op, after.status)
     return Change(
         event="operation_rejected",
         task=task_fields,
@@ -480,12 +475,11 @@ def _compensation_committed(snap: Snapshot, op: Operation, outcome: Committed) -
     receipt = receipt_of(op, outcome)
     receipt.committed_after_cancel_request = snap.task.cancel_requested_at is not None
     undone = f"compensation {op.op_key} committed: node {op.node.key} is undone; re-plan or end the task"
+    after = operation_after(outcome)
     return Change(
         event="compensation_committed",
-        task=_after_compensation(snap, op, OperationStatus.COMMITTED, undone),
-        operations=[
-            (op, {"status": OperationStatus.COMMITTED.value, "remote_id": receipt.remote_id, "settled_at": AtCommit()})
-        ],
+        task=_after_compensation(snap, op, after.status, undone),
+        operations=[(op, after.fields() | {"remote_id": receipt.remote_id, "settled_at": AtCommit()})],
         receipts=[receipt],
         data={"op_key": op.op_key, "receipt": receipt_summary(receipt)},
     )
@@ -494,15 +488,11 @@ def _compensation_committed(snap: Snapshot, op: Operation, outcome: Committed) -
 def _compensation_refused(snap: Snapshot, op: Operation, outcome: Failed, data: dict[str, Any]) -> Change:
     """A compensation the remote refused is never retried by the system: a person decides what is next."""
     detail = f"compensation {op.op_key} refused ({outcome.failure_class}): {outcome.detail}"
-    fields = {
-        "status": OperationStatus.REJECTED.value,
-        "failure_class": str(outcome.failure_class),
-        "failure_detail": outcome.detail[:500],
-    }
+    after = operation_after(outcome)
     return Change(
         event="compensation_rejected",
-        task=_after_compensation(snap, op, OperationStatus.REJECTED, detail),
-        operations=[(op, fields)],
+        task=_after_compensation(snap, op, after.status, detail),
+        operations=[(op, after.fields() | {"failure_detail": outcome.detail[:500]})],
         data=data | {"failure_class": str(outcome.failure_class), "compensates": op.compensates_id},
     )
 

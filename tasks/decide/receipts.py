@@ -12,14 +12,7 @@ from tasks.models import Operation, Receipt
 
 def receipt_of(op: Operation, outcome: Committed) -> Receipt:
     """The receipt row for what the remote committed (inserted by the recording compare-and-set)."""
-    values = {
-        "operation_id": op.pk,
-        "remote_id": outcome.remote_id,
-        "remote_version": outcome.remote_version,
-        "count": outcome.count,
-        "digest": outcome.digest,
-        "data": outcome.data,
-    }
+    values = {"operation_id": op.pk, **receipt_summary(outcome), "data": outcome.data}
     return rows.new_row(Receipt, values, {"operation": op})
 
 

@@ -25,10 +25,11 @@ from django.db import connection, transaction
 from django.db.models import F, Model, Q
 
 from audit.principals import Principal
-from audit.services import audit_append
+from audit.services import audit_append, audit_check
 from leases import clock
 from leases.models import Lease
-from leases.services import LeaseRef, lease_check, lease_grace, lease_live, lease_refusal
+from leases.services import LeaseRef, lease_check, lease_live, lease_refusal
+from leases.state import held_sql
 from tasks import rows
 from tasks.core.errors import (
     BudgetExhausted,
@@ -47,6 +48,7 @@ from tasks.core.lifecycle import (
     node_can_move,
     operation_can_move,
     permitted,
+    status_refusal,
     task_can_move,
 )
 from tasks.decide.change import AtCommit, Change, Snapshot
@@ -235,11 +237,9 @@ def _write(
     version = expected_version + len(changes)
     where, params = _task_condition(task_id, expected_version, statuses, requires)
     if (change.kind, actor) in NEEDS_FREE_TASK:
-        where += (
-            " AND NOT EXISTS (SELECT 1 FROM leases_lease l WHERE l.task_id = tasks_task.id"
-            " AND l.released_at IS NULL AND l.expires_at > %s)"
-        )
-        params.append(connection.ops.adapt_datetimefield_value(clock.now() - lease_grace()))  # a judgement: read
+        held, held_params = held_sql(clock.now(), alias="l")  # a judgement: the clock read, not the write's estimate
+        where += f" AND NOT EXISTS (SELECT 1 FROM leases_lease l WHERE l.task_id = tasks_task.id AND {held})"  # noqa: S608 - fixed text
+        params += held_params
     update = {**task_fields, "updated_at": now, "log_head": events[-1].digest}
     inserted = [op for op, _fields in op_fields if op.pk is None]
     batch = sql.Batch()
@@ -386,13 +386,11 @@ def _raise_version_conflict_if_moved(task_id: int, expected_version: int) -> Non
 
 
 def _not_permitted(task_id: int, status: str, kind: ChangeKind, actor: Actor) -> TaskError:
-    return TaskNotRunnable(
-        f"task {task_id} is {status}: {'an' if actor.value[0] in 'aeiou' else 'a'} {actor} may not {kind} in that"
-        " status",
-        status=status,
-        change=kind.value,
-        actor=actor.value,
-    )
+    """The permit table's refusal (tasks.core.lifecycle.status_refusal), named as every prediction names it."""
+    refusal = status_refusal(task_id, status, kind, actor)
+    if refusal is None:  # pragma: no cover - called only where the table refused
+        raise ValueError(f"{actor} may {kind} in {status}: nothing to refuse")
+    return refusal
 
 
 def _logged_node(node: Node, fields: dict[str, Any]) -> dict[str, Any]:
@@ -565,7 +563,9 @@ def audited_compare_and_set(
     snapshot: Snapshot | None = None,
     before_event: Callable[[Task, datetime], None] | None = None,
 ) -> Applied:
-    """compare_and_set and its audit row, in one transaction: both land or neither does."""
+    """compare_and_set and its audit row, in one transaction: both land or neither does. The audit row's hygiene
+    (``audit_check``) is judged before the change is written: a refusal writes nothing and tells no observer."""
+    audit_check(action=audit.action, reason=audit.reason, impact=audit.impact, details=audit.details)
     with transaction.atomic():
         applied = compare_and_set(
             task_id, expected_version, change, lease=lease, actor=actor, snapshot=snapshot, before_event=before_event

@@ -7,6 +7,14 @@ dispatched or unknown cleanup is first looked up by its op key, never sent again
 resources are ever named, one exact locator at a time; receipts of the effects are evidence and are never touched.
 A cleanup the remote keeps refusing stops after ``MAX_CLEANUP_ATTEMPTS`` op keys: the temp resource is marked
 ``stuck`` (an event records it) and waits for a person; no scan wakes the task for it again.
+
+When: the permit table allows cleanup (``PERMITS``, change ``cleanup``) once the task completed, failed or stopped —
+not while it runs, and never once it is quarantined. A quarantined task has ended (nothing runs on it again), but its
+log and its projection disagree, so its temp resource rows — the locators a delete would name — cannot be trusted to
+be its own, and a delete cannot be undone: cleanup never touches another task's resources. Its temp resources stay
+as recorded for the person who investigates it: none is due (``temp_resources_due``), the recovery scan does not
+wake the task for them, a cleanup operation left open stays open (the compare-and-set refuses to record its
+outcome), and a stuck one cannot be reset.
 """
 
 from dataclasses import dataclass
@@ -15,22 +23,22 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from audit.hygiene import check_payload, digest_of
+from audit.hygiene import digest_of
 from audit.principals import Principal
 from leases.models import Lease
-from tasks.access.permissions import require_operate
+from tasks.access.permits import permits
 from tasks.core import opkeys
 from tasks.core.errors import InvalidTransition, TaskNotFound, VersionConflict
 from tasks.core.lifecycle import (
     OPEN_OPERATION_STATUSES,
-    TERMINAL_TASK_STATUSES,
     Actor,
     ChangeKind,
     FailureClass,
     OperationStatus,
     TempResourceStatus,
+    permitted,
 )
-from tasks.core.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
+from tasks.core.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable, operation_after
 from tasks.decide.change import Change
 from tasks.decide.receipts import receipt_of, receipt_summary
 from tasks.engine.cas import Audit, audited_compare_and_set, compare_and_set
@@ -40,7 +48,8 @@ from tasks.engine.verification import temp_locator_verified
 from tasks.models import Event, Operation, OperationPurpose, Task, TempResource
 from tasks.rows import get_task
 
-ENDED = tuple(s.value for s in TERMINAL_TASK_STATUSES)
+# The task statuses in which its temp resources are deleted: the permit table's, for the worker's cleanup.
+CLEANABLE = tuple(sorted(s.value for s in permitted(ChangeKind.CLEANUP, Actor.AGENT)))
 MAX_CLEANUP_ATTEMPTS = 3
 MIN_RESET_REASON = 10
 RESET_EVENT = "temp_resource_reset"
@@ -55,8 +64,9 @@ class CleanupReport:
 
 
 def temp_resources_due(task: Task) -> QuerySet[TempResource]:
-    """The temp resources of ``task`` still to delete; none while the task may still need them."""
-    if task.status not in ENDED:
+    """The temp resources of ``task`` still to delete; none while the task may still need them, and none of a
+    quarantined task (the module's docstring says why)."""
+    if task.status not in CLEANABLE:
         return TempResource.objects.none()
     return TempResource.objects.filter(task=task, status__in=_UNDONE).order_by("pk")
 
@@ -121,7 +131,9 @@ def temp_resource_reset(
     more refusals make it stuck again. A compare-and-set on ``expected_version`` (event ``temp_resource_reset``),
     audited with the person's reason (at least MIN_RESET_REASON characters)."""
     task = get_task(task_id)
-    require_operate(actor, task)
+    refused = permits(actor, ChangeKind.CLEANUP, task)  # never while it runs, nor once it is quarantined
+    if refused is not None:
+        raise refused
     temp = TempResource.objects.filter(pk=temp_id, task_id=task_id).first()
     if temp is None:
         raise TaskNotFound(f"task {task_id} has no temp resource {temp_id}")
@@ -129,7 +141,6 @@ def temp_resource_reset(
         raise InvalidTransition(f"temp resource {temp.locator} is {temp.status}, not stuck: nothing to reset")
     if len(reason.strip()) < MIN_RESET_REASON:
         raise InvalidTransition(f"a reset needs the reason (at least {MIN_RESET_REASON} characters): what changed?")
-    check_payload({"reason": reason}, what="temp resource reset")
     tries = cleanup_tries(temp)
 
     def make_active(_task: Task, _now: datetime) -> None:
@@ -220,10 +231,14 @@ def _dispatch(op: Operation, lease: Lease) -> Operation:
 
 
 def _record(op: Operation, temp: TempResource, outcome: Outcome, lease: Lease) -> Operation:
+    """Record what the remote said of a delete. The operation's status is the one mapping's (``operation_after``,
+    the same as every other operation's); a delete may always be sent again, a cancel recorded or not."""
     task = get_task(op.task_id)
     data: dict[str, Any] = {"op_key": op.op_key, "temp": temp.locator, "outcome": type(outcome).__name__.lower()}
+    after = operation_after(outcome)
+    fields: dict[str, Any] = after.fields()
     before_event = None
-    if isinstance(outcome, Committed) and outcome.remote_id:
+    if isinstance(outcome, Committed) and after.status == OperationStatus.COMMITTED:
         receipt = receipt_of(op, outcome)
 
         def save(_task: Task, now: datetime) -> None:
@@ -234,30 +249,23 @@ def _record(op: Operation, temp: TempResource, outcome: Outcome, lease: Lease) -
             )
 
         before_event = save
-        event, fields = "cleanup_committed", {"status": OperationStatus.COMMITTED.value, "remote_id": outcome.remote_id}
+        event = "cleanup_committed"
+        fields["remote_id"] = outcome.remote_id
         data["receipt"] = receipt_summary(receipt)
-    elif isinstance(outcome, NotFound):
-        event, fields = "cleanup_not_found", {"status": OperationStatus.INTENT.value}  # never happened: send again
-    elif isinstance(outcome, Unprovable):
-        event, fields = "cleanup_unprovable", {"status": OperationStatus.UNKNOWN.value, "failure_class": "unprovable"}
-    elif isinstance(outcome, Failed) and outcome.failure_class == FailureClass.CONNECTION_INTERRUPTED:
-        if op.status == OperationStatus.UNKNOWN:
-            return op  # the lookup itself failed: still unknown
-        event, fields = (
-            "cleanup_unknown",
-            {"status": OperationStatus.UNKNOWN.value, "failure_class": "connection_interrupted"},
-        )
-    elif isinstance(outcome, Failed):
-        event = "cleanup_rejected"
-        fields = {
-            "status": OperationStatus.REJECTED.value,
-            "failure_class": str(outcome.failure_class),
-            "failure_detail": outcome.detail[:500],
-        }
     elif isinstance(outcome, Accepted):
-        event, fields = "cleanup_accepted", {"status": OperationStatus.ACCEPTED.value, "remote_id": outcome.remote_id}
-    else:  # a Committed without a remote id proves nothing
-        event, fields = "cleanup_unknown", {"status": OperationStatus.UNKNOWN.value, "failure_class": "no_receipt"}
+        event = "cleanup_accepted"
+        fields["remote_id"] = outcome.remote_id
+    elif isinstance(outcome, Failed) and after.status == OperationStatus.REJECTED:
+        event = "cleanup_rejected"
+        fields["failure_detail"] = outcome.detail[:500]
+    elif isinstance(outcome, NotFound):
+        event = "cleanup_not_found"  # never happened: send again
+    elif isinstance(outcome, Unprovable):
+        event = "cleanup_unprovable"
+    elif isinstance(outcome, Failed) and op.status == OperationStatus.UNKNOWN:
+        return op  # the lookup itself failed: still unknown
+    else:  # the connection dropped, or a Committed without a remote id (it proves nothing)
+        event = "cleanup_unknown"
     if fields["status"] == op.status and len(fields) == 1:
         return op
     change = Change(event=event, kind=ChangeKind.CLEANUP, operations=[(op, fields)], data=data)

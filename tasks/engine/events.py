@@ -16,6 +16,7 @@ from django.db import models
 
 from audit.hygiene import canonical_json, check_payload
 from tasks import rows
+from tasks.core.lifecycle import TERMINAL_TASK_STATUSES
 from tasks.models import Event, Node, Operation, Task
 from tasks.rows import node_ref
 
@@ -186,7 +187,9 @@ class _Subscribers:
 
 _LISTENERS = _Subscribers()  # write in the change's transaction
 _OBSERVERS = _Subscribers()  # report it once written
-ENDING_STATUSES = frozenset({"completed", "failed", "stopped"})
+# An event that moves the task into a terminal status finishes it (the webhook's task_finished); a quarantine has its
+# own event.
+ENDING_STATUSES = frozenset(s.value for s in TERMINAL_TASK_STATUSES)
 
 
 def listen(types: frozenset[str], listener: EventListener, *, on_finish: bool = False) -> None:

@@ -25,7 +25,7 @@ from tasks.core.lifecycle import (
     PauseReason,
     TaskStatus,
 )
-from tasks.core.outcomes import Committed, NotFound, Outcome
+from tasks.core.outcomes import RECEIPT_FIELDS, Committed, NotFound, Outcome
 from tasks.decide.change import Change
 from tasks.engine.cas import compare_and_set
 from tasks.models import Node, Operation, OperationPurpose, Receipt, Task
@@ -51,13 +51,18 @@ def latest_receipts(task_id: int) -> list[Operation]:
     return list(ops.select_related("receipt", "node").order_by("pk"))
 
 
+# What the remote must still say of a recorded receipt to confirm it: which write it was — its id, version and
+# digest (the receipt's fields but the count).
+_CONFIRMED = tuple(name for name in RECEIPT_FIELDS if name != "count")
+
+
 def _contradiction(receipt: Receipt, outcome: Outcome) -> str:
     if isinstance(outcome, NotFound):
         return "the remote has no trace of it"
     if not isinstance(outcome, Committed):
         return ""  # unreachable, unprovable, still running: proves nothing either way
-    recorded = {"remote_id": receipt.remote_id, "digest": receipt.digest, "remote_version": receipt.remote_version}
-    now = {"remote_id": outcome.remote_id, "digest": outcome.digest, "remote_version": outcome.remote_version}
+    recorded = {name: getattr(receipt, name) for name in _CONFIRMED}
+    now = {name: getattr(outcome, name) for name in _CONFIRMED}
     differs = [name for name, value in recorded.items() if value and now[name] and value != now[name]]
     if outcome.remote_id != receipt.remote_id and "remote_id" not in differs:
         differs.insert(0, "remote_id")

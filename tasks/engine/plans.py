@@ -74,6 +74,7 @@ def task_create(
     An invalid plan raises PlanInvalid; credential-like data in the task's own text (title, project, …)
     SecretInPayload. Either way nothing is written.
     """
+    # The task row's own text, before it is written: its title and project reach no event or audit row.
     check_payload({"kind": kind, "title": title, "project": project, "created_by": created_by}, what="task")
     specs = validate_plan(plan)
     budget = attempt_budget if attempt_budget is not None else settings.RECKON_DEFAULT_TASK_ATTEMPTS

@@ -1,21 +1,22 @@
 """The step protocol of DESIGN §4: one node in two commits.
 
-    snap = task_snapshot(task_id=…, lease=…)                       # three reads: task+lease+time, nodes, operations
+    snap = snapshot_at(task_id=…, lease=…, expected_version=…)     # three reads: task+lease+time, nodes, operations
     d = next_directive(task_id=…, lease=…, snapshot=snap)         # pure: reconcile / execute / wait / stop / done
-    op, snap = step_start(snap, d.node_key, lease=…)              # commit 1: the operation, "may have been sent"
-    outcome = connector.submit(op.op_key, op.request)             # outside any transaction
-    op, snap = step_settle(snap, op.op_key, outcome, lease=…)     # commit 2: receipt, node, task
+    step = operation_start(snap, d.node_key, lease=…)             # commit 1: the operation, "may have been sent"
+    outcome = connector.submit(step.operation.op_key, step.operation.request)  # outside any transaction
+    step = record_outcome(step.snapshot, op_key, outcome, lease=…)  # commit 2: receipt, node, task
 
-A worker running a chain of nodes shares commits: ``step_settle_and_start`` writes a node's receipt and, when that
-advances the node and the next directive is to start a fresh node, that node's operation ("may have been sent") in
-the same commit — commit 2 of one node is commit 1 of the next; nothing happens outside between the two.
+A worker running a chain of nodes shares commits: ``record_outcome(…, start_next=True)`` writes a node's receipt
+and, when that advances the node and the next directive is to start a fresh node, that node's operation ("may have
+been sent") in the same commit — commit 2 of one node is commit 1 of the next; nothing happens outside between the
+two.
 
-``operation_start`` / ``record_outcome`` are the same two writes for a caller that holds no snapshot (they read
-one first). Every write is a compare_and_set on the task version and the caller's lease epoch; the decision of
-what it writes is tasks/decide/decisions.py's. A refusal raises a named error and writes nothing; the caller stops and
-leaves its op keys to the reconciler.
+Every write takes the snapshot it was decided on and returns the next one; each is a compare_and_set on the task
+version and the caller's lease epoch; the decision of what it writes is tasks/decide/decisions.py's. A refusal
+raises a named error and writes nothing; the caller stops and leaves its op keys to the reconciler.
 """
 
+from dataclasses import dataclass
 from typing import Any
 
 from leases.services import LeaseRef
@@ -31,16 +32,13 @@ from tasks.models import Node, Operation, Task
 
 __all__ = [
     "Directive",
+    "Step",
     "inputs_confirm",
     "next_directive",
     "operation_start",
     "record_outcome",
     "resolve_input",
     "snapshot_at",
-    "step_confirm_inputs",
-    "step_settle",
-    "step_settle_and_start",
-    "step_start",
 ]
 
 
@@ -66,46 +64,48 @@ def next_directive(*, task_id: int, lease: LeaseRef, snapshot: Snapshot | None =
     return decisions.directive(snapshot if snapshot is not None else task_snapshot(task_id=task_id, lease=lease))
 
 
-def step_start(snap: Snapshot, node_key: str, *, lease: LeaseRef) -> tuple[Operation, Snapshot]:
-    """Commit 1 of a node: its operation registered and marked sent (or an intent sent again), on ``snap``."""
+@dataclass(frozen=True)
+class Step:
+    """What one write of the protocol left: the operation it wrote, the snapshot of the new version (the next step
+    of the same holder reads nothing again) and, when a settlement started the next node in the same commit, that
+    node's operation, to be sent next."""
+
+    operation: Operation
+    snapshot: Snapshot
+    started: Operation | None = None
+
+
+def operation_start(snap: Snapshot, node_key: str, *, lease: LeaseRef) -> Step:
+    """Commit 1 of a node, on ``snap``: its operation registered and marked sent (or an intent sent again), before
+    the external call (tasks.decide.decisions.start). ``step.operation.op_key`` is the idempotency key."""
     change, op = decisions.start(snap, node_key)
     if op.pk is not None:  # sent again: the stored request must be the one the log registered
         operation_request_verified(op)
     applied = compare_and_set(snap.task.pk, snap.version, change, lease=lease, snapshot=snap)
     new = applied.next_snapshot()
-    return new.operation(op.op_key) or op, new
+    return Step(new.operation(op.op_key) or op, new)
 
 
-def step_settle(
-    snap: Snapshot, op_key: str, outcome: Outcome, *, lease: LeaseRef, settled_by: str = ""
-) -> tuple[Operation, Snapshot]:
-    """Commit 2 of a node: what the remote said for ``op_key`` (from the call or a query by op key), on ``snap``.
-    A receipt that satisfies the node's evidence advances it in the same transaction; failures branch by class."""
-    settled, _started, new = step_settle_and_start(
-        snap, op_key, outcome, lease=lease, settled_by=settled_by, start_next=False
-    )
-    return settled, new
-
-
-def step_settle_and_start(
+def record_outcome(
     snap: Snapshot,
     op_key: str,
     outcome: Outcome,
     *,
     lease: LeaseRef,
     settled_by: str = "",
-    start_next: bool = True,
-) -> tuple[Operation, Operation | None, Snapshot]:
-    """``step_settle``, and (``start_next``) in the same commit the start of the next node when the outcome
-    advances this one and the directive on the snapshot it leaves is to execute a node not yet registered
-    (tasks.decide.decisions.next_start): the settled operation, the started one (to call next) or None, and the new
-    snapshot."""
+    start_next: bool = False,
+) -> Step:
+    """Commit 2 of a node, on ``snap``: what the remote said for ``op_key`` (from the call or a query by op key). A
+    receipt that satisfies the node's evidence advances it in the same transaction; failures branch by class
+    (DESIGN §6). ``start_next``: in the same commit, the start of the next node when the outcome advances this one
+    and the directive on the snapshot it leaves is to execute a node not yet registered
+    (tasks.decide.decisions.next_start) — ``step.started``, to be sent next."""
     op = snap.operation(op_key)
     if op is None:
         raise _not_outstanding(op_key)
     change = decisions.settle(snap, op, outcome, settled_by=settled_by)
     if change is None:
-        return op, None, snap
+        return Step(op, snap)
     following = None
     if start_next and decisions.shares_next_start(change):
         following = decisions.next_start(project(snap, change))
@@ -113,7 +113,7 @@ def step_settle_and_start(
     applied = compare_and_set(snap.task.pk, snap.version, change, lease=lease, snapshot=snap, then=then)
     settled = applied.operations[0] if applied.operations else op
     started = applied.operations[-1] if following is not None else None
-    return settled, started, applied.next_snapshot()
+    return Step(settled, applied.next_snapshot(), started)
 
 
 def _not_outstanding(op_key: str) -> Exception:
@@ -123,41 +123,11 @@ def _not_outstanding(op_key: str) -> Exception:
     return InvalidTransition(f"operation {op_key} is {status}: nothing outstanding to record")
 
 
-def operation_start(
-    *, task_id: int, node_key: str, expected_version: int, lease: LeaseRef, snapshot: Snapshot | None = None
-) -> Operation:
-    """Register ``node_key``'s operation and mark it sent, in one commit, before the external call (see
-    tasks.decide.decisions.start). Returns the operation to send: ``op.op_key`` is the idempotency key."""
-    op, _snap = step_start(_fresh(snapshot, task_id, lease, expected_version), node_key, lease=lease)
-    return op
-
-
-def record_outcome(
-    *, op_key: str, outcome: Outcome, expected_version: int, lease: LeaseRef, snapshot: Snapshot | None = None
-) -> Operation:
-    """Record what the remote said for ``op_key``: a receipt is persisted and, if it satisfies the node's evidence,
-    the node advances — one transaction. Failures branch by class (DESIGN §6)."""
-    task_id = snapshot.task.pk if snapshot is not None else _task_of(op_key)
-    op, _snap = step_settle(_fresh(snapshot, task_id, lease, expected_version), op_key, outcome, lease=lease)
-    return op
-
-
-def _task_of(op_key: str) -> int:
-    task_id = Operation.objects.filter(op_key=op_key).values_list("task_id", flat=True).first()
-    if task_id is None:
-        raise TaskNotFound(f"no operation with op key {op_key!r}", op_key=op_key)
-    return task_id
-
-
-def inputs_confirm(*, task_id: int, current_versions: dict[str, str], expected_version: int, lease: LeaseRef) -> Task:
+def inputs_confirm(snap: Snapshot, current_versions: dict[str, str], *, lease: LeaseRef) -> Snapshot:
     """After a person handed the task back, the agent reports each input ref's current version as read from the
     real source (by name, as in ``task.input_refs``). All unchanged: the agent may go on. Any changed: the task
-    pauses ``input_changed`` and goes on only by an explicit choice (re-plan, or approval)."""
-    return step_confirm_inputs(_fresh(None, task_id, lease, expected_version), current_versions, lease=lease).task
-
-
-def step_confirm_inputs(snap: Snapshot, current_versions: dict[str, str], *, lease: LeaseRef) -> Snapshot:
-    """``inputs_confirm`` on ``snap``; returns the new version's snapshot."""
+    pauses ``input_changed`` and goes on only by an explicit choice (re-plan, or approval). Returns the new version's
+    snapshot."""
     change = decisions.confirm_inputs(snap, current_versions)
     return compare_and_set(snap.task.pk, snap.version, change, lease=lease, snapshot=snap).next_snapshot()
 

@@ -1,7 +1,7 @@
 """The step protocol driven end to end for one lease holder: the loop every agent and worker runs.
 
-It holds no rule of its own — every decision is a service call (next_directive, step_start, step_settle, …) — and
-it stops at the first refusal: a stale version or a lost lease means someone else moved the task, and the
+It holds no rule of its own — every decision is a service call (next_directive, operation_start, record_outcome,
+…) — and it stops at the first refusal: a stale version or a lost lease means someone else moved the task, and the
 op keys already registered are for the reconciler, never for a blind retry.
 """
 
@@ -27,11 +27,10 @@ from tasks.engine.facts import latest_receipts, receipts_confirm
 from tasks.engine.failpoints import failpoint
 from tasks.engine.protocol import (
     Directive,
+    inputs_confirm,
     next_directive,
-    step_confirm_inputs,
-    step_settle,
-    step_settle_and_start,
-    step_start,
+    operation_start,
+    record_outcome,
 )
 from tasks.engine.recovery import remote_down_record
 from tasks.engine.snapshot import task_snapshot
@@ -56,9 +55,9 @@ def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: in
 
     One snapshot is read at the start; each write returns the next one, so a node costs its two commits and no
     read — fewer in a chain: a receipt's commit starts the next node when that is the next directive
-    (``step_settle_and_start``), so n nodes run one after another cost n + 1 commits. Every write extends the
-    lease (a heartbeat); it is renewed explicitly only when a step wrote nothing (a wait). A lookup that itself
-    fails leaves the operation unknown and ends the run (``stopped_by="remote_unreachable"``); an operation the
+    (``record_outcome(…, start_next=True)``), so n nodes run one after another cost n + 1 commits. Every write
+    extends the lease (a heartbeat); it is renewed explicitly only when a step wrote nothing (a wait). A lookup that
+    itself fails leaves the operation unknown and ends the run (``stopped_by="remote_unreachable"``); an operation the
     remote still runs ends it too, with ``wake_at`` set for the next observation: the next run asks again, by op
     key.
     """
@@ -80,7 +79,8 @@ def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: in
                 if isinstance(outcome, Failed) and outcome.failure_class == FailureClass.CONNECTION_INTERRUPTED:
                     return RunReport(step, d, lease, "remote_unreachable", wake_at=_later(OBSERVE_EVERY))
                 before = snap
-                op, snap = step_settle(snap, d.op_key, outcome, lease=lease)
+                settled = record_outcome(snap, d.op_key, outcome, lease=lease)
+                op, snap = settled.operation, settled.snapshot
                 if snap is before:  # nothing new to record (still unprovable): ask again later, not in a loop
                     return RunReport(step + 1, d, lease, "inconclusive", wake_at=_later(OBSERVE_EVERY))
                 if isinstance(outcome, Accepted) and op.status == OperationStatus.ACCEPTED:
@@ -89,11 +89,12 @@ def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: in
                 input_refs_verified(snap.task)
                 refs = snap.task.input_refs
                 versions = {name: connector.current_version(ref["locator"]) for name, ref in refs.items()}
-                snap = step_confirm_inputs(snap, versions, lease=lease)
+                snap = inputs_confirm(snap, versions, lease=lease)
             elif d.kind == "execute":
                 failpoint("before_intent", task_id=task_id)
-                op, snap = step_start(snap, d.node_key, lease=lease)
-                while True:  # a chain: each receipt's commit may start the next node (step_settle_and_start)
+                begun = operation_start(snap, d.node_key, lease=lease)
+                op, snap = begun.operation, begun.snapshot
+                while True:  # a chain: each receipt's commit may start the next node (record_outcome's start_next)
                     in_hand = op.op_key
                     failpoint("before_call", task_id=task_id)
                     if op.purpose == OperationPurpose.COMPENSATION:
@@ -101,13 +102,13 @@ def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: in
                     else:
                         outcome = connector.submit(op.op_key, op.request)
                     failpoint("after_call", task_id=task_id)
-                    _settled, started, snap = step_settle_and_start(
-                        snap, op.op_key, outcome, lease=lease, start_next=step + 1 < max_steps
-                    )
+                    settled = record_outcome(snap, op.op_key, outcome, lease=lease, start_next=step + 1 < max_steps)
+                    snap = settled.snapshot
                     failpoint("after_advance", task_id=task_id)
-                    if started is None:
+                    if settled.started is None:
                         break
-                    op, step = started, step + 1  # the next node's directive, decided and written with the receipt
+                    # The next node's directive, decided and written with the receipt.
+                    op, step = settled.started, step + 1
             elif d.kind == "wait":
                 return RunReport(step, d, lease, wake_at=d.until)
             else:

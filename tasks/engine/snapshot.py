@@ -18,6 +18,7 @@ from django.db.models import Model
 from leases import clock
 from leases.db import step_cursor
 from leases.services import LeaseRef
+from leases.state import open_sql
 from tasks import rows
 from tasks.core.errors import TaskNotFound, VersionConflict
 from tasks.core.lifecycle import UNSETTLED_OPERATION_STATUSES, OperationStatus
@@ -151,7 +152,7 @@ def _statements() -> _Statements:
         f"SELECT {task.columns('t')}, {{now}},"  # noqa: S608
         " COALESCE((SELECT r.holder_id FROM leases_leasereservation r WHERE r.task_id = t.id LIMIT 1), ''),"
         " (SELECT l.expires_at FROM leases_lease l WHERE l.id = %s AND l.task_id = t.id AND l.epoch = %s"
-        " AND l.released_at IS NULL)"
+        f" AND {open_sql('l')})"  # open: the decision judges it live or not (Snapshot.lease_live)
         " FROM tasks_task t WHERE t.id = %s"
     ).replace("{{now}}", "{now}")
     operations_sql = (

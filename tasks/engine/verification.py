@@ -18,7 +18,7 @@ from django.db import IntegrityError, transaction
 from audit.append_only import Triggers, missing_triggers
 from audit.hygiene import digest_of, scan_payload
 from audit.principals import Principal
-from audit.services import audit_append
+from audit.services import MAX_TEXT, audit_append
 from leases import clock
 from tasks.core.errors import PlanInvalid, StoredFactAltered, VersionConflict
 from tasks.core.lifecycle import Actor, ChangeKind, TaskStatus
@@ -289,7 +289,7 @@ def _quarantine_beside_the_log(task: Task, problem: str) -> bool:
             task_id=task.pk,
             version_before=task.version,
             version_after=task.version,
-            reason=problem,
+            reason=problem[:MAX_TEXT],  # what the row keeps: every problem found may add up past the cap
             details={"why": "the log holds an event past the task's version: no event can be appended"},
         )
     return True

@@ -13,10 +13,11 @@ person hands it back (takeover_submit ``resume_agent``), which wakes the agent f
 """
 
 from datetime import datetime
+from typing import Any
 
 from django.db import transaction
 
-from audit.hygiene import check_payload, digest_of
+from audit.hygiene import digest_of
 from audit.principals import Principal
 from leases.models import HolderKind, Lease
 from leases.services import lease_open
@@ -25,6 +26,7 @@ from tasks.core import opkeys
 from tasks.core.actions import is_approval
 from tasks.core.errors import EvidenceInsufficient, InvalidTransition, NodeNotReady, OperationsOpen, VersionConflict
 from tasks.core.lifecycle import OPEN_OPERATION_STATUSES, ChangeKind, NodeStatus, OperationStatus
+from tasks.core.outcomes import RECEIPT_FIELDS
 from tasks.decide.change import Change
 from tasks.decide.decisions import resolved_input
 from tasks.decide.evidence import evidence_problems, expected_values
@@ -33,6 +35,21 @@ from tasks.engine.cas import Audit, audited_compare_and_set
 from tasks.models import Node, Operation, Receipt, Task
 from tasks.people.takeover import stale_form, takeover_submit
 from tasks.rows import get_task, node_ref
+
+
+def _as_receipt(node_key: str, approved: dict[str, Any]) -> dict[str, Any]:
+    """The receipt's fields but its remote id, as the values the evidence spec pins (``approved``) state them: the
+    count a whole number, the others text; a field the spec leaves free stays empty."""
+    stated: dict[str, Any] = {}
+    for name in (n for n in RECEIPT_FIELDS if n != "remote_id"):
+        value = approved.get(name)
+        if name != "count":
+            stated[name] = "" if value is None else str(value)
+        elif value is None or (isinstance(value, int) and not isinstance(value, bool)):
+            stated[name] = value
+        else:
+            raise EvidenceInsufficient(f"node {node_key}'s evidence pins a count its input does not give as a number")
+    return stated
 
 
 def approval_record_id(task: Task, seq: int) -> str:
@@ -66,15 +83,9 @@ def approval_change(
         request=request,
         request_digest=digest_of(request),
     )
-    approved = expected_values(node, request)
-    count = approved.get("count")
-    if count is not None and (not isinstance(count, int) or isinstance(count, bool)):
-        raise EvidenceInsufficient(f"node {node_key}'s evidence pins a count its input does not give as a number")
     receipt = Receipt(
         remote_id=approval_record_id(task, seq),
-        remote_version="" if approved.get("remote_version") is None else str(approved["remote_version"]),
-        count=count,
-        digest=str(approved.get("digest") or ""),
+        **_as_receipt(node_key, expected_values(node, request)),
         data={"approval": {"by": str(actor), "event_seq": seq, "note_digest": digest_of(note)}},
     )
     problems = evidence_problems(node, op, receipt)
@@ -102,7 +113,6 @@ def node_approve(*, actor: Principal, task_id: int, node_key: str, expected_vers
     its takeover lease. A stale version is refused with the events since; a refusal writes nothing."""
     task = get_task(task_id)
     require_operate(actor, task)
-    check_payload({"note": note}, what="approval note")
     lease = _own_takeover_lease(actor, task_id)
     if task.version != expected_version:
         raise stale_form(task, expected_version)

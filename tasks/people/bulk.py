@@ -2,14 +2,17 @@
 
 A person picks a named operation for the tasks a queue filter selects. ``bulk_preview`` is the dry run: for every
 task it reads the facts the operation depends on and asks ``verdict`` — a pure function, the one place the bulk
-rules live — whether it will change the task or skip it, and why. ``bulk_run_create`` records the confirmed run: the
-tasks the preview said it would change, each with the version (and lease epoch) seen then, audited, and enqueues
-the job on commit. ``bulk_run_apply`` (the job) takes the items one by one; for each it reads the facts again, skips
-a task that moved since the preview (never forced), asks the same ``verdict``, and makes the change through the
-existing service — cancel (tasks.people.cancel), request takeover (tasks.people.takeover.takeover_claim), release
-(takeover_release), resume (takeover_claim then takeover_submit ``resume_agent``: the agent re-reads its inputs'
-versions before anything new starts) — which checks the permission again and writes its own event and audit row.
-Each task is its own transaction: a refusal rolls back everything written for that task and nothing else.
+rules live — whether it will change the task or skip it, and why. Whether the person may make the operation's change
+in the task's status at all is not a bulk rule: ``verdict`` asks the permit table (tasks.access.permits), as the
+service will when the run reaches the task; bulk's own rules only say what each operation applies to.
+``bulk_run_create`` records the confirmed run: the tasks the preview said it would change, each with the version
+(and lease epoch) seen then, audited, and enqueues the job on commit. ``bulk_run_apply`` (the job) takes the items
+one by one; for each it reads the facts again, skips a task that moved since the preview (never forced), asks the
+same ``verdict``, and makes the change through the existing service — cancel (tasks.people.cancel), request takeover
+(tasks.people.takeover.takeover_claim), release (takeover_release), resume (takeover_claim then takeover_submit
+``resume_agent``: the agent re-reads its inputs' versions before anything new starts) — which checks the permission
+again and writes its own event and audit row. Each task is its own transaction: a refusal rolls back everything
+written for that task and nothing else.
 """
 
 from collections import Counter
@@ -22,24 +25,26 @@ from django.db import transaction
 from django.db.models import F, OuterRef, QuerySet, Subquery
 
 from audit.errors import Refused
-from audit.hygiene import check_payload
 from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
 from leases.errors import LeaseError
 from leases.models import HolderKind, Lease, LeaseReservation
-from leases.services import lease_grace, lease_open
+from leases.services import lease_open
+from leases.state import held_at
 from tasks.access.permissions import (
     ADMIN,
     OPERATOR,
     PermissionDenied,
     can_operate,
     operable_condition,
+    operate_denied,
     principal_roles,
     viewable_condition,
 )
+from tasks.access.permits import permits_known
 from tasks.core.errors import TaskError
-from tasks.core.lifecycle import NOT_ENDED, PauseReason, TaskStatus
+from tasks.core.lifecycle import ChangeKind, PauseReason, TaskStatus, task_ended
 from tasks.engine.enqueue import enqueue_on_commit
 from tasks.models import BulkItemStatus, BulkOperation, BulkRun, BulkRunItem, BulkRunStatus, Task
 from tasks.people.cancel import task_request_cancel
@@ -60,7 +65,15 @@ NOT_RESUMABLE: dict[str, str] = {
     "hand or re-plan it.",
     PauseReason.UNPROVABLE: "An operation of unprovable outcome must be settled by hand first.",
 }
-_NOT_ENDED = frozenset(s.value for s in NOT_ENDED)
+# The change of the permit table each operation makes first: a resume claims the task (and then decides, as its
+# holder, in ``human``); a release gives a lease back and changes no task, so it needs only that the person may
+# operate the task.
+CHANGE_OF: dict[str, ChangeKind | None] = {
+    BulkOperation.RESUME: ChangeKind.TAKEOVER,
+    BulkOperation.CANCEL: ChangeKind.CANCEL,
+    BulkOperation.REQUEST_TAKEOVER: ChangeKind.TAKEOVER,
+    BulkOperation.RELEASE: None,
+}
 _LEASE_MATTERS = frozenset({BulkOperation.RESUME, BulkOperation.REQUEST_TAKEOVER, BulkOperation.RELEASE})
 
 
@@ -83,7 +96,7 @@ class Facts:
     epoch: int | None  # the open lease's epoch (live, in its grace, or lapsed but not yet closed)
     lease_kind: str | None  # the open lease's holder kind and id, whether it still binds or not
     lease_holder: str | None
-    lease_live: bool  # live or in its grace; past both, the next acquire closes it (leases.services)
+    lease_live: bool  # held: live or in its grace; past both, the next acquire closes it (leases.state)
     reserved_for: str | None  # the operator waiting for the agent's lease to end
 
     @property
@@ -115,12 +128,32 @@ CANCEL_RECORDED = _skip("cancel_recorded", "A cancel is already recorded on it."
 def verdict(operation: str, me: str, facts: Facts | None) -> Verdict:
     """Will ``operation`` by the person ``me`` (a principal id) change this task, or skip it and why. Pure: the
     preview and the run both ask it, so the preview's counts are what the run does on tasks that did not move."""
-    if facts is None or not facts.operable:
+    if facts is None:
         return NO_PERMISSION
     rule = _RULES.get(operation)
     if rule is None:
         raise BulkRefused(f"unknown bulk operation {operation!r}")
-    return rule(me, facts)
+    refused = permit(operation, me, facts)
+    if isinstance(refused, PermissionDenied):
+        return NO_PERMISSION
+    return rule(me, facts, refused)
+
+
+def permit(operation: str, me: str, facts: Facts) -> Refused | None:
+    """The permit table's answer (tasks.access.permits) for the change ``operation`` makes first, by the person
+    ``me`` without a lease, on the facts read (``operable`` read for every task of a preview in one query)."""
+    person = Principal(kind="user", id=me)
+    change = CHANGE_OF[operation]
+    if change is None:
+        return None if facts.operable else operate_denied(person, facts.task_id)
+    return permits_known(person, change, task_id=facts.task_id, status=facts.status, operable=facts.operable)
+
+
+def _refused(f: Facts, refused: Refused | None) -> Verdict | None:
+    """The skip for a change the permit table refuses in the task's status; None when it allows it."""
+    if refused is None:
+        return None
+    return ENDED if task_ended(f.status) else _skip(refused.code, f"Refused ({refused.code}): {refused}")
 
 
 def _person_holds(me: str, f: Facts) -> Verdict | None:
@@ -132,9 +165,10 @@ def _person_holds(me: str, f: Facts) -> Verdict | None:
     return None
 
 
-def _resume_rule(me: str, f: Facts) -> Verdict:
-    if f.status not in _NOT_ENDED:
-        return ENDED
+def _resume_rule(me: str, f: Facts, refused: Refused | None) -> Verdict:
+    skipped = _refused(f, refused)
+    if skipped is not None:
+        return skipped
     if f.cancel_requested:
         return CANCEL_RECORDED
     if f.status not in RESUMABLE:
@@ -148,17 +182,21 @@ def _resume_rule(me: str, f: Facts) -> Verdict:
     )
 
 
-def _cancel_rule(me: str, f: Facts) -> Verdict:
-    if f.status not in _NOT_ENDED:
+def _cancel_rule(me: str, f: Facts, refused: Refused | None) -> Verdict:
+    # As the service answers: an ended task, or one whose cancel is recorded, is left as it is (nothing refused).
+    if task_ended(f.status):
         return ENDED
     if f.cancel_requested:
         return CANCEL_RECORDED
-    return Verdict(True, "cancelled", "Cancel recorded: nothing new starts; work in flight is awaited.")
+    return _refused(f, refused) or Verdict(
+        True, "cancelled", "Cancel recorded: nothing new starts; work in flight is awaited."
+    )
 
 
-def _takeover_rule(me: str, f: Facts) -> Verdict:
-    if f.status not in _NOT_ENDED:
-        return ENDED
+def _takeover_rule(me: str, f: Facts, refused: Refused | None) -> Verdict:
+    skipped = _refused(f, refused)
+    if skipped is not None:
+        return skipped
     if f.holder_kind == HolderKind.OPERATOR and f.holder_id == me:
         return _skip("you_hold", "You hold it already.")
     if f.reserved_for == me:
@@ -171,13 +209,13 @@ def _takeover_rule(me: str, f: Facts) -> Verdict:
     return Verdict(True, "taken_over", "Taken over by you now (a takeover lease; renew it on the task's page).")
 
 
-def _release_rule(me: str, f: Facts) -> Verdict:
+def _release_rule(me: str, f: Facts, refused: Refused | None) -> Verdict:
     if f.lease_kind != HolderKind.OPERATOR or f.lease_holder != me:  # live, in its grace or lapsed: still open
         return _skip("not_yours", "You hold no takeover lease on it.")
     return Verdict(True, "released", "Your takeover lease is given back; the task stays with people.")
 
 
-_RULES: dict[str, Callable[[str, Facts], Verdict]] = {
+_RULES: dict[str, Callable[[str, Facts, Refused | None], Verdict]] = {
     BulkOperation.RESUME: _resume_rule,
     BulkOperation.CANCEL: _cancel_rule,
     BulkOperation.REQUEST_TAKEOVER: _takeover_rule,
@@ -214,7 +252,7 @@ def _facts(task: Task, operable: bool, now: datetime) -> Facts:
         lease_kind=getattr(task, "lease_holder_kind", None),
         lease_holder=getattr(task, "lease_holder_id", None),
         # Past expiry and grace the lease binds nobody: the next acquire closes it (leases.services.lease_acquire).
-        lease_live=expires_at is not None and expires_at > now - lease_grace(),
+        lease_live=expires_at is not None and held_at(expires_at, now),
         reserved_for=getattr(task, "reserved_for", None),
     )
 
@@ -326,7 +364,6 @@ def bulk_run_create(
     reason = reason.strip()
     if len(reason) < MIN_REASON:
         raise BulkRefused(f"give a reason of at least {MIN_REASON} characters")
-    check_payload({"reason": reason, "filter": filter_query}, what="bulk run reason")
     items = {s.task_id: s for s in seen}
     if not items:
         raise BulkRefused("no task would change: there is nothing to run")

@@ -8,19 +8,16 @@ from contextlib import nullcontext
 
 from django.db import transaction
 
-from audit.hygiene import check_payload
 from audit.principals import Principal
 from leases.services import LeaseRef
-from tasks.access.permissions import require_cancel
+from tasks.access.permits import actor_of, permits_principal
 from tasks.core.errors import VersionConflict
-from tasks.core.lifecycle import TERMINAL_TASK_STATUSES, Actor, TaskStatus
+from tasks.core.lifecycle import ChangeKind, task_ended
 from tasks.decide import decisions
 from tasks.engine.cas import Audit, audited_compare_and_set, lock_for_write
 from tasks.engine.snapshot import task_snapshot
 from tasks.models import Task
 from tasks.people.takeover import _stale_form as stale_form
-
-_NOTHING_TO_CANCEL = TERMINAL_TASK_STATUSES | {TaskStatus.QUARANTINED}
 
 
 def task_request_cancel(
@@ -40,7 +37,6 @@ def task_request_cancel(
     ``expected_version``: the version a person confirmed the consequences on (tasks.reads.consequences); if the task
     moved since, the cancel is refused (VersionConflict, naming what changed) and nothing is written.
     """
-    check_payload({"reason": reason}, what="cancel reason")
     for locked in (False, True):
         # Once as any write, on the snapshot it read; if another write landed in between, again with the task's rows
         # locked before it is read (tasks.engine.cas.lock_for_write): a busy agent's steps then wait for the cancel
@@ -51,8 +47,12 @@ def task_request_cancel(
                 lock_for_write(task_id, lease)
             snap = task_snapshot(task_id=task_id, lease=lease)
             task = snap.task
-            require_cancel(actor, task, lease=lease)
-            if task.cancel_requested_at is not None or task.status in _NOTHING_TO_CANCEL:
+            # Who may cancel is the permit table's principal half (tasks.access.permits); its status half is the
+            # compare-and-set's, once a cancel recorded already or an ended task has answered that nothing changes.
+            denied = permits_principal(actor, ChangeKind.CANCEL, task, lease=lease)
+            if denied is not None:
+                raise denied
+            if task.cancel_requested_at is not None or task_ended(task.status):
                 return task
             if expected_version is not None and snap.version != expected_version:
                 raise stale_form(task, expected_version)
@@ -63,7 +63,7 @@ def task_request_cancel(
                     snap.version,
                     change,
                     lease=lease,
-                    actor=None if lease is not None else Actor.PERSON if actor.kind == "user" else Actor.SYSTEM,
+                    actor=None if lease is not None else actor_of(actor),
                     audit=Audit(actor, "cancel_requested", reason=reason),
                     snapshot=snap,
                 )

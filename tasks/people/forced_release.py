@@ -7,7 +7,6 @@ from typing import Any, Literal
 
 from django.db import transaction
 
-from audit.hygiene import check_payload
 from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
@@ -54,7 +53,6 @@ def lease_force_release(
     for label, text in (("justification", justification), ("impact", impact)):
         if len(text.strip()) < MIN_FORCE_TEXT:
             raise TakeoverRefused(f"a forced release needs a {label} of at least {MIN_FORCE_TEXT} characters")
-    check_payload({"justification": justification, "impact": impact}, what="forced release")
     task = _task(task_id)
     if expected_version is not None and task.version != expected_version:
         raise _stale_form(task, expected_version)
@@ -127,7 +125,6 @@ def forced_release_review(
         raise InvalidTransition(f"a review is accepted or disputed, not {verdict!r}")
     if len(note.strip()) < MIN_FORCE_TEXT:
         raise TakeoverRefused(f"a review needs a note of at least {MIN_FORCE_TEXT} characters")
-    check_payload({"note": note}, what="review note")
     with transaction.atomic():
         now = clock.now()
         updated = ForcedRelease.objects.filter(pk=forced.pk, status=ReviewStatus.PENDING).update(

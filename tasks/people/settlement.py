@@ -12,9 +12,12 @@ from audit.hygiene import check_payload, digest_of
 from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
+from leases.errors import LeaseExpired
 from leases.models import HolderKind, Lease
 from leases.services import lease_open
+from leases.state import lease_state
 from tasks.access.permissions import require_operate
+from tasks.access.permits import permits_principal
 from tasks.core import opkeys
 from tasks.core.errors import (
     EvidenceInsufficient,
@@ -32,7 +35,7 @@ from tasks.decide import decisions
 from tasks.decide.change import Change
 from tasks.decide.receipts import receipt_summary
 from tasks.engine.cas import compare_and_set
-from tasks.engine.protocol import step_settle
+from tasks.engine.protocol import record_outcome
 from tasks.engine.registry import connector_for
 from tasks.engine.snapshot import task_snapshot
 from tasks.models import Operation, OperationPurpose, Task
@@ -62,14 +65,17 @@ def operation_resolve_by_person(
     op = Operation.objects.select_related("node", "task").filter(op_key=op_key).first()
     if op is None:
         raise TaskNotFound(f"no operation with op key {op_key!r}")
-    require_operate(actor, op.task)
+    denied = permits_principal(actor, ChangeKind.SETTLE, op.task, lease=lease)  # their takeover lease, on this task
+    if denied is not None:
+        raise denied
     if op.status not in OPEN_OPERATION_STATUSES:
         raise InvalidTransition(f"operation {op_key} is {op.status}: nothing to settle")
     if resolution in ("done", "compensate") and (receipt is None or not receipt.remote_id):
         raise EvidenceInsufficient(f"settling {op_key} as done needs the receipt (with its remote id) that proves it")
     if resolution == "not_done" and receipt is not None:
         raise InvalidTransition(f"{op_key} confirmed not done cannot come with a receipt of a commit")
-    check_payload({"note": note, "receipt": receipt.data if receipt else {}}, what="settlement")
+    # The note before its audit row, which follows the settle's compare-and-set (whose observers report it).
+    check_payload({"note": note}, what="settlement")
     if resolution == "compensate" and not op.node.compensation:
         raise InvalidTransition(f"node {op.node.key} has no compensation action")
     if resolution not in ("done", "not_done", "compensate"):
@@ -80,7 +86,7 @@ def operation_resolve_by_person(
         if snap.version != expected_version:
             raise _stale_form(snap.task, expected_version)
         if receipt is not None:
-            step_settle(snap, op_key, receipt, lease=lease, settled_by=str(actor))
+            record_outcome(snap, op_key, receipt, lease=lease, settled_by=str(actor))
         else:
             settled = snap.operation(op_key)
             if settled is None:  # settled meanwhile, at this very version: nothing outstanding
@@ -163,10 +169,14 @@ class RemoteAnswer:
 
 
 def held_takeover(actor: Principal, task_id: int) -> Lease:
-    """The open takeover lease ``actor`` holds on the task; TakeoverRequired otherwise."""
+    """The live takeover lease ``actor`` holds on the task: TakeoverRequired if they hold none, LeaseExpired if it
+    expired (in its grace or lapsed) — named before the remote is asked; the write judges the lease again."""
+    now = clock.now()
     lease = lease_open(task_id)
     if lease is None or lease.holder_kind != HolderKind.OPERATOR or lease.holder_id != actor.id:
         raise TakeoverRequired(f"take task {task_id} over first: settling an operation needs your takeover lease")
+    if not lease_state(expires_at=lease.expires_at, now=now).live:
+        raise LeaseExpired(task_id, lease.epoch, lease.expires_at)
     return lease
 
 
@@ -223,7 +233,8 @@ def operation_query_remote(*, actor: Principal, task_id: int, op_key: str, expec
         snap = task_snapshot(task_id=task_id, lease=lease)
         if snap.version != expected_version:
             raise _stale_form(snap.task, expected_version)
-        settled, after = step_settle(snap, op_key, outcome, lease=lease, settled_by=str(actor))
+        step = record_outcome(snap, op_key, outcome, lease=lease, settled_by=str(actor))
+        settled, after = step.operation, step.snapshot
         recorded = after.version != snap.version
         if recorded:
             audit_append(
@@ -243,8 +254,7 @@ def outcome_summary(outcome: Outcome) -> dict[str, Any]:
     """The remote's answer as the audit row and the page name it."""
     summary: dict[str, Any] = {"outcome": type(outcome).__name__.lower()}
     if isinstance(outcome, Committed):
-        summary |= {"remote_id": outcome.remote_id, "remote_version": outcome.remote_version, "count": outcome.count}
-        summary["digest"] = outcome.digest
+        summary |= receipt_summary(outcome)
     elif isinstance(outcome, Accepted):
         summary["remote_id"] = outcome.remote_id
     elif isinstance(outcome, Failed):

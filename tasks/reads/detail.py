@@ -14,16 +14,15 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Literal
 
 from audit.models import AuditEvent
 from leases import clock
 from leases.models import ForcedRelease, Lease, LeaseReservation
-from leases.services import lease_grace
+from leases.state import LeaseState, lease_state
 from tasks.core.errors import TaskError
 from tasks.core.lifecycle import (
-    NOT_ENDED,
     TERMINAL_TASK_STATUSES,
     NodeStatus,
     OperationStatus,
@@ -160,11 +159,6 @@ def task_detail(task: Task) -> TaskDetail:
     )
 
 
-def takeover_possible(task: Task) -> bool:
-    """tasks.people.takeover.takeover_claim refuses an ended or quarantined task: the page offers no takeover then."""
-    return TaskStatus(task.status) in NOT_ENDED
-
-
 def is_terminal(task: Task) -> bool:
     """Nothing more will happen to the task's state (its temp resources may still be cleaned up)."""
     return TaskStatus(task.status) in TERMINAL_TASK_STATUSES
@@ -264,61 +258,59 @@ def _waiting(nodes: list[NodeRow], ops: list[OperationRow], temps: list[TempReso
 
 @dataclass(frozen=True)
 class LeaseView:
-    """The task's newest lease — the open one, or the last one closed — judged at ``now`` (database clock)."""
+    """The task's newest lease — the open one, or the last one closed — and its state at ``now`` (database clock,
+    leases.state)."""
 
     now: datetime
-    grace: timedelta
     lease: Lease | None
     reservation: LeaseReservation | None
     forced: ForcedRelease | None = None
-    held: bool = False
-    expires_in: timedelta | None = None
-    in_grace: bool = False
-    lapsed: bool = False
-    grace_left: timedelta | None = None
+    state: LeaseState | None = None  # the newest lease's, when there is one
+
+    @property
+    def open(self) -> bool:
+        """The newest lease is not closed: live, in its grace or lapsed."""
+        return self.state is not None and not self.state.closed
+
+    @property
+    def held(self) -> bool:
+        """Live: its holder may write."""
+        return self.state is not None and self.state.live
+
+    @property
+    def in_grace(self) -> bool:
+        return self.state is not None and self.state.in_grace
+
+    @property
+    def lapsed(self) -> bool:
+        return self.state is not None and self.state.lapsed
 
     @property
     def expires_in_seconds(self) -> int | None:
-        return None if self.expires_in is None else int(self.expires_in.total_seconds())
+        return self.state.seconds_left if self.open and self.state else None
 
     @property
     def expired_seconds_ago(self) -> int | None:
-        return None if self.expires_in is None else int(-self.expires_in.total_seconds())
+        return self.state.seconds_since_expiry if self.open and self.state else None
 
     @property
     def grace_left_seconds(self) -> int | None:
-        return None if self.grace_left is None else int(self.grace_left.total_seconds())
+        return self.state.grace_left_seconds if self.state else None
 
     @property
-    def grace_seconds(self) -> int:
-        return int(self.grace.total_seconds())
+    def grace_seconds(self) -> int | None:
+        return int(self.state.grace.total_seconds()) if self.state else None
 
 
 def lease_view(task: Task) -> LeaseView:
     """2 queries (the newest lease with its forced release, the reservation) and one clock read."""
     lease = Lease.objects.filter(task=task).select_related("forced_release").order_by("-epoch").first()
     reservation = LeaseReservation.objects.filter(task=task).first()
-    now, grace = clock.now(), lease_grace()
+    now = clock.now()
     if lease is None:
-        return LeaseView(now=now, grace=grace, lease=None, reservation=reservation)
-    forced = _forced_release_of(lease)
-    if lease.released_at is not None:
-        return LeaseView(now=now, grace=grace, lease=lease, reservation=reservation, forced=forced)
-    expires_in = lease.expires_at - now
-    expired = expires_in <= timedelta(0)
-    in_grace = expired and now < lease.expires_at + grace
-    return LeaseView(
-        now=now,
-        grace=grace,
-        lease=lease,
-        reservation=reservation,
-        forced=forced,
-        held=not expired,
-        expires_in=expires_in,
-        in_grace=in_grace,
-        lapsed=expired and not in_grace,
-        grace_left=lease.expires_at + grace - now if in_grace else None,
-    )
+        return LeaseView(now=now, lease=None, reservation=reservation)
+    state = lease_state(expires_at=lease.expires_at, released_at=lease.released_at, now=now)
+    return LeaseView(now=now, lease=lease, reservation=reservation, forced=_forced_release_of(lease), state=state)
 
 
 def _forced_release_of(lease: Lease) -> ForcedRelease | None:
@@ -532,7 +524,6 @@ class DetailPage:
     lease: LeaseView
     check: ChainCheck
     package: dict[str, Any] | None
-    takeover_possible: bool
     remote: RemoteDown | None = None
 
 
@@ -545,6 +536,5 @@ def detail_page(task: Task, *, force_check: bool = False) -> DetailPage:
         lease=lease,
         check=chain_check(task, force=force_check),
         package=takeover_package(task.pk) if shows_takeover_package(task, lease) else None,
-        takeover_possible=takeover_possible(task),
         remote=remote_down(task),
     )

@@ -8,7 +8,8 @@ from typing import Any
 from audit.principals import Principal
 from leases import clock
 from leases.models import HolderKind, Lease
-from leases.services import lease_grace, lease_open, lease_reservation, operator_ttl
+from leases.services import lease_open, lease_reservation, operator_ttl
+from leases.state import LeaseState, lease_state
 from tasks.core.actions import is_approval
 from tasks.core.lifecycle import NOT_ENDED, OPEN_OPERATION_STATUSES, NodeStatus
 from tasks.decide.decisions import approvable_nodes
@@ -55,7 +56,8 @@ class TakeoverState:
     task: Task
     now: datetime
     lease: Lease | None
-    mine: bool  # the open lease is this person's takeover lease
+    lease_state: LeaseState | None  # the open lease's state at ``now`` (leases.state)
+    mine: bool  # the open lease is this person's takeover lease (live, in its grace or lapsed)
     reserved_for: str  # the operator waiting for the agent's lease to end, or ""
     nodes: list[Node]
     approvable: list[Node]  # approval nodes the holder may approve now
@@ -65,9 +67,12 @@ class TakeoverState:
 
     @property
     def seconds_left(self) -> int | None:
-        if self.lease is None:
-            return None
-        return int((self.lease.expires_at - self.now).total_seconds())
+        return None if self.lease_state is None else self.lease_state.seconds_left
+
+    @property
+    def holding(self) -> bool:
+        """This person's takeover lease still keeps the task (live, or in its grace: a renewal brings it back)."""
+        return self.mine and self.lease_state is not None and self.lease_state.held
 
     @property
     def ttl_seconds(self) -> int:
@@ -91,8 +96,7 @@ class TakeoverState:
     @property
     def lapsed(self) -> bool:
         """Past expiry and grace: it cannot be renewed; the next claim closes it and grants a new epoch."""
-        left = self.seconds_left
-        return left is not None and left <= -int(lease_grace().total_seconds())
+        return self.lease_state is not None and self.lease_state.lapsed
 
     @property
     def expiring(self) -> bool:
@@ -101,8 +105,7 @@ class TakeoverState:
 
     @property
     def in_grace(self) -> bool:
-        left = self.seconds_left
-        return left is not None and left <= 0 and not self.lapsed
+        return self.lease_state is not None and self.lease_state.in_grace
 
 
 def takeover_state(*, actor: Principal, task: Task) -> TakeoverState:
@@ -120,6 +123,7 @@ def takeover_state(*, actor: Principal, task: Task) -> TakeoverState:
         task=task,
         now=now,
         lease=lease,
+        lease_state=None if lease is None else lease_state(expires_at=lease.expires_at, now=now),
         mine=mine,
         reserved_for=reservation.holder_id if reservation else "",
         nodes=nodes,
