@@ -19,13 +19,10 @@ from pydantic import Field
 from api.auth import token_of
 from api.http import IDEMPOTENCY, answer
 from api.idempotency import idempotent
-from api.models import ApiToken
 from api.schemas import Problem
-from api.tokens import in_scope
+from api.tokens import scoped_task
 from retention.models import RetainedKind
 from retention.services import NAME_MAX, Ref, Retained, fetch, retain
-from tasks.core.errors import TaskNotFound
-from tasks.models import Task
 
 router = Router(tags=["retained"])
 
@@ -100,13 +97,6 @@ def retained_out(read: Retained) -> RetainedOut:
     )
 
 
-def _scoped_task(token: ApiToken, task_id: int) -> Task:
-    task = Task.objects.filter(pk=task_id).first()
-    if task is None or not in_scope(token, task):
-        raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
-    return task
-
-
 @router.post(
     "/tasks/{task_id}/retained",
     response={201: RetainedRef, **PROBLEMS},
@@ -119,7 +109,7 @@ def retained_new(request: HttpRequest, task_id: int, payload: RetainIn) -> HttpR
     422 secret_in_payload (a debug artifact or a name holding something credential-like), 422 retention_refused (a
     debug artifact that is not an object, bytes sent as an object, a ttl past the bound), 413 payload_too_large."""
     token = token_of(request)
-    _scoped_task(token, task_id)
+    scoped_task(token, task_id)
 
     def run() -> HttpResponse:
         ref = retain(
@@ -146,5 +136,5 @@ def retained_read(request: HttpRequest, task_id: int, retained_id: int, version:
     """The content, checked against its digest, while the object's retention lasts. 410 retention_expired once it
     has ended (purged or not yet): re-create it from external facts and retain it again; 404 retention_not_found
     (no such object of this task); 409 retention_corrupt (altered or missing: never re-create over it)."""
-    _scoped_task(token_of(request), task_id)
+    scoped_task(token_of(request), task_id)
     return retained_out(fetch(Ref(retained_id, version), task_id=task_id))

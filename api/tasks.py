@@ -20,7 +20,6 @@ from api.http import (
     optional_lease,
 )
 from api.idempotency import idempotent
-from api.models import ApiToken
 from api.schemas import (
     CancelIn,
     PlanIn,
@@ -33,12 +32,12 @@ from api.schemas import (
     task_out,
     task_summary,
 )
-from api.tokens import in_scope, token_tasks
+from api.tokens import in_scope, scoped_task, token_tasks
 from tasks.access.permissions import PermissionDenied
 from tasks.core.errors import TaskNotFound
 from tasks.engine.plans import plan_accept, plan_propose, task_create
 from tasks.engine.snapshot import task_snapshot
-from tasks.models import PlanRevision, Task
+from tasks.models import PlanRevision
 from tasks.people.cancel import task_request_cancel
 from tasks.reads.detail import remote_down
 from tasks.reads.queries import Order, page
@@ -50,13 +49,6 @@ router = Router(tags=["tasks"])
 PROBLEMS: dict[int, type[Problem]] = {code: Problem for code in (400, 401, 403, 404, 409, 412, 413, 422, 423, 428, 429)}
 OPTIONAL_LEASE = header_parameter(LEASE_HEADER, "The lease held on the task, if any.", required=False)
 OPTIONAL_IF_MATCH = header_parameter("If-Match", "Refuse (412) if the task moved past this version.", required=False)
-
-
-def _scoped_task(token: ApiToken, task_id: int) -> Task:
-    task = Task.objects.filter(pk=task_id).first()
-    if task is None or not in_scope(token, task):
-        raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
-    return task
 
 
 @router.post(
@@ -128,7 +120,7 @@ def task_cancel(request: HttpRequest, task_id: int, payload: CancelIn) -> HttpRe
     """Nothing new starts from now on; what is in flight settles and is recorded as it truly ended. An agent may
     cancel a task it created or holds the lease of (403 otherwise). Asking twice changes nothing."""
     token = token_of(request)
-    _scoped_task(token, task_id)
+    scoped_task(token, task_id)
     lease = optional_lease(request, token, task_id)
     version = expected_version(request, required=False)
 
@@ -154,7 +146,7 @@ def task_cancel(request: HttpRequest, task_id: int, payload: CancelIn) -> HttpRe
 def plan_new(request: HttpRequest, task_id: int, payload: PlanIn) -> HttpResponse:
     """Store a proposed plan (validated). It changes nothing about what runs until it is accepted."""
     token = token_of(request)
-    _scoped_task(token, task_id)
+    scoped_task(token, task_id)
     lease = held_lease(request, token, task_id)
     version = expected_version(request)
 
@@ -182,7 +174,7 @@ def plan_take(request: HttpRequest, task_id: int, revision: int) -> HttpResponse
     """Make a proposed revision the task's plan: only while nobody advances the old one and no operation is open
     (the services' rule; 409 otherwise). Nodes already done are carried over."""
     token = token_of(request)
-    _scoped_task(token, task_id)
+    scoped_task(token, task_id)
     lease = held_lease(request, token, task_id)
     version = expected_version(request)
 

@@ -18,6 +18,7 @@ from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
 from tasks.access.permissions import require_admin
+from tasks.core.errors import TaskNotFound
 from tasks.models import Task
 
 TOKEN_PREFIX = "rk_"  # noqa: S105 (a prefix that marks a token, not a secret)
@@ -138,6 +139,15 @@ def scope_condition(token: ApiToken) -> Q:
 
 def in_scope(token: ApiToken, task: Task) -> bool:
     return scope_covers(token.kinds, token.projects, task)
+
+
+def scoped_task(token: ApiToken, task_id: int) -> Task:
+    """The task, if the token's scope covers it; a task outside the scope is answered as a missing one
+    (TaskNotFound), so a token learns nothing of tasks it may not see."""
+    task = Task.objects.filter(pk=task_id).first()
+    if task is None or not in_scope(token, task):
+        raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
+    return task
 
 
 def scope_covers(kinds: Sequence[str], projects: Sequence[str], task: Task) -> bool:
