@@ -31,7 +31,6 @@ from typing import Any, Literal
 from urllib.parse import parse_qsl, urlsplit
 
 import httpx
-from celery import current_app
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, transaction
 from django.db.models import F, QuerySet
@@ -45,6 +44,7 @@ from hooks import signing
 from hooks.errors import WebhookEventsInvalid, WebhookLimitReached, WebhookNotFound, WebhookUrlInvalid
 from hooks.models import URL_MAX, WEBHOOK_EVENTS, DeliveryStatus, WebhookDelivery, WebhookSubscription
 from leases import clock
+from tasks.engine.enqueue import send_job
 from tasks.engine.events import ENDING_STATUSES
 from tasks.models import Event, Task
 
@@ -456,4 +456,4 @@ def enqueue_delivery(delivery_id: str, *, countdown: float = 0.0, queue: str = "
     if queue:
         options["queue"] = queue
     # Named, not imported: the job (hooks/jobs.py) sits above the services it calls.
-    current_app.tasks["hooks.deliver"].apply_async((delivery_id,), **options)
+    send_job("hooks.deliver", delivery_id, **options)
