@@ -33,7 +33,8 @@ from tasks.decide.evidence import evidence_problems, expected_values
 from tasks.decide.receipts import receipt_summary, succeeded_fields
 from tasks.engine.cas import Audit, audited_compare_and_set
 from tasks.models import Node, Operation, Receipt, Task
-from tasks.people.takeover import stale_form, takeover_submit
+from tasks.people.checks import stale_form
+from tasks.people.takeover import takeover_submit
 from tasks.rows import get_task, node_ref
 
 

@@ -17,7 +17,7 @@ from tasks.decide import decisions
 from tasks.engine.cas import Audit, audited_compare_and_set, lock_for_write
 from tasks.engine.snapshot import task_snapshot
 from tasks.models import Task
-from tasks.people.takeover import _stale_form as stale_form
+from tasks.people.checks import stale_form
 
 
 def task_request_cancel(

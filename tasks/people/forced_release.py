@@ -29,7 +29,7 @@ from tasks.core.lifecycle import (
 from tasks.decide.change import Change
 from tasks.engine.cas import Audit, audited_compare_and_set
 from tasks.models import Operation, Task
-from tasks.people.takeover import _stale_form
+from tasks.people.checks import stale_form
 from tasks.rows import get_task as _task
 
 MIN_FORCE_TEXT = 20  # characters of justification and of impact, at least
@@ -55,7 +55,7 @@ def lease_force_release(
             raise TakeoverRefused(f"a forced release needs a {label} of at least {MIN_FORCE_TEXT} characters")
     task = _task(task_id)
     if expected_version is not None and task.version != expected_version:
-        raise _stale_form(task, expected_version)
+        raise stale_form(task, expected_version)
     with transaction.atomic():
         holder = lease_open(task_id)
         if holder is None:
@@ -68,7 +68,7 @@ def lease_force_release(
         closed = lease_force_close(lease=holder)
         current = _task(task_id)
         if expected_version is not None and current.version != expected_version:
-            raise _stale_form(current, expected_version)  # moved between the two reads: the close rolls back
+            raise stale_form(current, expected_version)  # moved between the two reads: the close rolls back
         removed = f"{holder.holder_kind}:{holder.holder_id}"
         details: dict[str, Any] = {"removed_holder": removed, "open_operations": open_ops}
         created: list[ForcedRelease] = []

@@ -21,6 +21,7 @@ from tasks.engine.cas import Audit
 from tasks.engine.enqueue import wake_agent_on_commit
 from tasks.engine.plans import accept_revision, acceptable_revision, plan_nodes, propose_revision
 from tasks.models import Event, Node, PlanRevision, Task
+from tasks.people.checks import stale_form
 
 
 def _person_lease(actor: Principal, task: Task) -> Lease:
@@ -36,10 +37,6 @@ def _person_lease(actor: Principal, task: Task) -> Lease:
 
 
 def _stale(task_id: int, expected_version: int) -> TaskError:
-    from tasks.people.takeover import (
-        stale_form,  # takeover builds on plans (digest_of): the import goes this way at run time
-    )
-
     return stale_form(Task.objects.get(pk=task_id), expected_version)
 
 

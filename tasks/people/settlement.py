@@ -39,7 +39,7 @@ from tasks.engine.protocol import record_outcome
 from tasks.engine.registry import connector_for
 from tasks.engine.snapshot import task_snapshot
 from tasks.models import Operation, OperationPurpose, Task
-from tasks.people.takeover import _own_lease, _stale_form
+from tasks.people.checks import own_lease, stale_form
 
 Resolution = Literal["done", "not_done", "compensate"]
 
@@ -61,7 +61,7 @@ def operation_resolve_by_person(
     ``compensate``: it happened (``receipt``), and a compensation is registered as a new operation with its
     own op key, to be sent like any other. Each is audited.
     """
-    _own_lease(actor, lease)
+    own_lease(actor, lease)
     op = Operation.objects.select_related("node", "task").filter(op_key=op_key).first()
     if op is None:
         raise TaskNotFound(f"no operation with op key {op_key!r}")
@@ -84,7 +84,7 @@ def operation_resolve_by_person(
         before = expected_version
         snap = task_snapshot(task_id=op.task_id, lease=lease)
         if snap.version != expected_version:
-            raise _stale_form(snap.task, expected_version)
+            raise stale_form(snap.task, expected_version)
         if receipt is not None:
             record_outcome(snap, op_key, receipt, lease=lease, settled_by=str(actor))
         else:
@@ -227,12 +227,12 @@ def operation_query_remote(*, actor: Principal, task_id: int, op_key: str, expec
         raise InvalidTransition(f"operation {op_key} is {op.status}: nothing to ask the remote about")
     lease = held_takeover(actor, task_id)
     if op.task.version != expected_version:
-        raise _stale_form(op.task, expected_version)
+        raise stale_form(op.task, expected_version)
     outcome = connector_for(op.task.kind).lookup(op_key)  # I/O: never inside a transaction
     with transaction.atomic():
         snap = task_snapshot(task_id=task_id, lease=lease)
         if snap.version != expected_version:
-            raise _stale_form(snap.task, expected_version)
+            raise stale_form(snap.task, expected_version)
         step = record_outcome(snap, op_key, outcome, lease=lease, settled_by=str(actor))
         settled, after = step.operation, step.snapshot
         recorded = after.version != snap.version

@@ -38,7 +38,7 @@ from leases.services import (
     lease_unreserve,
     operator_ttl,
 )
-from tasks.access.permissions import PermissionDenied, require_admin, require_operate
+from tasks.access.permissions import require_admin, require_operate
 from tasks.access.permits import permits
 from tasks.core import opkeys
 from tasks.core.errors import (
@@ -63,8 +63,9 @@ from tasks.decide.receipts import receipt_summary, succeeded_fields
 from tasks.engine.cas import Audit, audited_compare_and_set
 from tasks.engine.enqueue import wake_agent_on_commit
 from tasks.engine.protocol import resolve_input
-from tasks.models import Attachment, Event, Node, Operation, Receipt, Task
+from tasks.models import Attachment, Node, Operation, Receipt, Task
 from tasks.people.attachments import AttachmentIn, store_attachment
+from tasks.people.checks import own_lease, stale_form
 from tasks.rows import get_task as _task
 
 
@@ -73,11 +74,6 @@ class Claim:
     granted: bool
     lease: Lease | None = None
     waiting_for: str = ""
-
-
-def _own_lease(actor: Principal, lease: Lease) -> None:
-    if lease.holder_kind != HolderKind.OPERATOR or lease.holder_id != actor.id:
-        raise PermissionDenied(f"{actor} does not hold this takeover lease ({lease.holder_kind}:{lease.holder_id})")
 
 
 def takeover_claim(*, actor: Principal, task_id: int) -> Claim:
@@ -184,14 +180,14 @@ def takeover_withdraw(*, actor: Principal, task_id: int) -> None:
 def takeover_renew(*, actor: Principal, lease: Lease, expected_renewal_seq: int) -> Lease:
     """The operator's browser keeps its takeover lease alive. Not audited row by row (a heartbeat every few
     seconds would serialise on the audit chain's head): the claim, release, expiry and forced release are."""
-    _own_lease(actor, lease)
+    own_lease(actor, lease)
     require_operate(actor, _task(lease.task_id))
     return lease_renew(lease=lease, expected_renewal_seq=expected_renewal_seq, ttl=operator_ttl())
 
 
 def takeover_release(*, actor: Principal, lease: Lease, reason: str = "") -> Lease:
     """Give the lease back without a decision: the task stays with people (``human``) for another operator."""
-    _own_lease(actor, lease)
+    own_lease(actor, lease)
     with transaction.atomic():
         released = lease_release(lease=lease)
         audit_append(
@@ -319,7 +315,7 @@ def takeover_submit(
                 task.pk, based_on_version, build, lease=lease, audit=audit, before_event=save_receipts
             )
         except VersionConflict:
-            raise _stale_form(_task(task.pk), based_on_version) from None  # moved while we validated
+            raise stale_form(_task(task.pk), based_on_version) from None  # moved while we validated
         lease_release(lease=lease)
         if decision == "resume_agent":
             wake_agent_on_commit(task.pk)
@@ -338,7 +334,7 @@ def _validated(
 ) -> tuple[Task, list[tuple[Node, Operation, Receipt]]]:
     """Every check of a takeover result that needs no write: who, the decision, hygiene, the version the form was
     based on, each node's evidence, and what ending the task needs. Shared by the preview and the submit."""
-    _own_lease(actor, lease)
+    own_lease(actor, lease)
     task = _task(lease.task_id)
     require_operate(actor, task)
     _check_decision(decision, end_status, replan_reason)
@@ -352,7 +348,7 @@ def _validated(
         what="result",
     )
     if task.version != based_on_version:
-        raise _stale_form(task, based_on_version)
+        raise stale_form(task, based_on_version)
     nodes = {n.key: n for n in Node.objects.filter(task=task, plan_version=task.plan_version)}
     planned = _planned_results(task, nodes, results)
     done_after = {k for k, n in nodes.items() if n.status == NodeStatus.SUCCEEDED} | {r.node_key for r in results}
@@ -415,22 +411,6 @@ def _check_decision(decision: str, end_status: str, replan_reason: str) -> None:
         raise InvalidTransition("replan needs the reason (at least 10 characters)")
 
 
-def stale_form(task: Task, based_on_version: int) -> VersionConflict:
-    """The refusal of a form based on an older version of ``task``, with the events since (seq and type)."""
-    return _stale_form(task, based_on_version)
-
-
-def _stale_form(task: Task, based_on_version: int) -> VersionConflict:
-    changes = list(Event.objects.filter(task=task, seq__gt=based_on_version).order_by("seq").values_list("seq", "type"))
-    listed = ", ".join(f"#{seq} {kind}" for seq, kind in changes[:20])
-    return VersionConflict(
-        f"the task changed since your form (version {based_on_version} → {task.version}): {listed}",
-        expected=based_on_version,
-        actual=task.version,
-        changes=[{"seq": seq, "type": kind} for seq, kind in changes],
-    )
-
-
 def _planned_results(
     task: Task, nodes: dict[str, Node], results: list[NodeResult]
 ) -> list[tuple[Node, Operation, Receipt]]:
@@ -491,5 +471,5 @@ def takeover_lease_of(*, actor: Principal, task_id: int, epoch: int) -> Lease:
     lease = lease_open(task_id)
     if lease is None or lease.epoch != epoch:
         raise LeaseLost(task_id, epoch, "the task's lease is no longer the one this page was given")
-    _own_lease(actor, lease)
+    own_lease(actor, lease)
     return lease
