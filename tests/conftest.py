@@ -63,31 +63,13 @@ def _flush_past_the_append_only_triggers() -> None:
 
 _flush_past_the_append_only_triggers()
 
-# What CI runs in one of its two passes only (.ci/run: SQLite + filesystem broker, PostgreSQL + Redis, side by side
-# on two cores), in one place. Run by hand, every test runs on whichever database DATABASE_URL names.
-# - once_sqlite: the subject does not depend on the backend — the settings' refusals at start-up, the web server's
-#   process model, the benchmark commands' smoke runs, the harness's own proof that the kill matrix can fail;
-# - once_postgres: as a deployment runs it at scale — the reference agent's processes over HTTP, killed and taken
-#   over (the API itself is tested on both); the log format, checked in fresh processes (measured ~37 s in the
-#   SQLite pass against ~9 s in the PostgreSQL one, on a slow machine).
-ONCE_SQLITE = frozenset(
-    {
-        "test_secure_defaults.py",
-        "test_production_server.py",
-        "test_bench.py",
-        "test_kill_matrix.py::test_the_matrix_fails_when_the_store_breaks_its_contract",
-    }
-)
-ONCE_POSTGRES = frozenset({"test_agent_e2e.py", "test_logging.py"})
 
-
+# What CI runs on which backend (.ci/run: SQLite + filesystem broker, PostgreSQL + Redis, side by side on two cores):
+# the lists and why, in tests/backends.py. Run by hand, every test runs on whichever database DATABASE_URL names.
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        names = {item.path.name, f"{item.path.name}::{item.name}"}
-        if names & ONCE_SQLITE:
-            item.add_marker(pytest.mark.once_sqlite)
-        if names & ONCE_POSTGRES:
-            item.add_marker(pytest.mark.once_postgres)
+    from tests import backends
+
+    backends.mark(items)
 
 
 hypothesis_settings.register_profile("ci", deadline=None, print_blob=True)
