@@ -52,6 +52,7 @@ BOTH_PASSES: tuple[Group, ...] = (
         (
             "test_cas.py",
             "test_leases.py",
+            "test_lease_state.py",
             "test_protocol.py",
             "test_smoke_protocol.py",
             "test_shared_commit.py",
@@ -106,6 +107,7 @@ BOTH_PASSES: tuple[Group, ...] = (
         (
             "test_constraints.py",
             "test_append_only.py",
+            "test_audit_hygiene.py",
             "test_log_integrity.py",
             "test_audit.py",
             "test_account_changes.py",
