@@ -26,7 +26,7 @@ from tasks.engine.protocol import next_directive, operation_start, snapshot_at
 from tasks.models import Task
 from tasks.people.cancel import task_request_cancel
 from tasks.people.forced_release import TakeoverRefused, forced_release_review, lease_force_release
-from tasks.people.settlement import operation_resolve_by_person
+from tasks.people.settlement import operation_settle_by_hand
 from tasks.people.takeover import (
     NodeResult,
     takeover_claim,
@@ -346,8 +346,13 @@ def _scenario_resolve(make_task: Callable[..., Task], agent_lease: Any) -> Calla
     held = takeover_claim(actor=admin, task_id=task.pk).lease
     assert held is not None
     version = current(task).version
-    return lambda: operation_resolve_by_person(
-        actor=admin, lease=held, op_key=op.op_key, expected_version=version, resolution="not_done"
+    return lambda: operation_settle_by_hand(
+        actor=admin,
+        task_id=task.pk,
+        op_key=op.op_key,
+        expected_version=version,
+        resolution="not_done",
+        note="nothing in the remote's history",
     )
 
 
@@ -441,9 +446,9 @@ def test_after_a_full_scenario_no_audit_row_carries_a_secret_and_the_chain_verif
     held = renewed
 
     def resolve(note: str) -> object:
-        return operation_resolve_by_person(
+        return operation_settle_by_hand(
             actor=ann,
-            lease=held,
+            task_id=task.pk,
             op_key=op.op_key,
             expected_version=current(task).version,
             resolution="done",

@@ -43,7 +43,7 @@ from tasks.engine.protocol import next_directive, operation_start, snapshot_at
 from tasks.models import ScopeGrant, Task
 from tasks.people.cancel import task_request_cancel
 from tasks.people.forced_release import forced_release_review, lease_force_release
-from tasks.people.settlement import operation_resolve_by_person
+from tasks.people.settlement import operation_settle_by_hand
 from tasks.people.takeover import (
     takeover_claim,
     takeover_release,
@@ -132,12 +132,17 @@ def test_an_operator_whose_grant_was_revoked_cannot_settle_an_operation(make_tas
     ).operation
     lease_release(lease=agent)
     permission_grant(actor=root, user=ann.user, task=task)
-    lease = claims(ann, task)
+    claims(ann, task)
     permission_revoke(actor=root, user=ann.user, task=task)
     version = current(task).version
     refused(
-        lambda: operation_resolve_by_person(
-            actor=ann, lease=lease, op_key=op.op_key, expected_version=version, resolution="not_done"
+        lambda: operation_settle_by_hand(
+            actor=ann,
+            task_id=task.pk,
+            op_key=op.op_key,
+            expected_version=version,
+            resolution="not_done",
+            note="nothing in the remote's history",
         )
     )
 

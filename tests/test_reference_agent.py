@@ -21,7 +21,7 @@ from tasks.engine.runner import recheck_receipts, run_steps, run_task_once
 from tasks.engine.verification import find_problems
 from tasks.models import Event, Operation, OperationPurpose, Receipt, Task, TempResource
 from tasks.people.cancel import task_request_cancel
-from tasks.people.settlement import operation_resolve_by_person
+from tasks.people.settlement import operation_settle_by_hand
 from tasks.people.takeover import (
     takeover_claim,
     takeover_submit,
@@ -318,9 +318,9 @@ def test_a_compensation_chosen_by_a_person_is_sent_once_under_its_own_op_key_and
     person = make_person("olga", "admin")
     claim = takeover_claim(actor=person, task_id=task.pk)
     assert claim.lease is not None
-    operation_resolve_by_person(
+    operation_settle_by_hand(
         actor=person,
-        lease=claim.lease,
+        task_id=task.pk,
         op_key=switch.op_key,
         expected_version=Task.objects.get(pk=task.pk).version,
         resolution="compensate",

@@ -6,6 +6,7 @@ Lease times come from the controllable database clock, except in the skew tests,
 """
 
 import contextlib
+import functools
 import json
 import sys
 import time
@@ -26,7 +27,6 @@ from audit.principals import Principal
 from audit.services import verify_audit
 from leases.clock import DatabaseClock
 from leases.errors import (
-    LeaseError,
     LeaseExpired,
     LeaseHeld,
     LeaseLost,
@@ -60,9 +60,10 @@ from tasks.engine.protocol import (
 )
 from tasks.engine.verification import find_problems, task_quarantine
 from tasks.models import Event, Node, Operation, Receipt, Task
+from tasks.people import settlement
 from tasks.people.cancel import task_request_cancel
 from tasks.people.forced_release import MIN_FORCE_TEXT, TakeoverRefused, forced_release_review, lease_force_release
-from tasks.people.settlement import operation_resolve_by_person
+from tasks.people.settlement import MIN_NOTE, TakeoverRequired, operation_settle_by_hand
 from tasks.people.takeover import (
     NodeResult,
     takeover_claim,
@@ -617,13 +618,14 @@ def test_a_stale_form_is_refused_with_the_changes_since(make_task, agent_lease, 
     lease_release(lease=lease)
     form_version = version(task)  # the operator opened the form here
     operator_lease = granted(ann, task)
-    operation_resolve_by_person(
+    operation_settle_by_hand(
         actor=ann,
-        lease=operator_lease,
+        task_id=task.pk,
         op_key=op.op_key,
         expected_version=version(task),
         resolution="done",
         receipt=Committed(remote_id="r-a"),
+        note=CHECKED,
     )
 
     conflict = assert_refused(
@@ -929,13 +931,17 @@ def test_a_person_still_records_work_done_by_hand_once_a_cancel_stopped_the_task
 # --- 5. settling an operation by hand ---------------------------------------------------------------------------
 
 
-def resolve(actor: Principal, lease: Lease, op: Operation, resolution: Any, **kwargs: Any) -> Operation:
-    return operation_resolve_by_person(
+CHECKED = "checked the remote's console by op key"
+
+
+def resolve(actor: Principal, op: Operation, resolution: Any, *, note: str = CHECKED, **kwargs: Any) -> Operation:
+    return operation_settle_by_hand(
         actor=actor,
-        lease=lease,
+        task_id=op.task_id,
         op_key=op.op_key,
         expected_version=version(op.task),
         resolution=resolution,
+        note=note,
         **kwargs,
     )
 
@@ -943,10 +949,10 @@ def resolve(actor: Principal, lease: Lease, op: Operation, resolution: Any, **kw
 def test_a_person_settles_an_unknown_operation_as_done_with_a_receipt(make_task, agent_lease, clock, root) -> None:
     task = make_task(irreversible_plan())
     ann = operator_for(root, task, "ann")
-    op, lease = handed_over(task, agent_lease, ann, "switch", unknown=True)
+    op, _ = handed_over(task, agent_lease, ann, "switch", unknown=True)
     before = version(task)
 
-    settled = resolve(ann, lease, op, "done", receipt=Committed(remote_id="r-switch"), note="seen in the console")
+    settled = resolve(ann, op, "done", receipt=Committed(remote_id="r-switch"), note="seen in the console")
 
     assert (settled.status, settled.settled_by, settled.remote_id) == (
         OperationStatus.COMMITTED,
@@ -971,7 +977,7 @@ def test_settling_the_last_operation_by_hand_leaves_the_decision_to_the_person(
     ann = operator_for(root, task, "ann")
     op, lease = handed_over(task, agent_lease, ann, "a", unknown=True)
 
-    resolve(ann, lease, op, "done", receipt=Committed(remote_id="r-a"))
+    resolve(ann, op, "done", receipt=Committed(remote_id="r-a"))
 
     assert node(task, "a").status == NodeStatus.SUCCEEDED
     assert fresh(task).status == TaskStatus.HUMAN
@@ -985,26 +991,26 @@ def test_settling_the_last_operation_by_hand_leaves_the_decision_to_the_person(
 def test_settling_as_done_without_a_receipt_is_refused(make_task, agent_lease, clock, root, resolution) -> None:
     task = make_task(irreversible_plan())
     ann = operator_for(root, task, "ann")
-    op, lease = handed_over(task, agent_lease, ann, "switch", unknown=True)
+    op, _ = handed_over(task, agent_lease, ann, "switch", unknown=True)
 
-    assert_refused(EvidenceInsufficient, lambda: resolve(ann, lease, op, resolution))
+    assert_refused(EvidenceInsufficient, lambda: resolve(ann, op, resolution))
 
 
 def test_settling_as_done_with_a_receipt_without_a_remote_id_is_refused(make_task, agent_lease, clock, root) -> None:
     task = make_task(irreversible_plan())
     ann = operator_for(root, task, "ann")
-    op, lease = handed_over(task, agent_lease, ann, "switch", unknown=True)
+    op, _ = handed_over(task, agent_lease, ann, "switch", unknown=True)
 
-    assert_refused(EvidenceInsufficient, lambda: resolve(ann, lease, op, "done", receipt=Committed(remote_id="")))
+    assert_refused(EvidenceInsufficient, lambda: resolve(ann, op, "done", receipt=Committed(remote_id="")))
 
 
 def test_a_receipt_short_of_the_evidence_never_makes_the_node_succeed(make_task, agent_lease, clock, root) -> None:
     task = make_task({"nodes": [copy_node()]})
     ann = operator_for(root, task, "ann")
-    op, lease = handed_over(task, agent_lease, ann, "copy", unknown=True)
+    op, _ = handed_over(task, agent_lease, ann, "copy", unknown=True)
 
     with contextlib.suppress(EvidenceInsufficient):
-        resolve(ann, lease, op, "done", receipt=Committed(remote_id="batch-1", count=99))
+        resolve(ann, op, "done", receipt=Committed(remote_id="batch-1", count=99))
 
     assert node(task, "copy").status != NodeStatus.SUCCEEDED
 
@@ -1014,7 +1020,7 @@ def test_settling_as_not_done_lets_the_node_run_again_under_a_new_op_key(make_ta
     ann = operator_for(root, task, "ann")
     op, lease = handed_over(task, agent_lease, ann, "switch", unknown=True)
 
-    settled = resolve(ann, lease, op, "not_done", note="nothing in the remote's history")
+    settled = resolve(ann, op, "not_done", note="nothing in the remote's history")
 
     assert (settled.status, settled.failure_class, settled.settled_by) == (
         OperationStatus.REJECTED,
@@ -1042,10 +1048,10 @@ def test_settling_as_not_done_never_records_a_commit(make_task, agent_lease, clo
     """A receipt sent along with "not done" contradicts it: it must not turn into a committed operation."""
     task = make_task(irreversible_plan())
     ann = operator_for(root, task, "ann")
-    op, lease = handed_over(task, agent_lease, ann, "switch", unknown=True)
+    op, _ = handed_over(task, agent_lease, ann, "switch", unknown=True)
 
     with contextlib.suppress(TaskError):
-        resolve(ann, lease, op, "not_done", receipt=Committed(remote_id="r-switch"))
+        resolve(ann, op, "not_done", receipt=Committed(remote_id="r-switch"))
 
     assert Operation.objects.get(pk=op.pk).status != OperationStatus.COMMITTED
     assert not Receipt.objects.filter(operation=op).exists()
@@ -1061,11 +1067,11 @@ def test_settling_the_last_open_operation_of_a_cancelled_task_as_not_done_stops_
     status, and nothing moves the task afterwards — it stays stopped_pending for good)."""
     task = make_task(chain_plan("a", "b"))
     ann = operator_for(root, task, "ann")
-    op, lease = handed_over(task, agent_lease, ann, "a", unknown=True)
+    op, _ = handed_over(task, agent_lease, ann, "a", unknown=True)
     cancelled = task_request_cancel(actor=ann, task_id=task.pk, reason="the customer withdrew the order")
     assert cancelled.status == TaskStatus.STOPPED_PENDING
 
-    resolve(ann, lease, op, "not_done", note="nothing in the remote's history")
+    resolve(ann, op, "not_done", note="nothing in the remote's history")
 
     assert Operation.objects.get(pk=op.pk).status == OperationStatus.REJECTED
     assert fresh(task).status == TaskStatus.STOPPED
@@ -1074,10 +1080,10 @@ def test_settling_the_last_open_operation_of_a_cancelled_task_as_not_done_stops_
 def test_compensating_commits_the_original_and_registers_a_new_operation(make_task, agent_lease, clock, root) -> None:
     task = make_task(irreversible_plan())
     ann = operator_for(root, task, "ann")
-    op, lease = handed_over(task, agent_lease, ann, "switch", unknown=True)
+    op, _ = handed_over(task, agent_lease, ann, "switch", unknown=True)
     before = version(task)
 
-    settled = resolve(ann, lease, op, "compensate", receipt=Committed(remote_id="r-switch"), note="undo the switch")
+    settled = resolve(ann, op, "compensate", receipt=Committed(remote_id="r-switch"), note="undo the switch")
 
     assert (settled.status, settled.settled_by) == (OperationStatus.COMMITTED, "user:ann")
     compensation = Operation.objects.get(compensates=op)
@@ -1095,18 +1101,18 @@ def test_compensating_commits_the_original_and_registers_a_new_operation(make_ta
 def test_compensating_a_node_without_a_compensation_is_refused(make_task, agent_lease, clock, root) -> None:
     task = make_task(irreversible_plan())
     ann = operator_for(root, task, "ann")
-    op, lease = handed_over(task, agent_lease, ann, "other", unknown=True)
+    op, _ = handed_over(task, agent_lease, ann, "other", unknown=True)
 
-    assert_refused(InvalidTransition, lambda: resolve(ann, lease, op, "compensate", receipt=Committed(remote_id="r")))
+    assert_refused(InvalidTransition, lambda: resolve(ann, op, "compensate", receipt=Committed(remote_id="r")))
 
 
 def test_a_settled_operation_cannot_be_settled_again(make_task, agent_lease, clock, root) -> None:
     task = make_task(irreversible_plan())
     ann = operator_for(root, task, "ann")
-    op, lease = handed_over(task, agent_lease, ann, "switch", unknown=True)
-    resolve(ann, lease, op, "done", receipt=Committed(remote_id="r-switch"))
+    op, _ = handed_over(task, agent_lease, ann, "switch", unknown=True)
+    resolve(ann, op, "done", receipt=Committed(remote_id="r-switch"))
 
-    assert_refused(InvalidTransition, lambda: resolve(ann, lease, op, "not_done"))
+    assert_refused(InvalidTransition, lambda: resolve(ann, op, "not_done"))
 
 
 @pytest.mark.parametrize("who", ["another-operator", "an-admin", "the-agent"])
@@ -1116,27 +1122,45 @@ def test_only_the_takeover_lease_holder_settles_by_hand(make_task, agent_lease, 
     if who == "the-agent":
         agent = agent_lease(task)
         op = record(send(task, agent, "switch"), interrupted(), agent)
-        actor, lease = ann, agent  # a person waving the agent's lease
+        actor = ann  # permitted on the task, but the agent holds it
     else:
-        op, lease = handed_over(task, agent_lease, ann, "switch", unknown=True)
+        op, _ = handed_over(task, agent_lease, ann, "switch", unknown=True)
         actor = operator_for(root, task, "bob") if who == "another-operator" else person("boss", "admin")
 
-    assert_refused(PermissionDenied, lambda: resolve(actor, lease, op, "done", receipt=Committed(remote_id="r-switch")))
+    assert_refused(TakeoverRequired, lambda: resolve(actor, op, "done", receipt=Committed(remote_id="r-switch")))
 
 
-def test_a_takeover_lease_on_one_task_cannot_settle_another_tasks_operation(
-    make_task, agent_lease, clock, root
-) -> None:
+def test_a_takeover_of_one_task_cannot_settle_another_tasks_operation(make_task, agent_lease, clock, root) -> None:
     held, other = make_task(chain_plan("a")), make_task(irreversible_plan())
-    lease = granted(root, held)
+    granted(root, held)
     agent = agent_lease(other)
     op = record(send(other, agent, "switch"), interrupted(), agent)
     lease_release(lease=agent)
 
-    assert_refused(
-        (LeaseError, PermissionDenied),
-        lambda: resolve(root, lease, op, "done", receipt=Committed(remote_id="r-switch")),
-    )
+    def settle(task_id: int) -> Operation:
+        return operation_settle_by_hand(
+            actor=root,
+            task_id=task_id,
+            op_key=op.op_key,
+            expected_version=version(Task.objects.get(pk=task_id)),
+            resolution="done",
+            receipt=Committed(remote_id="r-switch"),
+            note=CHECKED,
+        )
+
+    assert_refused(TaskNotFound, lambda: settle(held.pk))  # the op key is looked up on the held task only
+    assert_refused(TakeoverRequired, lambda: settle(other.pk))
+
+
+def test_a_settlement_needs_a_note_of_what_was_checked(make_task, agent_lease, clock, root) -> None:
+    task = make_task(irreversible_plan())
+    ann = operator_for(root, task, "ann")
+    op, _ = handed_over(task, agent_lease, ann, "switch", unknown=True)
+
+    short = "x" * (MIN_NOTE - 1)
+    for note in ("", "   ", short, f"  {short}  "):
+        assert_refused(EvidenceInsufficient, functools.partial(resolve, ann, op, "not_done", note=note))
+    assert resolve(ann, op, "not_done", note="x" * MIN_NOTE).status == OperationStatus.REJECTED
 
 
 # --- 6. forced release -----------------------------------------------------------------------------------------
@@ -1254,7 +1278,7 @@ def test_a_removed_agent_can_write_nothing_and_the_next_holder_gets_the_next_epo
 
 
 def test_a_removed_operator_can_write_nothing_and_the_next_holder_gets_the_next_epoch(
-    make_task, agent_lease, clock, root
+    make_task, agent_lease, clock, root, monkeypatch
 ) -> None:
     task = make_task(irreversible_plan())
     ann, bob = operator_for(root, task, "ann"), operator_for(root, task, "bob")
@@ -1264,7 +1288,10 @@ def test_a_removed_operator_can_write_nothing_and_the_next_holder_gets_the_next_
     assert forced.open_operations == [{"op_key": op.op_key, "status": "unknown"}]
 
     assert_refused(LeaseLost, lambda: takeover_renew(actor=ann, lease=lease, expected_renewal_seq=0))
-    assert_refused(LeaseLost, lambda: resolve(ann, lease, op, "done", receipt=Committed(remote_id="r-switch")))
+    assert_refused(TakeoverRequired, lambda: resolve(ann, op, "done", receipt=Committed(remote_id="r-switch")))
+    with monkeypatch.context() as race:  # the lease was looked up just before the forced release
+        race.setattr(settlement, "held_takeover", lambda actor, task_id: lease)
+        assert_refused(LeaseLost, lambda: resolve(ann, op, "done", receipt=Committed(remote_id="r-switch")))
     assert_refused(
         LeaseLost,
         lambda: takeover_submit(actor=ann, lease=lease, based_on_version=version(task), decision="resume_agent"),

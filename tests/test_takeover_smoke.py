@@ -38,15 +38,16 @@ def test_a_takeover_round_trip(make_task, agent_lease, clock) -> None:
     assert claim.granted and claim.lease is not None
     t = Task.objects.get(pk=task.pk)
     assert t.status == TaskStatus.HUMAN
-    from tasks.people.settlement import operation_resolve_by_person
+    from tasks.people.settlement import operation_settle_by_hand
 
-    operation_resolve_by_person(
+    operation_settle_by_hand(
         actor=ann,
-        lease=claim.lease,
+        task_id=task.pk,
         op_key=op.op_key,
         expected_version=t.version,
         resolution="done",
         receipt=Committed(remote_id="r-a"),
+        note="seen in the remote's console",
     )
     t = Task.objects.get(pk=task.pk)
     takeover_submit(

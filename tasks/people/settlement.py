@@ -39,50 +39,54 @@ from tasks.engine.protocol import record_outcome
 from tasks.engine.registry import connector_for
 from tasks.engine.snapshot import task_snapshot
 from tasks.models import Operation, OperationPurpose, Task
-from tasks.people.checks import own_lease, stale_form
+from tasks.people.checks import stale_form
 
 Resolution = Literal["done", "not_done", "compensate"]
 
 
-def operation_resolve_by_person(
+def operation_settle_by_hand(
     *,
     actor: Principal,
-    lease: Lease,
+    task_id: int,
     op_key: str,
     expected_version: int,
     resolution: Resolution,
     receipt: Committed | None = None,
-    note: str = "",
+    note: str,
 ) -> Operation:
-    """A person holding the takeover lease settles an operation the remote could not settle.
+    """A person holding the takeover lease on ``task_id`` settles an operation the remote could not settle, with a
+    note of what they checked (at least MIN_NOTE characters: the evidence of a not-done, the context of a receipt).
 
     ``done``: it happened, and ``receipt`` proves it (checked against the node's evidence spec).
     ``not_done``: it never took effect; the node may run again (a new op key).
     ``compensate``: it happened (``receipt``), and a compensation is registered as a new operation with its
-    own op key, to be sent like any other. Each is audited.
+    own op key, to be sent like any other. Audited in the transaction of the change.
     """
-    own_lease(actor, lease)
-    op = Operation.objects.select_related("node", "task").filter(op_key=op_key).first()
-    if op is None:
-        raise TaskNotFound(f"no operation with op key {op_key!r}")
-    denied = permits_principal(actor, ChangeKind.SETTLE, op.task, lease=lease)  # their takeover lease, on this task
-    if denied is not None:
-        raise denied
+    op = _operation_of(task_id, op_key)
+    require_operate(actor, op.task)
+    if len(note.strip()) < MIN_NOTE:
+        raise EvidenceInsufficient(
+            f"settling by hand needs a note of what you checked (at least {MIN_NOTE} characters)"
+        )
+    if resolution not in ("done", "not_done", "compensate"):
+        raise InvalidTransition(f"unknown resolution {resolution!r}")
     if op.status not in OPEN_OPERATION_STATUSES:
         raise InvalidTransition(f"operation {op_key} is {op.status}: nothing to settle")
     if resolution in ("done", "compensate") and (receipt is None or not receipt.remote_id):
         raise EvidenceInsufficient(f"settling {op_key} as done needs the receipt (with its remote id) that proves it")
     if resolution == "not_done" and receipt is not None:
         raise InvalidTransition(f"{op_key} confirmed not done cannot come with a receipt of a commit")
-    # The note before its audit row, which follows the settle's compare-and-set (whose observers report it).
-    check_payload({"note": note}, what="settlement")
     if resolution == "compensate" and not op.node.compensation:
         raise InvalidTransition(f"node {op.node.key} has no compensation action")
-    if resolution not in ("done", "not_done", "compensate"):
-        raise InvalidTransition(f"unknown resolution {resolution!r}")
+    # The note before its audit row, which follows the settle's compare-and-set (whose observers report it).
+    check_payload({"note": note}, what="settlement")
+    lease = held_takeover(actor, task_id)
+    denied = permits_principal(actor, ChangeKind.SETTLE, op.task, lease=lease)
+    if denied is not None:
+        raise denied
     with transaction.atomic():
         before = expected_version
-        snap = task_snapshot(task_id=op.task_id, lease=lease)
+        snap = task_snapshot(task_id=task_id, lease=lease)
         if snap.version != expected_version:
             raise stale_form(snap.task, expected_version)
         if receipt is not None:
@@ -92,7 +96,7 @@ def operation_resolve_by_person(
             if settled is None:  # settled meanwhile, at this very version: nothing outstanding
                 raise InvalidTransition(f"operation {op_key} has nothing outstanding to settle")
             change = decisions.settle_not_done(snap, settled, by=str(actor))
-            compare_and_set(op.task_id, snap.version, change, lease=lease, snapshot=snap)
+            compare_and_set(task_id, snap.version, change, lease=lease, snapshot=snap)
         expected_version += 1
         if resolution == "compensate":
             _register_compensation(op, expected_version, lease, actor)
@@ -101,7 +105,7 @@ def operation_resolve_by_person(
             actor=actor,
             action="operation_resolved_by_person",
             at=clock.now(),
-            task_id=op.task_id,
+            task_id=task_id,
             lease_epoch=lease.epoch,
             version_before=before,
             version_after=expected_version,
@@ -185,36 +189,6 @@ def _operation_of(task_id: int, op_key: str) -> Operation:
     if op is None:
         raise TaskNotFound(f"task {task_id} has no operation with op key {op_key!r}")
     return op
-
-
-def operation_settle_by_hand(
-    *,
-    actor: Principal,
-    task_id: int,
-    op_key: str,
-    expected_version: int,
-    resolution: Resolution,
-    receipt: Committed | None = None,
-    note: str,
-) -> Operation:
-    """operation_resolve_by_person for the person's own takeover lease on ``task_id``, with a note of what they
-    checked (at least MIN_NOTE characters: the evidence of a not-done, the context of a receipt). Audited."""
-    task = _operation_of(task_id, op_key).task
-    require_operate(actor, task)
-    if len(note.strip()) < MIN_NOTE:
-        raise EvidenceInsufficient(
-            f"settling by hand needs a note of what you checked (at least {MIN_NOTE} characters)"
-        )
-    lease = held_takeover(actor, task_id)
-    return operation_resolve_by_person(
-        actor=actor,
-        lease=lease,
-        op_key=op_key,
-        expected_version=expected_version,
-        resolution=resolution,
-        receipt=receipt,
-        note=note,
-    )
 
 
 def operation_query_remote(*, actor: Principal, task_id: int, op_key: str, expected_version: int) -> RemoteAnswer:

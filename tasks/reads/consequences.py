@@ -119,7 +119,7 @@ def force_release_consequences(task: Task) -> Consequences:
 
 
 def settle_consequences(op: Operation, resolution: Resolution) -> Consequences:
-    """What ``tasks.people.settlement.operation_resolve_by_person`` will do to ``op`` (its node is read with it)."""
+    """What ``tasks.people.settlement.operation_settle_by_hand`` will do to ``op`` (its node is read with it)."""
     node = op.node
     if resolution == "done":
         sentences = [
