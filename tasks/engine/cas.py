@@ -144,13 +144,13 @@ def compare_and_set(
     version (its own event): both land or neither. Its conditions on the task row are judged on the row as read,
     so it may not ask for a field ``change`` sets (a programming error, refused).
     """
-    actor = _actor(lease, actor)
+    call = _Call(task_id, expected_version, lease, _actor(lease, actor), before_event)
     if snapshot is None or not isinstance(change, Change):
         if then is not None:
             raise ValueError("a second change is applied only on the snapshot both were computed on")
         with transaction.atomic():
-            return _write(task_id, expected_version, change, lease, actor, snapshot, before_event, None)
-    return _write(task_id, expected_version, change, lease, actor, snapshot, before_event, then)
+            return _write(call, change, snapshot, None)
+    return _write(call, change, snapshot, then)
 
 
 def project(snapshot: Snapshot, change: Change) -> Snapshot:
@@ -167,52 +167,108 @@ def project(snapshot: Snapshot, change: Change) -> Snapshot:
     return after_write(snapshot, task=task, nodes=nodes, operations=operations, now=now, lease_expires_at=None)
 
 
-def _write(
-    task_id: int,
-    expected_version: int,
-    first: Change | ChangeBuilder,
-    lease: LeaseRef | None,
-    actor: Actor,
-    snapshot: Snapshot | None,
-    before_event: Callable[[Task, datetime], None] | None,
-    then: Change | None,
-) -> Applied:
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """Who writes what where: the part of a compare-and-set every phase of its write reads."""
+
+    task_id: int
+    expected_version: int
+    lease: LeaseRef | None
+    actor: Actor
+    before_event: Callable[[Task, datetime], None] | None
+
+
+@dataclass(slots=True)
+class _Staged:
+    """A judged write before it runs: the task (its working copy), the write's time, the changes and every row they
+    set, resolved at that time, with their events chained from the task's head."""
+
+    task: Task
+    now: datetime
+    changes: list[Change]
+    version: int  # the version the write leaves
+    statuses: frozenset[Any]
+    requires: dict[str, Any]
+    task_fields: dict[str, Any]
+    nodes: list[tuple[Change, Node, dict[str, Any]]]
+    operations: list[tuple[Operation, dict[str, Any]]]
+    events: list[Event]
+
+
+@dataclass(slots=True)
+class _Batch:
+    """The staged write as one batch of statements, and where each part's result is."""
+
+    batch: sql.Batch
+    guard: int | None  # the lease's check (its row matched or not)
+    renew: int | None  # the lease's renewal (its new expiry)
+    task: int
+    nodes: list[int | None]
+    operations: list[int]
+    inserted: list[bool]  # per operation of the change: a new row
+    receipts: list[Receipt]
+    temp_resources: list[TempResource]
+
+
+def _write(call: _Call, first: Change | ChangeBuilder, snapshot: Snapshot | None, then: Change | None) -> Applied:
+    """Judge, stage, batch, run, report: each phase below, in the order the module's docstring tells."""
+    staged = _staged(call, *_judged(call, first, snapshot, then))
+    batch = _batched(call, staged)
+    results = _run(call, staged, batch)
+    return _result(staged, batch, results, snapshot)
+
+
+def _judged(
+    call: _Call, first: Change | ChangeBuilder, snapshot: Snapshot | None, then: Change | None
+) -> tuple[Task, datetime, list[Change]]:
+    """The task at the expected version (a working copy), the write's time and the changes, refused by name here
+    when the permit table or a transition forbids them — a lease that is no longer live named first."""
     # The time the write records, on the database clock (estimated without a round trip: clock.write_time) and
     # never before the task's last write, so a task's times follow its versions across processes. The write judges
     # the lease on the database clock at its own statement (lease_check), not on this.
     now = clock.write_time()
+    task_id = call.task_id
     try:
         if snapshot is not None:
-            if snapshot.version != expected_version:
-                raise _conflict(task_id, expected_version, snapshot.version)
+            if snapshot.version != call.expected_version:
+                raise _conflict(task_id, call.expected_version, snapshot.version)
             task = rows.clone(snapshot.task)  # the caller's snapshot stays as it was read
         else:
-            task = _task_at(task_id, expected_version)
+            task = _task_at(task_id, call.expected_version)
         if task.updated_at is not None and task.updated_at > now:
             now = task.updated_at
         change = first if isinstance(first, Change) else first(task, now)
-        changes = [change] if then is None else [change, then]
-        statuses = permitted(change.kind, actor)
-        if task.status not in statuses:
-            raise _not_permitted(task_id, task.status, change.kind, actor)
+        if task.status not in permitted(change.kind, call.actor):
+            raise _not_permitted(task_id, task.status, change.kind, call.actor)
         _check_transitions(task, change)
         if then is not None:
-            _check_then(task_id, task, change, then, actor, now)
+            _check_then(task_id, task, change, then, call.actor, now)
     except TaskError:
-        if lease is not None and not lease_live(lease=lease, task_id=task_id):
-            _raise_version_conflict_if_moved(task_id, expected_version)
-            raise lease_refusal(lease=lease, task_id=task_id) from None
+        if call.lease is not None and not lease_live(lease=call.lease, task_id=task_id):
+            _raise_version_conflict_if_moved(task_id, call.expected_version)
+            raise lease_refusal(lease=call.lease, task_id=task_id) from None
         raise
-    requires: dict[str, Any] = {}
-    for each in changes:
-        requires |= each.requires
-    # The payloads are known before any row is written, so the task row's UPDATE — the point where concurrent
-    # writers serialise — comes first and carries the new head of the event chain.
-    task_fields: dict[str, Any] = {}
-    node_fields: list[tuple[Change, Node, dict[str, Any]]] = []
-    op_fields: list[tuple[Operation, dict[str, Any]]] = []
-    events: list[Event] = []
+    return task, now, [change] if then is None else [change, then]
+
+
+def _staged(call: _Call, task: Task, now: datetime, changes: list[Change]) -> _Staged:
+    """Every row the changes set and their events. The payloads are known before any row is written, so the task
+    row's UPDATE — the point where concurrent writers serialise — comes first and carries the new head of the chain."""
+    staged = _Staged(
+        task=task,
+        now=now,
+        changes=changes,
+        version=call.expected_version + len(changes),
+        statuses=permitted(changes[0].kind, call.actor),
+        requires={},
+        task_fields={},
+        nodes=[],
+        operations=[],
+        events=[],
+    )
+    lease = call.lease
     for offset, each in enumerate(changes, start=1):
+        staged.requires |= each.requires
         fields = _resolved(each.task, now)
         nodes = [(node, _resolved(values, now)) for node, values in each.nodes]
         ops = [(op, _resolved(values, now)) for op, values in each.operations]
@@ -228,99 +284,131 @@ def _write(
             data = {**data, "by": f"{lease.holder_kind}:{lease.holder_id}"}
         if data:
             payload["data"] = jsonable(_resolved(data, now))
-        event = chain_event(task=task, seq=expected_version + offset, type=each.event, payload=payload, at=now)
-        task.log_head = event.digest  # the next event chains to this one (the working copy: set again below)
-        events.append(event)
-        task_fields |= fields
-        node_fields += [(each, node, values) for node, values in nodes]
-        op_fields += ops
-    version = expected_version + len(changes)
-    where, params = _task_condition(task_id, expected_version, statuses, requires)
-    if (change.kind, actor) in NEEDS_FREE_TASK:
+        event = chain_event(task=task, seq=call.expected_version + offset, type=each.event, payload=payload, at=now)
+        task.log_head = event.digest  # the next event chains to this one (the working copy: set again in _run)
+        staged.events.append(event)
+        staged.task_fields |= fields
+        staged.nodes += [(each, node, values) for node, values in nodes]
+        staged.operations += ops
+    return staged
+
+
+def _batched(call: _Call, staged: _Staged) -> _Batch:
+    """The staged write as one batch: the lease's check, the task row's conditional UPDATE, then the node,
+    operation, receipt and event rows, then the lease's renewal."""
+    task_id, change, now = call.task_id, staged.changes[0], staged.now
+    where, params = _task_condition(task_id, call.expected_version, staged.statuses, staged.requires)
+    if (change.kind, call.actor) in NEEDS_FREE_TASK:
         held, held_params = held_sql(clock.now(), alias="l")  # a judgement: the clock read, not the write's estimate
         where += f" AND NOT EXISTS (SELECT 1 FROM leases_lease l WHERE l.task_id = tasks_task.id AND {held})"  # noqa: S608 - fixed text
         params += held_params
-    update = {**task_fields, "updated_at": now, "log_head": events[-1].digest}
-    inserted = [op for op, _fields in op_fields if op.pk is None]
+    update = {**staged.task_fields, "updated_at": now, "log_head": staged.events[-1].digest}
     batch = sql.Batch()
-    check = lease_check(lease=lease, task_id=task_id, at=now) if lease is not None else None
+    check = lease_check(lease=call.lease, task_id=task_id, at=now) if call.lease is not None else None
     guard = batch.guard(check.guard, check.guard_params) if check is not None else None
-    if len(changes) == 1:
+    if len(staged.changes) == 1:
         task_part = batch.update(Task, update, where=where, params=params, increments=("version",))
     else:
-        task_part = batch.update(Task, {**update, "version": version}, where=where, params=params)
-    node_parts = [_node_part(batch, task_id, node, fields, each) for each, node, fields in node_fields]
-    op_parts = [_operation_part(batch, task_id, op, fields, now) for op, fields in op_fields]
-    receipts = [receipt for each in changes for receipt in each.receipts]
-    temp_resources = [temp for each in changes for temp in each.temp_resources]
+        task_part = batch.update(Task, {**update, "version": staged.version}, where=where, params=params)
+    inserted = [op.pk is None for op, _fields in staged.operations]
+    node_parts = [_node_part(batch, task_id, node, fields, each) for each, node, fields in staged.nodes]
+    op_parts = [_operation_part(batch, task_id, op, fields, now) for op, fields in staged.operations]
+    receipts = [receipt for each in staged.changes for receipt in each.receipts]
     for receipt in receipts:
         receipt.received_at = now
         if receipt.operation_id is None:  # pragma: no cover - a receipt names an operation that exists
             raise ValueError("a receipt is recorded for an operation already registered")
         batch.insert(Receipt, rows.row_values(receipt, _RECEIPT_COLUMNS), returning=False)
-    for event in events:
+    for event in staged.events:
         row = rows.row_values(event, _EVENT_COLUMNS)
         row["payload"] = sql.RawJSON(event.canonical_payload)  # type: ignore[attr-defined]
         batch.insert(Event, row, returning=False)
     renew = batch.returning(check.renew, check.renew_params, value="expires_at") if check and check.renew else None
-    new_nodes = any(node.pk is None for _each, node, _fields in node_fields)
-    listeners = [listeners_of(event) for event in events]
-    # One statement commits on its own (PostgreSQL, outside any transaction): no BEGIN and COMMIT round trips.
-    # Anything else the change writes besides the batch makes it a transaction.
+    return _Batch(
+        batch=batch,
+        guard=guard,
+        renew=renew,
+        task=task_part,
+        nodes=node_parts,
+        operations=op_parts,
+        inserted=inserted,
+        receipts=receipts,
+        temp_resources=[temp for each in staged.changes for temp in each.temp_resources],
+    )
+
+
+def _run(call: _Call, staged: _Staged, batch: _Batch) -> list[Any]:
+    """Run the batch — alone when it is the whole change (one statement commits on its own on PostgreSQL outside
+    any transaction: no BEGIN and COMMIT round trips), else with the rows outside it in one transaction; on a part
+    that matched nothing, name why (nothing was written). The task's working copy becomes the row as written."""
+    task_id, task, now = call.task_id, staged.task, staged.now
+    new_nodes = any(node.pk is None for _each, node, _fields in staged.nodes)
+    listeners = [listeners_of(event) for event in staged.events]
     alone = (
         connection.vendor == "postgresql"
         and connection.get_autocommit()
         and not new_nodes
-        and not temp_resources
-        and before_event is None
+        and not batch.temp_resources
+        and call.before_event is None
         and not any(listeners)
     )
     try:
         with nullcontext() if alone else transaction.atomic():
-            if receipts:
+            if batch.receipts:
                 failpoint("after_receipt", task_id=task_id)
-            results = batch.run()
-            if guard is not None and results[guard] is None:  # the lease matched nothing: nothing was written
-                _raise_version_conflict_if_moved(task_id, expected_version)
-                raise lease_refusal(lease=lease, task_id=task_id)  # type: ignore[arg-type]
-            if results[task_part] != 1:  # the task row matched nothing: nothing was written
-                _raise_refusal(task_id, expected_version, change, requires, lease, actor, now)
-            _insert_new_nodes(task_id, [(node, fields) for _each, node, fields in node_fields])
-            for op, part in zip((op for op, _f in op_fields), op_parts, strict=True):
+            results = batch.batch.run()
+            if batch.guard is not None and results[batch.guard] is None:  # the lease matched nothing: no write
+                _raise_version_conflict_if_moved(task_id, call.expected_version)
+                raise lease_refusal(lease=call.lease, task_id=task_id)  # type: ignore[arg-type]
+            if results[batch.task] != 1:  # the task row matched nothing: nothing was written
+                _raise_refusal(call, staged)
+            _insert_new_nodes(task_id, [(node, fields) for _each, node, fields in staged.nodes])
+            for (op, _fields), part in zip(staged.operations, batch.operations, strict=True):
                 if op.pk is None:
                     op.pk, op._state.adding = results[part], False
-            for name, value in task_fields.items():  # the row as the UPDATE left it, without reading it again
+            for name, value in staged.task_fields.items():  # the row as the UPDATE left it, without reading it again
                 setattr(task, name, value)
-            task.version, task.updated_at, task.log_head = version, now, events[-1].digest
-            if temp_resources:
+            task.version, task.updated_at, task.log_head = staged.version, now, staged.events[-1].digest
+            if batch.temp_resources:
                 retention: timedelta = settings.RECKON_TEMP_RETENTION
-                for temp in temp_resources:
+                for temp in batch.temp_resources:
                     temp.created_at, temp.retention_until = now, now + retention
-                TempResource.objects.bulk_create(temp_resources, ignore_conflicts=True)
-            if before_event is not None:
-                before_event(task, now)
-            for event, told in zip(events, listeners, strict=True):
+                TempResource.objects.bulk_create(batch.temp_resources, ignore_conflicts=True)
+            if call.before_event is not None:
+                call.before_event(task, now)
+            for event, told in zip(staged.events, listeners, strict=True):
                 event_appended(task, event, told)
     except sql.PartRefused as refused:  # nothing was written (named once out of the aborted statement's transaction)
-        _raise_part_refusal(refused.part, node_fields, node_parts, op_fields, op_parts)
-    for event in events:
+        _raise_part_refusal(refused.part, staged, batch)
+    for event in staged.events:
         event_written(task, event)
+    return results
+
+
+def _result(staged: _Staged, batch: _Batch, results: list[Any], snapshot: Snapshot | None) -> Applied:
+    """What the write left: its version and time, the operation rows as written (copies of updated ones: the
+    caller's stay as read) and, given the snapshot the change was computed on, the new version's snapshot."""
     lease_expires_at: datetime | None = None
-    if guard is not None:
-        lease_expires_at = clock.as_utc(results[renew] if renew is not None else results[guard])
-    written = []  # the operation rows as the change left them (copies of updated ones: the caller's stay as read)
-    for op, fields in op_fields:
-        written.append(op if op in inserted else _applied(op, fields))
+    if batch.guard is not None:
+        lease_expires_at = clock.as_utc(results[batch.renew] if batch.renew is not None else results[batch.guard])
+    written = [
+        op if new else _applied(op, fields) for (op, fields), new in zip(staged.operations, batch.inserted, strict=True)
+    ]
     new_snapshot = None
     if snapshot is not None:
         changed: dict[int, dict[str, Any]] = {}
-        for _each, node, fields in node_fields:
+        for _each, node, fields in staged.nodes:
             if node.pk is not None:
                 changed[node.pk] = changed.get(node.pk, {}) | fields
         new_snapshot = after_write(
-            snapshot, task=task, nodes=changed, operations=written, now=now, lease_expires_at=lease_expires_at
+            snapshot,
+            task=staged.task,
+            nodes=changed,
+            operations=written,
+            now=staged.now,
+            lease_expires_at=lease_expires_at,
         )
-    return Applied(version=version, at=now, snapshot=new_snapshot, operations=tuple(written))
+    return Applied(version=staged.version, at=staged.now, snapshot=new_snapshot, operations=tuple(written))
 
 
 def _applied[M: Model](row: M, fields: dict[str, Any]) -> M:
@@ -435,15 +523,9 @@ def _insert_new_nodes(task_id: int, node_fields: list[tuple[Node, dict[str, Any]
             node.save(force_insert=True)
 
 
-def _raise_part_refusal(
-    part: int,
-    node_fields: list[tuple[Change, Node, dict[str, Any]]],
-    node_parts: list[int | None],
-    op_fields: list[tuple[Operation, dict[str, Any]]],
-    op_parts: list[int],
-) -> NoReturn:
+def _raise_part_refusal(part: int, staged: _Staged, batch: _Batch) -> NoReturn:
     """A node or operation row of the change matched nothing although the task row did: name why."""
-    for (change, node, _fields), index in zip(node_fields, node_parts, strict=True):
+    for (change, node, _fields), index in zip(staged.nodes, batch.nodes, strict=True):
         if index == part:
             if (
                 change.node_requires.get(node.pk, {})
@@ -453,7 +535,7 @@ def _raise_part_refusal(
                     f"node {node.key} used its {node.max_attempts} attempts", scope="node", node=node.key
                 )
             raise VersionConflict(f"node {node.key} changed under the task version", node=node.key)
-    for (op, _fields), index in zip(op_fields, op_parts, strict=True):
+    for (op, _fields), index in zip(staged.operations, batch.operations, strict=True):
         if index == part:
             raise VersionConflict(f"operation {op.op_key} changed under the task version", op_key=op.op_key)
     raise VersionConflict("a row of the change changed under the task version")  # pragma: no cover
@@ -513,27 +595,20 @@ def _check_transitions(task: Task, change: Change) -> None:
             raise InvalidTransition(f"operation {op.op_key} cannot go from {op.status} to {target}")
 
 
-def _raise_refusal(
-    task_id: int,
-    expected_version: int,
-    change: Change,
-    requires: dict[str, Any],
-    lease: LeaseRef | None,
-    actor: Actor,
-    now: datetime,
-) -> None:
+def _raise_refusal(call: _Call, staged: _Staged) -> NoReturn:
     """The task row's conditional UPDATE matched nothing: find out which condition failed and name it."""
+    task_id, expected_version, change = call.task_id, call.expected_version, staged.changes[0]
     row = Task.objects.filter(pk=task_id).first()
     if row is None:
         raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
     if row.version != expected_version:
         raise _conflict(task_id, expected_version, row.version)
-    if row.status not in permitted(change.kind, actor):
-        raise _not_permitted(task_id, row.status, change.kind, actor)
-    for lookup, value in requires.items():
+    if row.status not in permitted(change.kind, call.actor):
+        raise _not_permitted(task_id, row.status, change.kind, call.actor)
+    for lookup, value in staged.requires.items():
         if not Task.objects.filter(Q(pk=task_id) & Q(**{lookup: value})).exists():
             raise TASK_CONDITIONS[lookup].error()
-    if (change.kind, actor) in NEEDS_FREE_TASK:
+    if (change.kind, call.actor) in NEEDS_FREE_TASK:
         raise TaskNotRunnable(
             f"task {task_id} is held by a lease: its holder makes this change, or it is released first"
         )
