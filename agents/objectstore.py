@@ -8,6 +8,11 @@ Two ways to be idempotent (DESIGN §6), chosen per store:
                                                   # committed: only a definite "not found" lets it send
 
 Either way a store that cannot be queried (501) makes an unknown operation Unprovable: a person decides.
+
+A final "not found": ``fence(op_key)`` (POST /fence/<op_key>) asks the store to refuse op_key from now on unless it
+already took effect; every write carries its deadline as the header ``Reckon-Not-After``, and the store refuses a
+write that reaches it later. A write refused as fenced answers ``Fenced``; one refused for its deadline ``NotFound``
+(it took no effect; a later send under the same op key carries a new deadline).
 """
 
 import http.client
@@ -19,7 +24,7 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 from tasks.core.lifecycle import FailureClass
-from tasks.core.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
+from tasks.core.outcomes import Accepted, Committed, Failed, Fenced, NotFound, Outcome, Unprovable
 from tasks.engine.connectors import SourceNotFound
 
 ACTION_PREFIX = "store."
@@ -64,6 +69,21 @@ class ObjectStoreConnector:
     def delete(self, op_key: str, locator: str) -> Outcome:
         return self._write(op_key, "delete", {"locator": locator})
 
+    def fence(self, op_key: str) -> Outcome:
+        """What became of ``op_key``, final (tasks.engine.connectors.Fencing): Committed / Accepted, or Fenced. A
+        store that cannot fence (501) is asked as ``lookup`` asks: its not found waits for the deadline."""
+        try:
+            status, answer = self._call("POST", "/fence/" + quote(op_key, safe=""), {})
+        except (_Unreachable, _Interrupted) as exc:
+            return Failed(FailureClass.CONNECTION_INTERRUPTED, f"fence failed: {exc}")
+        if status == 200 and answer.get("state") == "fenced":
+            return Fenced()
+        if status == 200:
+            return _outcome(answer)
+        if status == 501:
+            return self.lookup(op_key)
+        return Failed(FailureClass.CONNECTION_INTERRUPTED, f"fence failed: HTTP {status}")
+
     def lookup(self, op_key: str) -> Outcome:
         route = "/ops/" if self.idempotency == "remote" else "/ops-by-tag/"
         try:
@@ -106,9 +126,11 @@ class ObjectStoreConnector:
         action = str(request.get("action", ""))
         if not action.startswith(ACTION_PREFIX):
             return Failed(FailureClass.INVALID_PARAMS, f"the object store has no action {action!r}")
-        return self._write(op_key, action.removeprefix(ACTION_PREFIX), request.get("input", {}))
+        deadline = request.get("not_after")
+        not_after = deadline if isinstance(deadline, str) else ""
+        return self._write(op_key, action.removeprefix(ACTION_PREFIX), request.get("input", {}), not_after)
 
-    def _write(self, op_key: str, action: str, params: Any) -> Outcome:
+    def _write(self, op_key: str, action: str, params: Any, not_after: str = "") -> Outcome:
         """POST the action once under ``op_key``; in tag mode only after the tag query proved it never committed."""
         if self.idempotency == "tag":
             prior = self.lookup(op_key)
@@ -117,14 +139,19 @@ class ObjectStoreConnector:
             if not isinstance(prior, NotFound):
                 return prior  # committed (or running) already, or unprovable: never send blindly
         body = {"action": action, "params": params}
+        headers = {"Reckon-Not-After": not_after} if not_after else {}
         try:
-            status, answer = self._call("POST", f"/ops/{quote(op_key, safe='')}", body)
+            status, answer = self._call("POST", f"/ops/{quote(op_key, safe='')}", body, headers)
         except _Unreachable as exc:
             return Failed(FailureClass.DEPENDENCY_UNAVAILABLE, f"not sent: {exc}")
         except _Interrupted as exc:
             return Failed(FailureClass.CONNECTION_INTERRUPTED, str(exc))
         if status == 200:
             return _outcome(answer)
+        if status == 409 and answer.get("error") == "fenced":
+            return Fenced()  # refused for ever: op_key never takes effect
+        if status == 409 and answer.get("error") == "deadline_passed":
+            return NotFound()  # it came too late and took no effect
         detail = f"HTTP {status}: {answer.get('detail') or answer.get('error') or ''}".rstrip(": ")
         failure = _SUBMIT_FAILURES.get(status)
         if failure is None:
@@ -132,10 +159,13 @@ class ObjectStoreConnector:
             failure = FailureClass.INVALID_PARAMS if 400 <= status < 500 else FailureClass.CONNECTION_INTERRUPTED
         return Failed(failure, detail)
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+    def _call(
+        self, method: str, path: str, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, dict[str, Any]]:
         data = json.dumps(body).encode() if body is not None else None
+        sent = {"Content-Type": "application/json"} | (headers or {})
         req = urllib.request.Request(  # noqa: S310 - base_url is configuration, not user input
-            self.base_url + path, data=data, method=method, headers={"Content-Type": "application/json"}
+            self.base_url + path, data=data, method=method, headers=sent
         )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as response:  # noqa: S310

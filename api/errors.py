@@ -69,6 +69,7 @@ STATUS_OF: Mapping[str, int] = {
     "retention_extension_limit_reached": 422,
     # Pacing
     "backoff_active": 429,
+    "not_found_not_final": 409,
     "rate_limited": 429,
     "budget_exhausted": 409,
 }
@@ -101,6 +102,7 @@ TITLE_OF: Mapping[str, str] = {
     "retention_expired": "The retained object is gone: re-create it",
     "retention_corrupt": "The retained object fails its integrity check",
     "retention_refused": "The object cannot be retained as sent",
+    "not_found_not_final": "Not found is not final before the request's deadline",
 }
 
 

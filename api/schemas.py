@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from leases.models import Lease
 from tasks.core.lifecycle import FailureClass
-from tasks.core.outcomes import RECEIPT_FIELDS, Accepted, Committed, Failed, NotFound, Outcome, Unprovable
+from tasks.core.outcomes import RECEIPT_FIELDS, Accepted, Committed, Failed, Fenced, NotFound, Outcome, Unprovable
 from tasks.decide.change import Snapshot
 from tasks.decide.decisions import Directive
 from tasks.models import Node, Operation, Task
@@ -163,7 +163,9 @@ class OutcomeIn(Schema):
     fields are tasks.core.outcomes.RECEIPT_FIELDS, each declared here with its bounds (tests/test_receipt_fields.py
     holds the two equal)."""
 
-    result: Literal["committed", "accepted", "failed", "not_found", "unprovable"]
+    # not_found: no trace yet (final only past the request's deadline); fenced: the remote refuses the op key from
+    # now on and it never took effect (the answer to a fence).
+    result: Literal["committed", "accepted", "failed", "not_found", "fenced", "unprovable"]
     remote_id: Annotated[str, Field(max_length=200)] = ""
     remote_version: Annotated[str, Field(max_length=100)] = ""
     count: Annotated[int, Field(strict=True, ge=0, le=2**62)] | None = None
@@ -195,6 +197,8 @@ class OutcomeIn(Schema):
             return Failed(failure_class=self.failure_class, detail=self.detail)
         if self.result == "not_found":
             return NotFound()
+        if self.result == "fenced":
+            return Fenced()
         return Unprovable(detail=self.detail)
 
 
@@ -238,6 +242,9 @@ class OperationDetail(Schema):
     request: dict[str, Any]
     status: str
     dispatch_count: int
+    # The deadline to send with the request (database clock): the remote must refuse the request after it, unless
+    # it can fence the op key. Null before the operation is sent.
+    not_after: datetime | None
 
 
 class DirectiveOut(Schema):
@@ -247,6 +254,9 @@ class DirectiveOut(Schema):
     op_key: str
     until: datetime | None
     reason: str
+    # reconcile: a cancel is recorded, so ask the remote to fence the op key (a final answer), not just look it up;
+    # a connector that cannot fence looks it up, and a not found then waits for the deadline (kind "wait").
+    fence: bool
     # The operation the directive is about (execute of a registered intent, reconcile).
     operation: OperationDetail | None
     # reconcile / recheck_inputs: the refs whose current version to read and report ({name: {source, locator, …}}).
@@ -288,6 +298,7 @@ def operation_detail(op: Operation, node_key: str) -> OperationDetail:
         request=op.request,
         status=op.status,
         dispatch_count=op.dispatch_count,
+        not_after=op.not_after,
     )
 
 
@@ -302,6 +313,7 @@ def directive_out(d: Directive, snap: Snapshot) -> DirectiveOut:
         op_key=d.op_key,
         until=d.until,
         reason=d.reason,
+        fence=d.fence,
         operation=operation_detail(op, keys.get(op.node_id, d.node_key)) if op is not None else None,
         input_refs=dict(snap.task.input_refs) if rechecks else None,
     )

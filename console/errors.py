@@ -28,6 +28,9 @@ SENTENCES: dict[str, str] = {
     "node_not_ready": "That step is not ready: the steps it depends on have not succeeded yet.",
     "operations_open": "An operation is in flight or its outcome is unknown. Settle it by op key on the task's "
     "actions page first.",
+    "not_found_not_final": "The remote has no trace of this operation yet, but a request under its op key may still "
+    "land until its deadline: it cannot be settled as not done before then. Wait for the time shown, or settle it "
+    "once the remote has fenced the op key.",
     "invalid_transition": "That change is not allowed from the task's or step's current state.",
     "evidence_insufficient": "The evidence does not satisfy the step's evidence spec. Correct the receipt fields and "
     "try again.",

@@ -315,6 +315,13 @@ RECKON_OPERATOR_LEASE_TTL = timedelta(seconds=int(os.environ.get("RECKON_OPERATO
 # Temp resources a task's effects leave behind are deleted once the task ends (tasks/engine/cleanup.py); this bound is
 # recorded with each (TempResource.retention_until) for operators to see how long one is expected to live.
 RECKON_TEMP_RETENTION = timedelta(hours=int(os.environ.get("RECKON_TEMP_RETENTION_HOURS", "24")))
+# A request's deadline (docs/design.md, "A final not found"): every operation carries not_after, the database clock at
+# its intent plus RECKON_REQUEST_DEADLINE_SECONDS, sent with the request; a remote that cannot fence an op key refuses
+# a request that reaches it after that. A lookup's "not found" is final (a cancel or a person's "not done" may close
+# the operation) only once the database clock is past not_after plus RECKON_REMOTE_CLOCK_SKEW_SECONDS, the most the
+# remote's clock may run behind the database's. The deadline must exceed a connector's own timeout.
+RECKON_REQUEST_DEADLINE = timedelta(seconds=int(os.environ.get("RECKON_REQUEST_DEADLINE_SECONDS", "30")))
+RECKON_REMOTE_CLOCK_SKEW = timedelta(seconds=int(os.environ.get("RECKON_REMOTE_CLOCK_SKEW_SECONDS", "5")))
 # Budgets and backoff (DESIGN §6): persisted per node and per task.
 RECKON_DEFAULT_NODE_ATTEMPTS = 3
 RECKON_DEFAULT_TASK_ATTEMPTS = 20

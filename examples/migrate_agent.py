@@ -19,7 +19,18 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-from reckon_client import Accepted, Committed, Failed, FailureClass, NotFound, Outcome, Reckon, Task, Unprovable
+from reckon_client import (
+    Accepted,
+    Committed,
+    Failed,
+    FailureClass,
+    Fenced,
+    NotFound,
+    Outcome,
+    Reckon,
+    Task,
+    Unprovable,
+)
 
 KIND = "migrate_project_api"
 
@@ -48,14 +59,20 @@ class ObjectStore:
     def submit(self, op_key: str, request: Mapping[str, Any]) -> Outcome:
         action = str(request.get("action", "")).removeprefix("store.")
         body = {"action": action, "params": request.get("input", {})}
+        # The deadline Reckon gave the request: the store refuses it if it arrives later (a final not found).
+        headers = {"Reckon-Not-After": str(request["not_after"])} if request.get("not_after") else {}
         try:
-            response = self.http.post(f"/ops/{quote(op_key, safe='')}", json=body)
+            response = self.http.post(f"/ops/{quote(op_key, safe='')}", json=body, headers=headers)
         except httpx.ConnectError as exc:  # never left: nothing can have happened
             return Failed("dependency_unavailable", f"not sent: {exc}")
         except httpx.TransportError as exc:  # sent, no answer: unknown until looked up
             return Failed("connection_interrupted", str(exc))
         if response.status_code == 200:
             return _outcome(response.json())
+        if response.status_code == 409 and _error(response) == "fenced":
+            return Fenced()  # the op key is refused for ever: it never takes effect
+        if response.status_code == 409 and _error(response) == "deadline_passed":
+            return NotFound()  # it came after its deadline and took no effect
         failure = REFUSALS.get(response.status_code)
         if failure is None:
             failure = "invalid_params" if response.status_code < 500 else "connection_interrupted"
@@ -73,6 +90,21 @@ class ObjectStore:
         if response.status_code == 501:
             return Unprovable("the object store cannot be queried by op key")
         return Failed("connection_interrupted", f"lookup failed: HTTP {response.status_code}")
+
+    def fence(self, op_key: str) -> Outcome:
+        """What became of op_key, and if nothing, the store refuses it from now on (asked once a cancel is
+        recorded: a final answer, where a lookup's not found would wait for the request's deadline)."""
+        try:
+            response = self.http.post(f"/fence/{quote(op_key, safe='')}")
+        except httpx.TransportError as exc:
+            return Failed("connection_interrupted", f"fence failed: {exc}")
+        if response.status_code == 200 and response.json().get("state") == "fenced":
+            return Fenced()
+        if response.status_code == 200:
+            return _outcome(response.json())
+        if response.status_code == 501:
+            return self.lookup(op_key)
+        return Failed("connection_interrupted", f"fence failed: HTTP {response.status_code}")
 
     def current_version(self, locator: str) -> str:
         return str(self.source(locator)["version"])
@@ -93,6 +125,14 @@ class ObjectStore:
 
     def max_batch(self) -> int:
         return int(self.http.get("/limits").raise_for_status().json()["max_batch"])
+
+
+def _error(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return ""
+    return str(body.get("error", "")) if isinstance(body, dict) else ""
 
 
 def _outcome(answer: Mapping[str, Any]) -> Outcome:

@@ -10,6 +10,10 @@ API (JSON bodies):
     GET  /ops/<op_key>          → the committed receipt, or 404 {"state": "not_found"} (501 without idempotency)
     GET  /ops-by-tag/<op_key>   → {"state": "committed", "receipt": <the latest>, "count": <how many commits>}, or
                                   404 {"state": "not_found"} (501 in ``no_idempotency_no_query``)
+    POST /fence/<op_key>        → what became of op_key, final: {"state": "committed" | "accepted", "receipt"} when
+                                  it took effect; otherwise a tombstone: {"state": "fenced"}, and every later write
+                                  under op_key is refused, 409 {"error": "fenced"}, in the same locked step as a
+                                  perform (501 in ``no_idempotency_no_query``: this store cannot fence then)
     GET  /limits → {"max_batch"}: the most objects one copy may span (the store's transaction boundary)
     GET  /versions/<locator>, POST /_sources {"locator", "version", "digest"}
     POST /_faults {"mode", "times", "ms", "every", "action", "match"}, GET /_stats, GET /_state, POST /_reset
@@ -17,6 +21,11 @@ API (JSON bodies):
 Actions: prepare_target, copy_batch (its receipt lists the staging object it created in ``"temp"``), verify_digests,
 switch_reference, restore_reference, delete_objects {"target", "prefix"} and delete {"locator"} (exactly that one
 object key; an empty locator or one containing ``..`` is refused with 400 ``invalid_locator``).
+
+A write may carry a deadline, the header ``Reckon-Not-After`` (ISO 8601): one that reaches the perform after it (by
+this store's clock) is refused, 409 {"error": "deadline_passed"}, with no effect — so a request still in flight when
+its caller gave up cannot land once the caller's "not found" is final. ``/_stats`` counts both refusals
+(``refused_fenced``, ``refused_late``).
 
 Every committed write is journalled under its op key as a tag, with or without idempotency, so a client of a store
 that does not dedupe can still ask what became of an op key.
@@ -41,6 +50,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -92,8 +102,9 @@ def empty_state() -> dict[str, Any]:
         "sources": {},  # locator → {"version", "digest"}
         "ops": {},  # op key → receipt (only while the store dedupes)
         "tags": {},  # op key → {"receipt": the latest, "count": commits under it}, always
+        "fenced": {},  # op key → when it was fenced: refused from then on
         "jobs": 0,
-        "stats": {"side_effects": 0, "by_op_key": {}, "by_action": {}},
+        "stats": {"side_effects": 0, "by_op_key": {}, "by_action": {}, "refused_fenced": 0, "refused_late": 0},
     }
 
 
@@ -105,6 +116,9 @@ class Store:
         self.lock = threading.Lock()
         self.state = json.loads(path.read_text()) if path.exists() else empty_state()
         self.state.setdefault("tags", {})  # a state file written before the tag journal existed
+        self.state.setdefault("fenced", {})
+        self.state["stats"].setdefault("refused_fenced", 0)
+        self.state["stats"].setdefault("refused_late", 0)
         self.faults: list[dict[str, Any]] = []  # per-request faults, consumed in order
         self.no_idempotency = False
         self.no_query = False  # with no_idempotency: the tag journal cannot be queried either
@@ -204,14 +218,38 @@ class Store:
             entry = self.state["tags"].get(op_key)
             return json.loads(json.dumps(entry)) if entry is not None else None
 
-    def perform(self, op_key: str, action: str, params: dict[str, Any]) -> dict[str, Any]:
-        """Run ``action`` once per op key (unless idempotency is off) and return its receipt."""
+    def fence(self, op_key: str) -> dict[str, Any]:
+        """What became of ``op_key``, final: its journal entry if it took effect; otherwise a tombstone, in the same
+        lock as every perform, so no request under ``op_key`` can take effect from now on."""
+        with self.lock:
+            entry = self.state["tags"].get(op_key)
+            if entry is not None:
+                return {"state": "committed", "receipt": json.loads(json.dumps(entry["receipt"]))}
+            if op_key not in self.state["fenced"]:
+                self.state["fenced"][op_key] = time.time()
+                self.persist()
+            return {"state": "fenced"}
+
+    def perform(
+        self, op_key: str, action: str, params: dict[str, Any], *, not_after: float | None = None
+    ) -> dict[str, Any]:
+        """Run ``action`` once per op key (unless idempotency is off) and return its receipt. An op key that was
+        fenced, or a request past its deadline (``not_after``, epoch seconds), is refused with no effect."""
         handler = _ACTIONS.get(action)
         if handler is None:
             raise Refused(HTTPStatus.BAD_REQUEST, "invalid_params", f"unknown action {action!r}")
         with self.lock:
             if not self.no_idempotency and op_key in self.state["ops"]:
                 return dict(self.state["ops"][op_key])
+            if op_key in self.state["fenced"]:
+                self.state["stats"]["refused_fenced"] += 1
+                self.persist()
+                raise Refused(HTTPStatus.CONFLICT, "fenced", f"op key {op_key} is fenced: it never takes effect")
+            if not_after is not None and time.time() > not_after:
+                self.state["stats"]["refused_late"] += 1
+                self.persist()
+                late = f"the request for {op_key} came after its deadline"
+                raise Refused(HTTPStatus.CONFLICT, "deadline_passed", late)
             self._check_source_version(params)
             # Actions validate before they change anything; the job counter moves only once one succeeds.
             receipt = handler(self.state, params, f"job-{self.state['jobs'] + 1}")
@@ -380,6 +418,19 @@ class Handler(BaseHTTPRequestHandler):
             raise Refused(HTTPStatus.BAD_REQUEST, "invalid_params", "the body must be a JSON object")
         return body
 
+    def _not_after(self) -> float | None:
+        """The request's deadline (header ``Reckon-Not-After``, ISO 8601 with its offset), in epoch seconds."""
+        value = self.headers.get("Reckon-Not-After")
+        if not value:
+            return None
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError as exc:
+            raise Refused(HTTPStatus.BAD_REQUEST, "invalid_params", "Reckon-Not-After is not an ISO 8601 time") from exc
+        if moment.tzinfo is None:
+            raise Refused(HTTPStatus.BAD_REQUEST, "invalid_params", "Reckon-Not-After needs its UTC offset")
+        return moment.timestamp()
+
     def _drop(self) -> None:
         """Close the connection without an answer: the client cannot tell whether the write happened."""
         self.close_connection = True
@@ -410,7 +461,8 @@ class Handler(BaseHTTPRequestHandler):
         if path.startswith("/_"):
             self._control(method, path, body)
             return
-        fault = store.take_fault(write=method == "POST", action=str(body.get("action", "")), op_key=_op_key_of(path))
+        write = method == "POST" and not path.startswith("/fence/")  # a fence is a query to the faults
+        fault = store.take_fault(write=write, action=str(body.get("action", "")), op_key=_op_key_of(path))
         mode = fault["mode"] if fault else ""
         if mode == "drop":
             self._drop()
@@ -425,7 +477,7 @@ class Handler(BaseHTTPRequestHandler):
                 params = body.get("params", {})
                 if not isinstance(params, dict):
                     raise Refused(HTTPStatus.BAD_REQUEST, "invalid_params", "params must be an object")
-                receipt = store.perform(op_key, str(body.get("action")), params)
+                receipt = store.perform(op_key, str(body.get("action")), params, not_after=self._not_after())
                 if mode == "accept_then_drop":
                     self._drop()
                     return
@@ -441,6 +493,16 @@ class Handler(BaseHTTPRequestHandler):
                 self._send(HTTPStatus.NOT_FOUND, {"state": "not_found"})
             else:
                 self._send(HTTPStatus.OK, self._answer(op_key, found))
+            return
+        if path.startswith("/fence/") and len(path) > len("/fence/") and method == "POST":
+            if store.no_query:
+                self._send(HTTPStatus.NOT_IMPLEMENTED, {"error": "unprovable", "detail": "no fence by op key"})
+                return
+            fenced_key = unquote(path[len("/fence/") :])
+            answer = store.fence(fenced_key)
+            if answer["state"] == "committed":
+                answer = self._answer(fenced_key, answer["receipt"])
+            self._send(HTTPStatus.OK, answer)
             return
         if path.startswith("/ops-by-tag/") and len(path) > len("/ops-by-tag/") and method == "GET":
             if store.no_query:
@@ -491,7 +553,7 @@ class Handler(BaseHTTPRequestHandler):
 
 def _op_key_of(path: str) -> str:
     """The op key a request names (``/ops/<key>``, ``/ops-by-tag/<key>``), or ""."""
-    for prefix in ("/ops/", "/ops-by-tag/"):
+    for prefix in ("/ops/", "/ops-by-tag/", "/fence/"):
         if path.startswith(prefix):
             return unquote(path[len(prefix) :])
     return ""

@@ -189,6 +189,9 @@ class Operation(models.Model):
     dispatch_count = models.PositiveIntegerField(default=0)
     registered_at = models.DateTimeField()
     settled_at = models.DateTimeField(null=True, blank=True)
+    # The request's deadline (the database clock at its latest send + RECKON_REQUEST_DEADLINE), sent with it: a remote
+    # that cannot fence refuses the request after it, and a "not found" is final only past it (plus the clock skew).
+    not_after = models.DateTimeField(null=True, blank=True)
     # Indexed only where set (operation_compensates_idx): almost every operation compensates nothing.
     compensates = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="compensations", db_index=False

@@ -1,7 +1,11 @@
 """Protocol steps for tests: each reads the task version afresh, as a well-behaved agent does."""
 
+from datetime import timedelta
+
+from leases.clock import ControllableClock
 from leases.models import Lease
 from tasks.core.outcomes import Outcome
+from tasks.decide.decisions import not_found_final_at
 from tasks.engine.protocol import operation_start, record_outcome, snapshot_at
 from tasks.models import Operation, Task
 
@@ -21,3 +25,10 @@ def record(op: Operation, outcome: Outcome, lease: Lease) -> Operation:
     return record_outcome(
         snapshot_at(task_id=op.task_id, lease=lease, expected_version=version(op.task)), op.op_key, outcome, lease=lease
     ).operation
+
+
+def past_deadline(clock: ControllableClock, op: Operation) -> None:
+    """Move the test's clock just past the moment ``op``'s "not found" becomes final (its latest send's deadline
+    plus the clock skew): no request under its op key can land after that."""
+    op = Operation.objects.get(pk=op.pk)
+    clock.set(max(clock.now(), not_found_final_at(op) + timedelta(milliseconds=1)))

@@ -35,6 +35,7 @@ from tasks.people.takeover import (
     takeover_submit,
 )
 from tests.conftest import as_a_tamperer, chain_plan, person, snapshot
+from tests.steps import past_deadline
 
 pytestmark = pytest.mark.django_db
 
@@ -274,20 +275,20 @@ class AuditDown(Exception):
     pass
 
 
-def _scenario_claim(make_task: Callable[..., Task], agent_lease: Any) -> Callable[[], object]:
+def _scenario_claim(make_task: Callable[..., Task], agent_lease: Any, clock: Any) -> Callable[[], object]:
     task = make_task(chain_plan("a"))
     admin = person("ann", "admin")
     return lambda: takeover_claim(actor=admin, task_id=task.pk)
 
 
-def _scenario_takeover_requested(make_task: Callable[..., Task], agent_lease: Any) -> Callable[[], object]:
+def _scenario_takeover_requested(make_task: Callable[..., Task], agent_lease: Any, clock: Any) -> Callable[[], object]:
     task = make_task(chain_plan("a"))
     agent_lease(task)
     admin = person("ann", "admin")
     return lambda: takeover_claim(actor=admin, task_id=task.pk)
 
 
-def _scenario_submit(make_task: Callable[..., Task], agent_lease: Any) -> Callable[[], object]:
+def _scenario_submit(make_task: Callable[..., Task], agent_lease: Any, clock: Any) -> Callable[[], object]:
     task = make_task(chain_plan("a"))
     admin = person("ann", "admin")
     lease = takeover_claim(actor=admin, task_id=task.pk).lease
@@ -303,14 +304,14 @@ def _scenario_submit(make_task: Callable[..., Task], agent_lease: Any) -> Callab
     )
 
 
-def _scenario_force_release(make_task: Callable[..., Task], agent_lease: Any) -> Callable[[], object]:
+def _scenario_force_release(make_task: Callable[..., Task], agent_lease: Any, clock: Any) -> Callable[[], object]:
     task = make_task(chain_plan("a"))
     agent_lease(task)
     root = person("root", "admin")
     return lambda: lease_force_release(actor=root, task_id=task.pk, justification=JUSTIFICATION, impact=IMPACT)
 
 
-def _scenario_review(make_task: Callable[..., Task], agent_lease: Any) -> Callable[[], object]:
+def _scenario_review(make_task: Callable[..., Task], agent_lease: Any, clock: Any) -> Callable[[], object]:
     task = make_task(chain_plan("a"))
     agent_lease(task)
     root, other = person("root", "admin"), person("other", "admin")
@@ -318,23 +319,23 @@ def _scenario_review(make_task: Callable[..., Task], agent_lease: Any) -> Callab
     return lambda: forced_release_review(actor=other, forced_release_id=forced.pk, verdict="disputed", note=REVIEW_NOTE)
 
 
-def _scenario_cancel(make_task: Callable[..., Task], agent_lease: Any) -> Callable[[], object]:
+def _scenario_cancel(make_task: Callable[..., Task], agent_lease: Any, clock: Any) -> Callable[[], object]:
     task = make_task(chain_plan("a"))
     return lambda: task_request_cancel(actor=CREATOR, task_id=task.pk, reason="not needed now")
 
 
-def _scenario_grant(make_task: Callable[..., Task], agent_lease: Any) -> Callable[[], object]:
+def _scenario_grant(make_task: Callable[..., Task], agent_lease: Any, clock: Any) -> Callable[[], object]:
     root, ann = person("root", "admin"), person("ann", "operator")
     return lambda: permission_grant(actor=root, user=ann.user, project="billing")
 
 
-def _scenario_task_grant(make_task: Callable[..., Task], agent_lease: Any) -> Callable[[], object]:
+def _scenario_task_grant(make_task: Callable[..., Task], agent_lease: Any, clock: Any) -> Callable[[], object]:
     task = make_task(chain_plan("a"))
     root, ann = person("root", "admin"), person("ann", "operator")
     return lambda: permission_grant(actor=root, user=ann.user, task=task)
 
 
-def _scenario_resolve(make_task: Callable[..., Task], agent_lease: Any) -> Callable[[], object]:
+def _scenario_resolve(make_task: Callable[..., Task], agent_lease: Any, clock: Any) -> Callable[[], object]:
     task = make_task(chain_plan("a"))
     lease = agent_lease(task)
     d = next_directive(task_id=task.pk, lease=lease)
@@ -346,6 +347,7 @@ def _scenario_resolve(make_task: Callable[..., Task], agent_lease: Any) -> Calla
     held = takeover_claim(actor=admin, task_id=task.pk).lease
     assert held is not None
     version = current(task).version
+    past_deadline(clock, op)  # "not done" is final: no request under the op key can land any more
     return lambda: operation_settle_by_hand(
         actor=admin,
         task_id=task.pk,
@@ -356,7 +358,9 @@ def _scenario_resolve(make_task: Callable[..., Task], agent_lease: Any) -> Calla
     )
 
 
-def _scenario_plan_accepted_after_replan(make_task: Callable[..., Task], agent_lease: Any) -> Callable[[], object]:
+def _scenario_plan_accepted_after_replan(
+    make_task: Callable[..., Task], agent_lease: Any, clock: Any
+) -> Callable[[], object]:
     task = make_task(chain_plan("a"))
     lease = agent_lease(task)
     revision = plan_propose(
@@ -388,7 +392,7 @@ AUDITED_CHANGES = {
 def test_a_change_whose_audit_row_cannot_be_written_is_rolled_back(
     make_task, agent_lease, clock, monkeypatch, scenario
 ) -> None:
-    change = scenario(make_task, agent_lease)
+    change = scenario(make_task, agent_lease, clock)
     before = snapshot()
     granted_before = list(User.objects.filter(userobjectpermission__isnull=False).values_list("pk", flat=True))
 

@@ -24,7 +24,7 @@ from tasks.models import Event, Operation, Task, TempResource
 from tasks.people.takeover import takeover_claim
 from tests.conftest import chain_plan, effect_node, person, snapshot
 from tests.kinds import kind_registered
-from tests.steps import record, send
+from tests.steps import past_deadline, record, send
 from tests.test_permits import set_status
 
 pytestmark = pytest.mark.django_db
@@ -299,6 +299,7 @@ def test_settle_as_not_done_needs_no_receipt_and_lets_the_node_run_again(client,
     page = client.get(reverse("operation-settle", args=[task.pk, op.op_key]) + "?resolution=not_done").content
     assert b'aria-current="true"><span aria-hidden="true">\xe2\x97\x8f</span> Not done' in page
     assert b"compensate" not in page.lower().split(b"<main")[1]  # the node declares no compensation
+    past_deadline(clock, op)
     response = settle(client, task, op, resolution="not_done", remote_id="")
     assert response.status_code == 303
     settled = Operation.objects.get(pk=op.pk)

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.conf import settings
 
 from tasks.core import opkeys
 from tasks.core.errors import (
@@ -18,12 +19,13 @@ from tasks.core.errors import (
     CancelRequested,
     InputsRecheckRequired,
     NodeNotReady,
+    NotFoundNotFinal,
     OperationsOpen,
     TakeoverRequested,
     TaskNotRunnable,
 )
 from tasks.core.lifecycle import FailureClass, OperationStatus, TaskStatus
-from tasks.core.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable
+from tasks.core.outcomes import NOT_FOUND_NOT_FINAL, Accepted, Committed, Failed, Fenced, NotFound, Outcome, Unprovable
 from tasks.decide import decisions
 from tasks.decide.change import AtCommit, Snapshot
 from tasks.models import Node, Operation, OperationPurpose, Task
@@ -146,6 +148,92 @@ def test_what_follows_an_outcome(
     assert {k: change.task.get(k) for k in expected} == expected
 
 
+# --- a final "not found" ----------------------------------------------------------------------------------------
+
+CANCELLED = {"cancel_requested_at": NOW, "status": "stopping"}
+SENT = NOW - timedelta(seconds=1)  # the deadline of a request sent a moment ago: not passed at NOW
+
+
+def _cancelled_with(op_fields: dict[str, Any]) -> tuple[Snapshot, Operation]:
+    a = node("a", 1, status="running", attempts=1)
+    op = operation(a, "dispatched", registered_at=NOW - timedelta(minutes=5), **op_fields)
+    return snap(task(**CANCELLED), [a], [op]), op
+
+
+def test_after_a_cancel_a_not_found_before_the_deadline_leaves_the_operation_unknown_and_the_task_stopped_pending() -> (
+    None
+):
+    s, op = _cancelled_with({"not_after": SENT})
+    change = decisions.settle(s, op, NotFound())
+    assert change is not None and change.event == "operation_not_found_yet"
+    assert change.operations == [(op, {"status": "unknown", "failure_class": NOT_FOUND_NOT_FINAL})]
+    assert change.task == {"status": "stopped_pending"} and change.nodes == []
+    final_at = SENT + settings.RECKON_REMOTE_CLOCK_SKEW
+    assert change.data["final_at"] == final_at.isoformat()
+    # Until final, the directive waits instead of asking the remote again; at final_at + a moment, it asks.
+    unknown = operation(op.node, "unknown", registered_at=op.registered_at, not_after=SENT)
+    unknown.failure_class = NOT_FOUND_NOT_FINAL
+    waiting = snap(task(**(CANCELLED | {"status": "stopped_pending"})), [op.node], [unknown])
+    d = decisions.directive(waiting)
+    assert (d.kind, d.op_key, d.until, d.reason) == ("wait", op.op_key, final_at, NOT_FOUND_NOT_FINAL)
+    later = replace(waiting, now=final_at + timedelta(milliseconds=1))
+    d = decisions.directive(later)
+    assert (d.kind, d.op_key, d.fence) == ("reconcile", op.op_key, True)
+    # Asked again before it is final, the same not found records nothing new.
+    assert decisions.settle(waiting, unknown, NotFound()) is None
+
+
+def test_after_a_cancel_a_not_found_past_the_deadline_and_skew_closes_the_operation_as_cancelled() -> None:
+    past = NOW - settings.RECKON_REMOTE_CLOCK_SKEW - timedelta(milliseconds=1)
+    s, op = _cancelled_with({"not_after": past})
+    change = decisions.settle(s, op, NotFound())
+    assert change is not None and change.event == "operation_cancelled"
+    assert change.operations == [(op, {"status": "rejected", "failure_class": "cancelled"})]
+    assert change.task == {"status": "stopped"}
+    # Exactly at the boundary it is not final yet: the skew allowance is passed only strictly after it.
+    s, op = _cancelled_with({"not_after": NOW - settings.RECKON_REMOTE_CLOCK_SKEW})
+    change = decisions.settle(s, op, NotFound())
+    assert change is not None and change.event == "operation_not_found_yet"
+
+
+def test_after_a_cancel_a_fence_closes_the_operation_at_once() -> None:
+    s, op = _cancelled_with({"not_after": SENT})
+    change = decisions.settle(s, op, Fenced())
+    assert change is not None and change.event == "operation_cancelled"
+    assert change.operations == [(op, {"status": "rejected", "failure_class": "cancelled"})]
+    assert change.task == {"status": "stopped"}
+
+
+def test_a_fenced_op_key_without_a_cancel_is_rejected_and_its_node_runs_again_under_a_new_key() -> None:
+    a = node("a", 1, status="running", attempts=1)
+    op = operation(a, "dispatched", not_after=SENT)
+    change = decisions.settle(snap(task(), [a], [op]), op, Fenced())
+    assert change is not None and change.event == "operation_fenced"
+    assert change.operations == [(op, {"status": "rejected", "failure_class": "fenced"})]
+    assert change.nodes == [(a, {"status": "pending"})]
+
+
+def test_an_operation_sent_before_deadlines_existed_takes_its_registration_plus_the_deadline() -> None:
+    s, op = _cancelled_with({})
+    assert op.not_after is None
+    assert decisions.not_found_final_at(op) == op.registered_at + settings.RECKON_REQUEST_DEADLINE + (
+        settings.RECKON_REMOTE_CLOCK_SKEW
+    )
+    change = decisions.settle(s, op, NotFound())  # five minutes ago: final
+    assert change is not None and change.event == "operation_cancelled"
+
+
+def test_a_person_may_settle_not_done_only_on_a_final_not_found() -> None:
+    s, op = _cancelled_with({"not_after": SENT})
+    with pytest.raises(NotFoundNotFinal) as refused:
+        decisions.settle_not_done(s, op, by="user:ann")
+    assert refused.value.details["final_at"] == (SENT + settings.RECKON_REMOTE_CLOCK_SKEW).isoformat()
+    fenced = decisions.settle_not_done(s, op, by="user:ann", fenced=True)
+    assert fenced.operations[0][1]["failure_class"] == "not_done" and fenced.data["fenced"] is True
+    past = replace(s, now=SENT + settings.RECKON_REMOTE_CLOCK_SKEW + timedelta(milliseconds=1))
+    assert decisions.settle_not_done(past, op, by="user:ann").data["fenced"] is False
+
+
 def test_a_commit_that_is_not_the_last_node_leaves_the_task_running() -> None:
     a, b = node("a", 1, status="running", attempts=1), node("b", 2, depends_on=["a"])
     op = operation(a, "dispatched")
@@ -252,13 +340,15 @@ def test_start_spends_an_attempt_on_a_new_op_key_and_none_on_sending_the_same_ke
     change, op = decisions.start(snap(task(attempts_used=0), [a]), "a")
     assert op.op_key == opkeys.effect(UID, 1, "a", 0)
     assert change.task["attempts_used"] == 1 and change.nodes[0][1]["attempts"] == 1
-    assert change.operations[0][1] == {"status": "dispatched", "dispatch_count": 1}
+    # Every send carries its deadline, from the database clock of the commit that marks it sent.
+    deadline = {"not_after": AtCommit(settings.RECKON_REQUEST_DEADLINE)}
+    assert change.operations[0][1] == {"status": "dispatched", "dispatch_count": 1} | deadline
     sent = replace_op(op, status="intent", dispatch_count=1, request_digest=op.request_digest)
     running = node("a", 1, status="running", attempts=1)
     sent.node = running
     again, same = decisions.start(snap(task(attempts_used=1), [running], [sent]), "a")
     assert same.op_key == op.op_key and "attempts_used" not in again.task and again.nodes == []
-    assert again.operations[0][1] == {"status": "dispatched", "dispatch_count": 2}
+    assert again.operations[0][1] == {"status": "dispatched", "dispatch_count": 2} | deadline
 
 
 def replace_op(op: Operation, **fields: Any) -> Operation:

@@ -13,7 +13,17 @@ from leases.models import Lease
 from tasks.core import opkeys
 from tasks.core.errors import EvidenceInsufficient
 from tasks.core.lifecycle import FailureClass
-from tasks.core.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable, operation_after
+from tasks.core.outcomes import (
+    NOT_FOUND_NOT_FINAL,
+    Accepted,
+    Committed,
+    Failed,
+    Fenced,
+    NotFound,
+    Outcome,
+    Unprovable,
+    operation_after,
+)
 from tasks.decide import decisions
 from tasks.decide.change import Snapshot
 from tasks.engine.cleanup import cleanup_temp_resources
@@ -29,6 +39,8 @@ TABLE: list[tuple[str, Outcome, bool, str, str]] = [
     ("accepted", Accepted(remote_id="job"), True, "accepted", ""),
     ("not found", NotFound(), True, "intent", ""),
     ("not found, nothing may be sent again", NotFound(), False, "rejected", "cancelled"),
+    ("fenced", Fenced(), True, "rejected", "fenced"),
+    ("fenced, nothing may be sent again", Fenced(), False, "rejected", "cancelled"),
     ("unprovable", Unprovable(), True, "unknown", "unprovable"),
     ("interrupted", Failed(FailureClass.CONNECTION_INTERRUPTED), True, "unknown", "connection_interrupted"),
     ("invalid params", Failed(FailureClass.INVALID_PARAMS), True, "rejected", "invalid_params"),
@@ -55,9 +67,19 @@ def test_what_an_outcome_makes_of_its_operation(outcome: Outcome, again: bool, s
     assert after.fields() == {"status": status} | ({"failure_class": failure_class} if failure_class else {})
 
 
-@pytest.mark.parametrize("outcome", [o for _c, o in OUTCOMES if not isinstance(o, NotFound)], ids=str)
-def test_only_not_found_depends_on_whether_it_may_be_sent_again(outcome: Outcome) -> None:
+@pytest.mark.parametrize("outcome", [o for _c, o in OUTCOMES if not isinstance(o, NotFound | Fenced)], ids=str)
+def test_only_not_found_and_fenced_depend_on_whether_it_may_be_sent_again(outcome: Outcome) -> None:
     assert operation_after(outcome, may_send_again=False) == operation_after(outcome)
+
+
+def test_a_not_found_that_is_not_final_leaves_a_cancelled_operation_unknown() -> None:
+    """Nothing may be sent again (a cancel), but a request in flight may still land: not closed as never sent."""
+    after = operation_after(NotFound(), may_send_again=False, not_found_final=False)
+    assert (after.status, after.failure_class) == ("unknown", NOT_FOUND_NOT_FINAL)
+    # Finality matters only when nothing may be sent again, and only for a not found: a fence is final itself.
+    assert operation_after(NotFound(), not_found_final=False) == operation_after(NotFound())
+    fenced = operation_after(Fenced(), may_send_again=False, not_found_final=False)
+    assert fenced == operation_after(Fenced(), may_send_again=False)
 
 
 def _recorded(fields: dict[str, Any]) -> tuple[str, str]:

@@ -42,7 +42,7 @@ from tasks.engine.verification import task_quarantine
 from tasks.models import Event, Node, Operation, Receipt, Task
 from tasks.people.cancel import task_request_cancel
 from tests.conftest import SOURCE_REF, chain_plan, copy_node, effect_node, snapshot
-from tests.steps import record, send, version
+from tests.steps import past_deadline, record, send, version
 
 CREATOR = Principal.agent("tester")  # make_task's tasks are created by agent:tester: it may cancel them
 
@@ -952,13 +952,18 @@ def test_a_commit_arriving_after_the_cancel_is_recorded_as_a_real_completion(mak
 
 def test_a_cancel_with_only_an_unknown_left_is_stopped_pending_until_reconciled(make_task, agent_lease, clock) -> None:
     task = make_task()
-    lease = agent_lease(task)
+    lease = agent_lease(task, ttl=timedelta(minutes=2))  # outlives the request's deadline
     op = record(send(task, lease, "a"), interrupted(), lease)
     cancelled = task_request_cancel(task_id=task.pk, actor=CREATOR, reason="x")
     assert cancelled.status == TaskStatus.STOPPED_PENDING
     record(op, interrupted(), lease)  # the query itself timed out: still pending
     assert fresh_task(task).status == TaskStatus.STOPPED_PENDING
-    record(op, NotFound(), lease)  # never took effect: withdrawn, not sent again
+    record(op, NotFound(), lease)  # not found, but a late request could still land: not final yet
+    waiting = fresh_op(op)
+    assert (waiting.status, waiting.failure_class) == (OperationStatus.UNKNOWN, "not_found_not_final")
+    assert fresh_task(task).status == TaskStatus.STOPPED_PENDING
+    past_deadline(clock, op)
+    record(op, NotFound(), lease)  # never took effect, and now nothing can: withdrawn, not sent again
     settled = fresh_op(op)
     assert (settled.status, settled.failure_class) == (OperationStatus.REJECTED, "cancelled")
     assert fresh_task(task).status == TaskStatus.STOPPED

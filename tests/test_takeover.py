@@ -41,6 +41,7 @@ from tasks.core.errors import (
     EvidenceInsufficient,
     InputsRecheckRequired,
     InvalidTransition,
+    NotFoundNotFinal,
     OperationsOpen,
     TakeoverHeld,
     TakeoverRequested,
@@ -74,7 +75,7 @@ from tasks.people.takeover import (
 )
 from tasks.reads.takeover import takeover_package
 from tests.conftest import SOURCE_REF, chain_plan, copy_node, effect_node, person, snapshot
-from tests.steps import record, send, version
+from tests.steps import past_deadline, record, send, version
 
 TICK = timedelta(microseconds=1)  # the finest step both databases store
 JUSTIFICATION = "agent worker-7 has been wedged for an hour"
@@ -1019,6 +1020,7 @@ def test_settling_as_not_done_lets_the_node_run_again_under_a_new_op_key(make_ta
     task = make_task(irreversible_plan())
     ann = operator_for(root, task, "ann")
     op, lease = handed_over(task, agent_lease, ann, "switch", unknown=True)
+    past_deadline(clock, op)  # no request under its op key can land any more: "not done" is final
 
     settled = resolve(ann, op, "not_done", note="nothing in the remote's history")
 
@@ -1070,6 +1072,7 @@ def test_settling_the_last_open_operation_of_a_cancelled_task_as_not_done_stops_
     op, _ = handed_over(task, agent_lease, ann, "a", unknown=True)
     cancelled = task_request_cancel(actor=ann, task_id=task.pk, reason="the customer withdrew the order")
     assert cancelled.status == TaskStatus.STOPPED_PENDING
+    past_deadline(clock, op)
 
     resolve(ann, op, "not_done", note="nothing in the remote's history")
 
@@ -1160,7 +1163,30 @@ def test_a_settlement_needs_a_note_of_what_was_checked(make_task, agent_lease, c
     short = "x" * (MIN_NOTE - 1)
     for note in ("", "   ", short, f"  {short}  "):
         assert_refused(EvidenceInsufficient, functools.partial(resolve, ann, op, "not_done", note=note))
+    past_deadline(clock, op)
     assert resolve(ann, op, "not_done", note="x" * MIN_NOTE).status == OperationStatus.REJECTED
+
+
+def test_not_done_is_refused_while_a_request_under_the_op_key_may_still_land(make_task, agent_lease, clock, root):
+    """P7 (docs/verification.md): a request in flight when its caller timed out may land after a lookup found
+    nothing. Until its deadline plus the clock skew has passed (and no connector here can fence it), a person's
+    "not done" is refused and nothing is written; a moment after, it is final and accepted."""
+    task = make_task(irreversible_plan())
+    ann = operator_for(root, task, "ann")
+    op, _ = handed_over(task, agent_lease, ann, "switch", unknown=True)
+    sent = Operation.objects.get(pk=op.pk).not_after
+    assert sent is not None
+    final_at = sent + django_settings.RECKON_REMOTE_CLOCK_SKEW
+    clock.set(final_at)  # at the boundary: not yet past it
+
+    refused = assert_refused(NotFoundNotFinal, lambda: resolve(ann, op, "not_done"))
+    assert refused.details["final_at"] == final_at.isoformat()
+    assert Operation.objects.get(pk=op.pk).status == OperationStatus.UNKNOWN
+
+    clock.advance(timedelta(milliseconds=1))
+    settled = resolve(ann, op, "not_done")
+    assert (settled.status, settled.failure_class) == (OperationStatus.REJECTED, "not_done")
+    assert last_audit().details["fenced"] is False
 
 
 # --- 6. forced release -----------------------------------------------------------------------------------------

@@ -11,9 +11,18 @@ keys, If-Match and reconciliation are the client's.
 """
 
 from reckon_client.aio import AsyncReckon
-from reckon_client.connector import Actions, AsyncConnector, Connector
+from reckon_client.connector import Actions, AsyncConnector, Connector, Fencing
 from reckon_client.errors import ApiError
-from reckon_client.outcomes import Accepted, Committed, Failed, FailureClass, NotFound, Outcome, Unprovable
+from reckon_client.outcomes import (
+    Accepted,
+    Committed,
+    Failed,
+    FailureClass,
+    Fenced,
+    NotFound,
+    Outcome,
+    Unprovable,
+)
 from reckon_client.protocol import Retained, RetainedRef, RunResult, Task
 from reckon_client.sync import Reckon
 
@@ -27,6 +36,8 @@ __all__ = [
     "Connector",
     "Failed",
     "FailureClass",
+    "Fenced",
+    "Fencing",
     "NotFound",
     "Outcome",
     "Reckon",

@@ -93,7 +93,9 @@ class AsyncReckon:
         renewer = asyncio.create_task(self._renew(acquired), name=f"reckon-renew-{task_id}")
         try:
             compensate = callable(getattr(connector, "compensate", None))
-            return await self._drive(protocol.steps(acquired, max_wait=max_wait, compensate=compensate), connector)
+            fences = callable(getattr(connector, "fence", None))
+            steps = protocol.steps(acquired, max_wait=max_wait, compensate=compensate, fences=fences)
+            return await self._drive(steps, connector)
         finally:
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -9,6 +9,11 @@
 resolved. The op key is the remote's idempotency key: sending the same op key twice must not write twice.
 ``lookup`` that cannot reach the remote returns ``Failed("connection_interrupted")``: the run stops and the next
 one asks again.
+
+A final "not found" (docs/api.md): ``request["not_after"]`` is the request's deadline (ISO 8601, the server's
+database clock); a remote that cannot fence must refuse a request that reaches it later. A connector whose remote can
+fence adds ``fence(op_key)``: what became of op_key, and if nothing, refuse it from now on (``Fenced``) — asked
+instead of ``lookup`` once a cancel is recorded, so the cancel need not wait for the deadline.
 """
 
 from collections.abc import Callable, Mapping
@@ -22,6 +27,11 @@ class Connector(Protocol):
     def submit(self, op_key: str, request: Mapping[str, Any]) -> Outcome: ...
     def lookup(self, op_key: str) -> Outcome: ...
     def current_version(self, locator: str) -> str: ...
+
+
+@runtime_checkable
+class Fencing(Protocol):
+    def fence(self, op_key: str) -> Outcome: ...
 
 
 @runtime_checkable

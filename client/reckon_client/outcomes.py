@@ -40,7 +40,13 @@ class Failed:
 
 @dataclass(frozen=True)
 class NotFound:
-    """A query by op key found no trace: the write never took effect (it may be sent again, same op key)."""
+    """A query by op key found no trace yet: the write has not taken effect (it may be sent again, same op key; a
+    cancel closes it only once the request's deadline has passed)."""
+
+
+@dataclass(frozen=True)
+class Fenced:
+    """The answer to ``fence``: the remote took no effect under the op key and refuses it from now on (final)."""
 
 
 @dataclass(frozen=True)
@@ -50,8 +56,8 @@ class Unprovable:
     detail: str = ""
 
 
-type Outcome = Committed | Accepted | Failed | NotFound | Unprovable
-OUTCOME_TYPES = (Committed, Accepted, Failed, NotFound, Unprovable)
+type Outcome = Committed | Accepted | Failed | NotFound | Fenced | Unprovable
+OUTCOME_TYPES = (Committed, Accepted, Failed, NotFound, Fenced, Unprovable)
 
 # What a receipt shows: the fields of ``Committed`` but its data. The server names them too
 # (tasks.core.outcomes.RECEIPT_FIELDS); the client imports nothing of the server, and a test of the server's
@@ -78,6 +84,8 @@ def outcome_json(outcome: Outcome) -> dict[str, Any]:
             return failed | ({"detail": outcome.detail} if outcome.detail else {})
         case NotFound():
             return {"result": "not_found"}
+        case Fenced():
+            return {"result": "fenced"}
         case Unprovable():
             return {"result": "unprovable"} | ({"detail": outcome.detail} if outcome.detail else {})
     raise TypeError(f"a connector must return an Outcome, not {type(outcome).__name__}")

@@ -49,7 +49,7 @@ class Remote:
     """A call to the connector (or, for ``recreate``, to the caller's Recreator). An exception it raises is thrown
     back into the generator."""
 
-    name: Literal["submit", "compensate", "lookup", "current_version", "recreate"]
+    name: Literal["submit", "compensate", "lookup", "fence", "current_version", "recreate"]
     args: tuple[Any, ...]
 
 
@@ -380,8 +380,9 @@ def release(state: LeaseState) -> Steps[None]:
         raise ApiError.of(reply.status, reply.body)
 
 
-def steps(state: LeaseState, *, max_wait: float, compensate: bool) -> Steps[RunResult]:
-    """Follow the directive until done, stop, or a wait longer than ``max_wait`` seconds."""
+def steps(state: LeaseState, *, max_wait: float, compensate: bool, fences: bool = False) -> Steps[RunResult]:
+    """Follow the directive until done, stop, or a wait longer than ``max_wait`` seconds. ``fences``: the connector
+    has ``fence``, asked instead of ``lookup`` when the directive says so (a cancel is recorded)."""
     base = f"/tasks/{state.task_id}"
     done = conflicts = 0
     while True:
@@ -402,7 +403,8 @@ def steps(state: LeaseState, *, max_wait: float, compensate: bool) -> Steps[RunR
                     return RunResult("waiting", reason, until=until, steps=done)
                 yield Sleep(max(pause, MIN_WAIT))  # at least a little: our clock is not the database's
             elif kind == "reconcile" and op_key:
-                ended = yield from _reconcile(state, base, op_key, version, max_wait)
+                ask: Literal["fence", "lookup"] = "fence" if fences and d.get("fence") else "lookup"
+                ended = yield from _reconcile(state, base, op_key, version, max_wait, ask)
                 done += 1
                 if ended is not None:
                     return RunResult(ended.status, ended.reason, ended.until, done, ended.detail)
@@ -444,18 +446,23 @@ def _execute(state: LeaseState, base: str, node_key: str, version: int, compensa
     send: Literal["submit", "compensate"] = (
         "compensate" if compensate and op.get("purpose") == "compensation" else "submit"
     )
-    outcome = _checked((yield Remote(send, (str(op["op_key"]), op.get("request") or {}))))
+    request = dict(op.get("request") or {})
+    if op.get("not_after"):  # the deadline the remote refuses the request after (docs/api.md, a final not found)
+        request["not_after"] = str(op["not_after"])
+    outcome = _checked((yield Remote(send, (str(op["op_key"]), request))))
     yield from _post_outcome(state, base, str(op["op_key"]), outcome, version)  # commit 2: the receipt
     return True
 
 
-def _reconcile(state: LeaseState, base: str, op_key: str, version: int, max_wait: float) -> Steps[RunResult | None]:
+def _reconcile(
+    state: LeaseState, base: str, op_key: str, version: int, max_wait: float, ask: Literal["fence", "lookup"]
+) -> Steps[RunResult | None]:
     try:
-        outcome = _checked((yield Remote("lookup", (op_key,))))
+        outcome = _checked((yield Remote(ask, (op_key,))))
     except OSError as exc:  # a connector that raised instead of answering Failed(connection_interrupted)
-        raise _Unreachable(f"lookup of {op_key}: {exc}") from exc
+        raise _Unreachable(f"{ask} of {op_key}: {exc}") from exc
     if isinstance(outcome, Failed) and outcome.failure_class == "connection_interrupted":
-        raise _Unreachable(outcome.detail or f"lookup of {op_key} failed")
+        raise _Unreachable(outcome.detail or f"{ask} of {op_key} failed")
     answer = yield from _post_outcome(state, base, op_key, outcome, version)
     if isinstance(outcome, Accepted):  # the remote still runs it: observe it, holding the lease, and ask again
         if max_wait < OBSERVE_EVERY:

@@ -103,7 +103,9 @@ class Reckon:
         renewer = _Renewer(self, acquired)
         try:
             compensate = callable(getattr(connector, "compensate", None))
-            return self._drive(protocol.steps(acquired, max_wait=max_wait, compensate=compensate), connector)
+            fences = callable(getattr(connector, "fence", None))
+            steps = protocol.steps(acquired, max_wait=max_wait, compensate=compensate, fences=fences)
+            return self._drive(steps, connector)
         finally:
             renewer.stop()
             if not acquired.lost:

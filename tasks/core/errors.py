@@ -51,6 +51,13 @@ class BackoffActive(TaskError):
     code = "backoff_active"
 
 
+class NotFoundNotFinal(TaskError):
+    """The remote has no trace of the op key yet, but a request under it may still land until its deadline (plus the
+    clock skew): the operation cannot be closed as never done until then, or until the remote fences the op key."""
+
+    code = "not_found_not_final"
+
+
 class NodeNotReady(TaskError):
     code = "node_not_ready"
 

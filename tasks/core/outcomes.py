@@ -35,7 +35,14 @@ class Failed:
 
 @dataclass(frozen=True)
 class NotFound:
-    """A query by op key found no trace of the write: it never took effect."""
+    """A query by op key found no trace of the write yet. Final only once its deadline has passed (a request still in
+    flight may land until then, unless the remote refuses it): tasks/decide/decisions.py ``not_found_final``."""
+
+
+@dataclass(frozen=True)
+class Fenced:
+    """The remote took no effect under the op key and, from now on, refuses it (a fence: ``Connector.fence``): the
+    write never happened and never will. A final "not found"."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,7 @@ class Unprovable:
     detail: str = ""
 
 
-type Outcome = Committed | Accepted | Failed | NotFound | Unprovable
+type Outcome = Committed | Accepted | Failed | NotFound | Fenced | Unprovable
 
 
 # What a receipt shows, named here once: the receipt row, the log's summary of it, a node's output, a plan's
@@ -53,6 +60,11 @@ type Outcome = Committed | Accepted | Failed | NotFound | Unprovable
 # the Python client (its own copy: it imports nothing of the server) ask for them; tests/test_receipt_fields.py
 # holds every declaration of them to this tuple.
 RECEIPT_FIELDS = ("remote_id", "remote_version", "count", "digest")
+
+
+# An unknown operation's failure class while its "not found" is not final yet (a cancel waits for its deadline or a
+# fence).
+NOT_FOUND_NOT_FINAL = "not_found_not_final"
 
 
 @dataclass(frozen=True)
@@ -67,12 +79,14 @@ class OperationAfter:
         return {"status": self.status.value} | ({"failure_class": self.failure_class} if self.failure_class else {})
 
 
-def operation_after(outcome: Outcome, *, may_send_again: bool = True) -> OperationAfter:
+def operation_after(outcome: Outcome, *, may_send_again: bool = True, not_found_final: bool = True) -> OperationAfter:
     """The one mapping of an outcome to its operation's status, for every operation (an effect, a compensation, a
     cleanup's delete). A receipt commits it, but a ``Committed`` without the remote's id proves nothing: unknown.
-    Accepted is still running. Not found never took effect: an intent, sent again under the same op key — or, when
-    nothing may be sent again (a cancel is recorded), rejected as cancelled. A dropped connection, or a remote that
-    can neither dedupe nor be queried, leaves it unknown; any other failure rejects it."""
+    Accepted is still running. Not found has not taken effect: an intent, sent again under the same op key — or, when
+    nothing may be sent again (a cancel is recorded), rejected as cancelled once the not found is final, and unknown
+    until then (a late request may still land). Fenced never took effect and never will: rejected (as cancelled when
+    nothing may be sent again). A dropped connection, or a remote that can neither dedupe nor be queried, leaves it
+    unknown; any other failure rejects it."""
     match outcome:
         case Committed(remote_id=""):
             return OperationAfter(OperationStatus.UNKNOWN, "no_receipt")
@@ -83,11 +97,15 @@ def operation_after(outcome: Outcome, *, may_send_again: bool = True) -> Operati
         case NotFound():
             if may_send_again:
                 return OperationAfter(OperationStatus.INTENT)
+            if not not_found_final:
+                return OperationAfter(OperationStatus.UNKNOWN, NOT_FOUND_NOT_FINAL)
             return OperationAfter(OperationStatus.REJECTED, "cancelled")
+        case Fenced():
+            return OperationAfter(OperationStatus.REJECTED, "fenced" if may_send_again else "cancelled")
         case Unprovable():
             return OperationAfter(OperationStatus.UNKNOWN, "unprovable")
         case Failed(failure_class=FailureClass.CONNECTION_INTERRUPTED):
             return OperationAfter(OperationStatus.UNKNOWN, FailureClass.CONNECTION_INTERRUPTED.value)
         case Failed():
             return OperationAfter(OperationStatus.REJECTED, str(outcome.failure_class))
-    raise TypeError(f"an outcome is one of Committed, Accepted, Failed, NotFound, Unprovable, not {outcome!r}")
+    raise TypeError(f"an outcome is one of Committed, Accepted, Failed, NotFound, Fenced, Unprovable, not {outcome!r}")

@@ -7,9 +7,10 @@ database (tests/test_decisions.py).
 """
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
+from django.conf import settings
 from django.db.models import F
 
 from audit.hygiene import canonical_json, check_payload, digest_of
@@ -24,6 +25,7 @@ from tasks.core.errors import (
     InputsRecheckRequired,
     InvalidTransition,
     NodeNotReady,
+    NotFoundNotFinal,
     OperationsOpen,
     TakeoverRequested,
     TaskNotRunnable,
@@ -40,7 +42,17 @@ from tasks.core.lifecycle import (
     TaskStatus,
     task_ended,
 )
-from tasks.core.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable, operation_after
+from tasks.core.outcomes import (
+    NOT_FOUND_NOT_FINAL,
+    Accepted,
+    Committed,
+    Failed,
+    Fenced,
+    NotFound,
+    Outcome,
+    Unprovable,
+    operation_after,
+)
 from tasks.decide.change import AtCommit, Change, Snapshot
 from tasks.decide.evidence import evidence_problems
 from tasks.decide.receipts import receipt_of, receipt_summary, succeeded_fields, temp_locators
@@ -58,6 +70,9 @@ class Directive:
     op_key: str = ""
     until: datetime | None = None
     reason: str = ""
+    # reconcile: ask the remote to fence the op key (a final answer) rather than look it up — a cancel is recorded,
+    # so a "not found" must be final before the operation is closed (decisions.not_found_final)
+    fence: bool = False
 
 
 # ------------------------------------------------------------------------------------------------ directive
@@ -80,7 +95,12 @@ def directive(snap: Snapshot) -> Directive:
     open_ops = snap.open_operations()
     if open_ops:
         op = open_ops[0]
-        return Directive("reconcile", v, node_key=op.node.key, op_key=op.op_key, reason=op.status)
+        if op.failure_class == NOT_FOUND_NOT_FINAL and not not_found_final(op, snap.now):
+            # Not found, not final yet: nothing to ask the remote before a late request could no longer land.
+            until = not_found_final_at(op)
+            return Directive("wait", v, node_key=op.node.key, op_key=op.op_key, until=until, reason=NOT_FOUND_NOT_FINAL)
+        fence = task.cancel_requested_at is not None
+        return Directive("reconcile", v, node_key=op.node.key, op_key=op.op_key, reason=op.status, fence=fence)
     if task.cancel_requested_at is not None:
         return Directive("stop", v, reason="cancel_requested")
     if snap.reserved_for:
@@ -194,7 +214,7 @@ def start(snap: Snapshot, node_key: str) -> tuple[Change, Operation]:
                 },
             )
         ],
-        operations=[(op, {"status": OperationStatus.DISPATCHED.value, "dispatch_count": 1})],
+        operations=[(op, {"status": OperationStatus.DISPATCHED.value, "dispatch_count": 1, **_deadline()})],
         data={"op_key": op.op_key, "request_digest": op.request_digest, "node": node_ref(node)},
         requires=_START_REQUIRES | _SPENDS,
         node_requires={node.pk: _NODE_SPENDS},
@@ -221,7 +241,9 @@ def _send_again(snap: Snapshot, op: Operation) -> Change:
         kind=ChangeKind.START,
         task=task_fields,
         nodes=nodes,
-        operations=[(op, {"status": OperationStatus.DISPATCHED.value, "dispatch_count": op.dispatch_count + 1})],
+        operations=[
+            (op, {"status": OperationStatus.DISPATCHED.value, "dispatch_count": op.dispatch_count + 1, **_deadline()})
+        ],
         data={"op_key": op.op_key, "request_digest": op.request_digest, "node": node_ref(node), "again": not first},
         requires=_START_REQUIRES | (_SPENDS if first else {}),
         node_requires={node.pk: _NODE_SPENDS} if first else {},
@@ -245,6 +267,30 @@ def next_start(snap: Snapshot) -> tuple[Change, Operation] | None:
     # The directive said execute: start decides on the same snapshot, and a refusal here is a disagreement between
     # the two rules — it is raised (the shared write is refused whole), never taken for "nothing to start".
     return start(snap, d.node_key)
+
+
+def _deadline() -> dict[str, Any]:
+    """Every send of an operation carries a deadline, from the database clock of the commit that marks it sent."""
+    return {"not_after": AtCommit(settings.RECKON_REQUEST_DEADLINE)}
+
+
+def not_found_final_at(op: Operation) -> datetime:
+    """When a "not found" for ``op`` becomes final: its latest send's deadline plus the remote's clock skew. After
+    that no request under its op key can take effect at a remote that honours the deadline."""
+    if op.not_after is not None:
+        deadline = op.not_after
+    elif op.registered_at is not None:  # sent before operations carried a deadline: the one it would have had
+        deadline = op.registered_at + settings.RECKON_REQUEST_DEADLINE
+    else:  # never written, so never sent: nothing can land
+        return datetime.min.replace(tzinfo=UTC)
+    final_at: datetime = deadline + settings.RECKON_REMOTE_CLOCK_SKEW
+    return final_at
+
+
+def not_found_final(op: Operation, now: datetime) -> bool:
+    """Whether a lookup's "not found" for ``op`` is final at ``now`` (the database clock): past its deadline and
+    the skew allowance. Before that a request still in flight may land; only a fence (``Fenced``) is final sooner."""
+    return now > not_found_final_at(op)
 
 
 _START_REQUIRES: dict[str, Any] = {"cancel_requested_at__isnull": True, "inputs_recheck_required": False}
@@ -309,7 +355,10 @@ def settle(snap: Snapshot, op: Operation, outcome: Outcome, *, settled_by: str =
     task, node = snap.task, op.node
     data: dict[str, Any] = {"op_key": op.op_key, "outcome": type(outcome).__name__.lower()}
     cancelled = task.cancel_requested_at is not None
-    after = operation_after(outcome, may_send_again=not cancelled)
+    final = not (isinstance(outcome, NotFound) and cancelled) or not_found_final(op, snap.now)
+    if isinstance(outcome, NotFound) and cancelled and not final and op.failure_class == NOT_FOUND_NOT_FINAL:
+        return None  # still not found, still not final: nothing new to record
+    after = operation_after(outcome, may_send_again=not cancelled, not_found_final=final)
     if isinstance(outcome, Accepted):
         return Change(
             event="operation_accepted",
@@ -318,15 +367,46 @@ def settle(snap: Snapshot, op: Operation, outcome: Outcome, *, settled_by: str =
             operations=[(op, after.fields() | {"remote_id": outcome.remote_id})],
             data=data | {"remote_id": outcome.remote_id},
         )
-    if isinstance(outcome, NotFound):
-        if cancelled:  # never took effect, and a cancel is recorded: it must not be sent again
+    if isinstance(outcome, NotFound | Fenced) and cancelled:
+        if after.status == OperationStatus.UNKNOWN:
+            # Not found, but a request still in flight may land until its deadline: the operation stays unknown
+            # (the task stopped_pending) and is asked again once the not found is final, or fenced sooner.
+            final_at = not_found_final_at(op)
+            # An operation already unknown (its answer lost) keeps its status and records why it waits.
+            fields = after.fields() if op.status != after.status else {"failure_class": after.failure_class}
             return Change(
-                event="operation_cancelled",
+                event="operation_not_found_yet",
                 task=_after_settling(snap, op, after.status),
-                nodes=[(node, {"status": NodeStatus.PENDING.value})] if node.status != NodeStatus.SUCCEEDED else [],
-                operations=[(op, after.fields())],
-                data=data,
+                operations=[(op, fields)],
+                data=data | {"final_at": final_at.isoformat(), "next": "fence it, or ask again once final"},
             )
+        # Never took effect (fenced, or not found past its deadline), and a cancel is recorded: never sent again.
+        return Change(
+            event="operation_cancelled",
+            task=_after_settling(snap, op, after.status),
+            nodes=[(node, {"status": NodeStatus.PENDING.value})] if node.status != NodeStatus.SUCCEEDED else [],
+            operations=[(op, after.fields())],
+            data=data,
+        )
+    if isinstance(outcome, Fenced) and op.purpose == OperationPurpose.COMPENSATION:
+        detail = f"compensation {op.op_key} fenced at the remote: it never took effect"
+        return Change(
+            event="compensation_rejected",
+            task=_after_compensation(snap, op, after.status, detail),
+            operations=[(op, after.fields() | {"failure_detail": detail})],
+            data=data | {"failure_class": after.failure_class, "compensates": op.compensates_id},
+        )
+    if isinstance(outcome, Fenced):
+        # Refused at the remote for ever (fenced by a person, or before this send): the op key never took effect;
+        # the node may run again under a new op key, as after any definite rejection.
+        return Change(
+            event="operation_fenced",
+            task=_after_settling(snap, op, after.status),
+            nodes=[(node, {"status": NodeStatus.PENDING.value})] if node.status != NodeStatus.PENDING else [],
+            operations=[(op, after.fields())],
+            data=data,
+        )
+    if isinstance(outcome, NotFound):
         # Sent again with the same op key: the same attempt, not a new one (only a remote's failure is).
         return Change(
             event="operation_not_found",
@@ -446,17 +526,26 @@ def _failed(snap: Snapshot, op: Operation, outcome: Failed, data: dict[str, Any]
     )
 
 
-def settle_not_done(snap: Snapshot, op: Operation, *, by: str) -> Change:
+def settle_not_done(snap: Snapshot, op: Operation, *, by: str, fenced: bool = False) -> Change:
     """A person holding the takeover confirms ``op`` never took effect (the remote could not say): the operation is
     rejected as not done, its node may run again under a new op key, and a recorded cancel moves on as with any
-    other settlement."""
+    other settlement. Only on a final "not found": the remote fenced the op key (``fenced``), or its deadline and
+    the clock skew have passed — before that a request still in flight could land after the record says it never
+    happened (NotFoundNotFinal)."""
     if op.status not in OPEN_OPERATION_STATUSES:
         raise InvalidTransition(f"operation {op.op_key} is {op.status}: nothing to settle")
+    if not fenced and not not_found_final(op, snap.now):
+        raise NotFoundNotFinal(
+            f"operation {op.op_key} may still land until {not_found_final_at(op).isoformat(timespec='seconds')} "
+            "(its deadline plus the clock skew): not done is final only then, or once the remote fences its op key",
+            op_key=op.op_key,
+            final_at=not_found_final_at(op).isoformat(),
+        )
     node = op.node
     fields = {
         "status": OperationStatus.REJECTED.value,
         "failure_class": "not_done",
-        "failure_detail": f"confirmed not done by {by}"[:500],
+        "failure_detail": (f"confirmed not done by {by}" + (" (fenced at the remote)" if fenced else ""))[:500],
         "settled_by": by,
     }
     return Change(
@@ -464,7 +553,7 @@ def settle_not_done(snap: Snapshot, op: Operation, *, by: str) -> Change:
         task=_after_settling(snap, op, OperationStatus.REJECTED),
         nodes=[(node, {"status": NodeStatus.PENDING.value})] if node.status != NodeStatus.PENDING else [],
         operations=[(op, fields)],
-        data={"op_key": op.op_key, "by": by},
+        data={"op_key": op.op_key, "by": by, "fenced": fenced},
     )
 
 

@@ -22,7 +22,7 @@ from tasks.core.lifecycle import FailureClass, OperationStatus
 from tasks.core.outcomes import Accepted, Failed
 from tasks.decide.change import Snapshot
 from tasks.engine.cleanup import cleanup_temp_resources, temp_resources_due
-from tasks.engine.connectors import Connector
+from tasks.engine.connectors import Connector, reconcile, send_view
 from tasks.engine.facts import latest_receipts, receipts_confirm
 from tasks.engine.failpoints import failpoint
 from tasks.engine.protocol import (
@@ -72,7 +72,7 @@ def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: in
             directive = d = next_directive(task_id=task_id, lease=lease, snapshot=snap)
             if d.kind == "reconcile" and d.op_key:
                 in_hand = d.op_key
-                outcome = connector.lookup(d.op_key)
+                outcome = reconcile(connector, d.op_key, fence=d.fence)
                 answer = type(outcome).__name__.lower()
                 extra = {"task_id": task_id, "task_version": snap.version, "op_key": d.op_key, "outcome": answer}
                 log.info("reconcile: asked the remote by op key: %s", answer, extra=extra)
@@ -97,10 +97,11 @@ def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: in
                 while True:  # a chain: each receipt's commit may start the next node (record_outcome's start_next)
                     in_hand = op.op_key
                     failpoint("before_call", task_id=task_id)
+                    request = send_view(op.request, op.not_after)
                     if op.purpose == OperationPurpose.COMPENSATION:
-                        outcome = connector.compensate(op.op_key, op.request)
+                        outcome = connector.compensate(op.op_key, request)
                     else:
-                        outcome = connector.submit(op.op_key, op.request)
+                        outcome = connector.submit(op.op_key, request)
                     failpoint("after_call", task_id=task_id)
                     settled = record_outcome(snap, op.op_key, outcome, lease=lease, start_next=step + 1 < max_steps)
                     snap = settled.snapshot

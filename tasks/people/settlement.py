@@ -24,17 +24,19 @@ from tasks.core.errors import (
     InvalidTransition,
     TaskError,
     TaskNotFound,
+    UnknownTaskKind,
 )
 from tasks.core.lifecycle import (
     OPEN_OPERATION_STATUSES,
     ChangeKind,
     OperationStatus,
 )
-from tasks.core.outcomes import Accepted, Committed, Failed, Outcome, Unprovable
+from tasks.core.outcomes import Accepted, Committed, Failed, Fenced, Outcome, Unprovable
 from tasks.decide import decisions
 from tasks.decide.change import Change
 from tasks.decide.receipts import receipt_summary
 from tasks.engine.cas import compare_and_set
+from tasks.engine.connectors import Fencing, reconcile
 from tasks.engine.protocol import record_outcome
 from tasks.engine.registry import connector_for
 from tasks.engine.snapshot import task_snapshot
@@ -58,7 +60,9 @@ def operation_settle_by_hand(
     note of what they checked (at least MIN_NOTE characters: the evidence of a not-done, the context of a receipt).
 
     ``done``: it happened, and ``receipt`` proves it (checked against the node's evidence spec).
-    ``not_done``: it never took effect; the node may run again (a new op key).
+    ``not_done``: it never took effect; the node may run again (a new op key). Only on a final "not found": the
+    server fences the op key first when the task's kind has a connector here that can; otherwise its deadline and
+    the clock skew must have passed (decisions.settle_not_done; NotFoundNotFinal before then).
     ``compensate``: it happened (``receipt``), and a compensation is registered as a new operation with its
     own op key, to be sent like any other. Audited in the transaction of the change.
     """
@@ -84,6 +88,7 @@ def operation_settle_by_hand(
     denied = permits_principal(actor, ChangeKind.SETTLE, op.task, lease=lease)
     if denied is not None:
         raise denied
+    fenced = resolution == "not_done" and _fenced(op, expected_version)
     with transaction.atomic():
         before = expected_version
         snap = task_snapshot(task_id=task_id, lease=lease)
@@ -95,7 +100,7 @@ def operation_settle_by_hand(
             settled = snap.operation(op_key)
             if settled is None:  # settled meanwhile, at this very version: nothing outstanding
                 raise InvalidTransition(f"operation {op_key} has nothing outstanding to settle")
-            change = decisions.settle_not_done(snap, settled, by=str(actor))
+            change = decisions.settle_not_done(snap, settled, by=str(actor), fenced=fenced)
             compare_and_set(task_id, snap.version, change, lease=lease, snapshot=snap)
         expected_version += 1
         if resolution == "compensate":
@@ -114,7 +119,8 @@ def operation_settle_by_hand(
                 "op_key": op_key,
                 "resolution": resolution,
                 "receipt": receipt_summary(receipt) if receipt else None,
-            },
+            }
+            | ({"fenced": fenced} if resolution == "not_done" else {}),
         )
     return Operation.objects.get(pk=op.pk)
 
@@ -184,6 +190,28 @@ def held_takeover(actor: Principal, task_id: int) -> Lease:
     return lease
 
 
+def _fenced(op: Operation, expected_version: int) -> bool:
+    """Before a "not done": ask the remote to fence ``op`` when the task's kind has a connector here that can (I/O,
+    outside any transaction). True when it answers Fenced; a remote that holds the write refuses the "not done"
+    (nothing is written: query it to record its receipt); anything else leaves it to the deadline."""
+    if op.task.version != expected_version:
+        raise stale_form(op.task, expected_version)
+    try:
+        connector = connector_for(op.task.kind)
+    except UnknownTaskKind:
+        return False  # driven over the API: no connector here, the deadline decides
+    if not isinstance(connector, Fencing):
+        return False
+    answer = connector.fence(op.op_key)
+    if isinstance(answer, Committed | Accepted):
+        raise InvalidTransition(
+            f"the remote holds {op.op_key} ({type(answer).__name__.lower()}): it took effect, so it cannot be settled "
+            "as not done; ask the remote to record its receipt",
+            op_key=op.op_key,
+        )
+    return isinstance(answer, Fenced)
+
+
 def _operation_of(task_id: int, op_key: str) -> Operation:
     op = Operation.objects.select_related("node", "task").filter(op_key=op_key, task_id=task_id).first()
     if op is None:
@@ -202,7 +230,8 @@ def operation_query_remote(*, actor: Principal, task_id: int, op_key: str, expec
     lease = held_takeover(actor, task_id)
     if op.task.version != expected_version:
         raise stale_form(op.task, expected_version)
-    outcome = connector_for(op.task.kind).lookup(op_key)  # I/O: never inside a transaction
+    # I/O, never inside a transaction; fenced when a cancel is recorded (its not found must be final)
+    outcome = reconcile(connector_for(op.task.kind), op_key, fence=op.task.cancel_requested_at is not None)
     with transaction.atomic():
         snap = task_snapshot(task_id=task_id, lease=lease)
         if snap.version != expected_version:
