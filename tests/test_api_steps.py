@@ -173,6 +173,41 @@ def test_an_agent_that_restarts_reconciles_its_open_operation_before_anything_ne
     assert agent.directive(task["id"], second["lease_id"])["node_key"] == "b"
 
 
+def test_after_a_cancel_the_directive_says_fence_and_only_a_final_answer_closes_the_operation(
+    agent: Agent, clock: Any
+) -> None:
+    """docs/api.md, a final not found: the intent carries its deadline; once a cancel is recorded, the reconcile
+    says fence; a not found before the deadline leaves the operation unknown and the directive waits until it is
+    final; a fenced answer closes it as cancelled at once."""
+    task = created(agent, plan=chain_plan("a"))
+    lease = agent.acquire(task["id"], ttl_seconds=300)["lease_id"]
+    d = agent.directive(task["id"], lease)
+    started = agent.start(task["id"], lease, "a", d["task_version"])
+    op = started.json()
+    sent = Operation.objects.get(op_key=op["op_key"])
+    assert sent.not_after is not None and op["not_after"] == sent.not_after.isoformat().replace("+00:00", "Z")
+    lost = {"result": "failed", "failure_class": "connection_interrupted"}
+    assert agent.report(task["id"], lease, op["op_key"], version_of(task["id"]), lost).status_code == 200
+    assert agent.directive(task["id"], lease)["fence"] is False  # no cancel: a lookup is enough
+    assert agent.call("post", f"/tasks/{task['id']}/cancel", {"reason": "withdrawn"}).status_code == 200
+    d = agent.directive(task["id"], lease)
+    assert (d["kind"], d["op_key"], d["fence"]) == ("reconcile", op["op_key"], True)
+
+    early = agent.report(task["id"], lease, op["op_key"], version_of(task["id"]), {"result": "not_found"})
+    assert early.status_code == 200, early.content
+    assert (early.json()["operation"]["status"], early.json()["task"]["status"]) == ("unknown", "stopped_pending")
+    d = agent.directive(task["id"], lease)
+    assert (d["kind"], d["op_key"], d["reason"]) == ("wait", op["op_key"], "not_found_not_final")
+
+    clock.advance(timedelta(seconds=1))  # still before the deadline: a fence answers sooner
+    d = agent.directive(task["id"], lease)
+    assert d["kind"] == "wait"
+    fenced = agent.report(task["id"], lease, op["op_key"], version_of(task["id"]), {"result": "fenced"})
+    assert fenced.status_code == 200, fenced.content
+    assert (fenced.json()["operation"]["status"], fenced.json()["task"]["status"]) == ("rejected", "stopped")
+    assert Operation.objects.get(pk=sent.pk).failure_class == "cancelled"
+
+
 # --- compare-and-set ------------------------------------------------------------------------------------------------
 
 

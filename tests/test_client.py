@@ -22,6 +22,7 @@ from reckon_client import (
     AsyncReckon,
     Committed,
     Failed,
+    Fenced,
     NotFound,
     Outcome,
     Reckon,
@@ -47,6 +48,8 @@ class FakeReckon:
     faults: dict[tuple[str, str], list[httpx.Response | Exception]] = field(default_factory=dict)
     seen: list[httpx.Request] = field(default_factory=list)
     released: bool = False
+    fence: bool = False  # the directive's reconcile says fence (a cancel is recorded on the server)
+    not_after: str = ""  # the deadline the server gives each operation
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         self.seen.append(request)
@@ -74,15 +77,16 @@ class FakeReckon:
             self.version += 1
             op = {"op_key": self.open_op, "node": body["node_key"], "action": "a", "purpose": "effect"}
             op |= {"request": {"action": "a", "input": {"n": body["node_key"]}}, "status": "dispatched"}
+            op |= {"not_after": self.not_after or None}
             return httpx.Response(201, json=op | {"dispatch_count": 1}, headers={"ETag": f'"{self.version}"'})
         if request.method == "POST" and path.endswith("/outcome"):
             op_key = path.split("/")[2]
             assert op_key == self.open_op, (op_key, self.open_op)
             if body["result"] == "committed":
                 self.done.add(op_key.removeprefix("op-"))
-            if body["result"] in ("committed", "not_found"):  # settled (not found: the node is to send again)
+            if body["result"] in ("committed", "not_found", "fenced"):  # settled (not found: to send again)
                 self.open_op = ""
-            if body["result"] in ("committed", "not_found", "failed"):
+            if body["result"] in ("committed", "not_found", "fenced", "failed"):
                 self.version += 1
             status = "committed" if body["result"] == "committed" else "dispatched"
             settled = {"operation": {"op_key": op_key, "status": status}, "task": {"version": self.version}}
@@ -97,7 +101,7 @@ class FakeReckon:
     def _directive(self) -> dict[str, Any]:
         d: dict[str, Any] = {"task_version": self.version, "node_key": "", "op_key": "", "until": None, "reason": ""}
         if self.open_op:  # in flight first, as the server's directive
-            return d | {"kind": "reconcile", "op_key": self.open_op, "reason": "dispatched"}
+            return d | {"kind": "reconcile", "op_key": self.open_op, "reason": "dispatched", "fence": self.fence}
         for reason in ("cancel_requested", "takeover_requested"):
             if self.lease.get(reason):
                 return d | {"kind": "stop", "reason": reason}
@@ -134,6 +138,22 @@ class Store:
 
     def current_version(self, locator: str) -> str:
         return "7"
+
+
+@dataclass
+class FencingStore(Store):
+    """A store whose remote can fence an op key: what it was asked to fence, and the requests it was sent."""
+
+    fenced: list[str] = field(default_factory=list)
+    requests: list[Mapping[str, Any]] = field(default_factory=list)
+
+    def fence(self, op_key: str) -> Outcome:
+        self.fenced.append(op_key)
+        return Fenced()
+
+    def submit(self, op_key: str, request: Mapping[str, Any]) -> Outcome:
+        self.requests.append(request)
+        return super().submit(op_key, request)
 
 
 @pytest.fixture
@@ -177,6 +197,38 @@ def test_a_restarted_run_reconciles_the_operation_in_flight_before_sending_anyth
     assert store.sent == ["op-b"]
     writes = [r.url.path.removeprefix(f"/api/v1/tasks/{TASK}") for r in fake.seen if r.method == "POST"]
     assert writes[:3] == ["/lease", "/operations/op-a/outcome", "/operations"]  # the lookup's answer, then b
+
+
+def test_after_a_cancel_the_operation_in_flight_is_fenced_not_looked_up(slept: list[float]) -> None:
+    """The directive says fence (a cancel is recorded): a connector that can is asked to fence the op key, and its
+    final answer is reported as ``fenced``; one that cannot is asked to look it up (the server waits for the
+    request's deadline before a not found closes it)."""
+    fake, store = FakeReckon(["a"], open_op="op-a", fence=True), FencingStore(lookups={"op-a": NotFound()})
+    fake.lease = {"cancel_requested": True}
+    result = client(fake).run(TASK, store)
+    assert (result.status, result.reason) == ("stopped", "cancel_requested")
+    assert store.fenced == ["op-a"] and store.sent == []
+    [report] = fake.calls("POST", "/outcome")
+    assert json.loads(report.content) == {"result": "fenced"}
+
+    fake, plain = FakeReckon(["a"], open_op="op-a", fence=True), Store()
+    fake.lease = {"cancel_requested": True}
+    client(fake).run(TASK, plain)
+    [report] = fake.calls("POST", "/outcome")
+    assert json.loads(report.content) == {"result": "not_found"}
+
+    fake, store = FakeReckon(["a"], open_op="op-a"), FencingStore(lookups={"op-a": Committed(remote_id="r-op-a")})
+    assert client(fake).run(TASK, store).done
+    assert store.fenced == []  # no cancel: looked up, never fenced
+
+
+def test_the_connector_is_given_the_requests_deadline(slept: list[float]) -> None:
+    fake, store = FakeReckon(["a"], not_after="2030-01-01T00:00:30+00:00"), FencingStore()
+    assert client(fake).run(TASK, store).done
+    assert store.requests == [{"action": "a", "input": {"n": "a"}, "not_after": "2030-01-01T00:00:30+00:00"}]
+    fake, store = FakeReckon(["a"]), FencingStore()
+    assert client(fake).run(TASK, store).done
+    assert store.requests == [{"action": "a", "input": {"n": "a"}}]  # none given, none invented
 
 
 def test_a_lookup_that_cannot_reach_the_remote_ends_the_run_to_try_later(slept: list[float]) -> None:
@@ -290,6 +342,7 @@ def test_refusals_are_api_errors_with_the_problem() -> None:
         (Accepted("r"), {"result": "accepted", "remote_id": "r"}),
         (Failed("conflict", "409"), {"result": "failed", "failure_class": "conflict", "detail": "409"}),
         (NotFound(), {"result": "not_found"}),
+        (Fenced(), {"result": "fenced"}),
         (Unprovable(), {"result": "unprovable"}),
     ],
 )
