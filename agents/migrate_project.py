@@ -36,10 +36,12 @@ STORE_ACTIONS = {
 
 def connector() -> ObjectStoreConnector:
     """The connector a worker drives a task of this kind with: the configured store
-    (``RECKON_OBJECTSTORE_URL``), deduping by op key or, with ``RECKON_OBJECTSTORE_IDEMPOTENCY=tag``, by tag."""
+    (``RECKON_OBJECTSTORE_URL``), deduping by op key or, with ``RECKON_OBJECTSTORE_IDEMPOTENCY=tag``, by tag; it
+    waits ``RECKON_OBJECTSTORE_TIMEOUT_SECONDS`` for an answer."""
+    timeout = settings.RECKON_OBJECTSTORE_TIMEOUT
     if settings.RECKON_OBJECTSTORE_IDEMPOTENCY == "tag":
-        return ObjectStoreConnector(settings.RECKON_OBJECTSTORE_URL, idempotency="tag")
-    return ObjectStoreConnector(settings.RECKON_OBJECTSTORE_URL, idempotency="remote")
+        return ObjectStoreConnector(settings.RECKON_OBJECTSTORE_URL, idempotency="tag", timeout=timeout)
+    return ObjectStoreConnector(settings.RECKON_OBJECTSTORE_URL, idempotency="remote", timeout=timeout)
 
 
 def batches(objects: int, max_batch: int) -> list[int]:

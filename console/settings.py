@@ -293,6 +293,8 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 RECKON_OBJECTSTORE_URL = os.environ.get("RECKON_OBJECTSTORE_URL", "http://127.0.0.1:8100")
 # "remote": the store dedupes by op key; "tag": it does not, so the connector queries by the op-key tag first.
 RECKON_OBJECTSTORE_IDEMPOTENCY = os.environ.get("RECKON_OBJECTSTORE_IDEMPOTENCY", "remote")
+# How long the object-store connector waits for an answer (below RECKON_REQUEST_DEADLINE_SECONDS).
+RECKON_OBJECTSTORE_TIMEOUT = float(os.environ.get("RECKON_OBJECTSTORE_TIMEOUT_SECONDS", "5"))
 
 # The agent API: requests a token may make a minute (0: no limit), counted in the cache below.
 RECKON_API_RATE = int(os.environ.get("RECKON_API_RATE", "6000"))

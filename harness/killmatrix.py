@@ -66,6 +66,9 @@ class Scenario:
     expect: str = TaskStatus.COMPLETED.value
     act: str = ""  # what the driver does meanwhile: "cancel" or "change_input"
     idempotency: Idempotency = "remote"  # "tag": the store does not dedupe; the connector queries by the op-key tag
+    call_timeout: float = 5.0  # how long the workers' connector waits for the store's answer
+    drain: float = 0.0  # seconds to wait once every task has ended, for requests the store still holds to land
+    late: bool = False  # the scenario is about late requests: the store must have refused some (else it proved nothing)
 
     @property
     def key(self) -> str:
@@ -106,6 +109,17 @@ SCENARIOS = [
         act="cancel",
     ),
     Scenario(
+        "late request after cancel",
+        "every copy is held 3 s by the store, its caller gives up after 1 s; cancelled while one is in flight: the"
+        " fence refuses it when it lands",
+        faults=({"mode": "latency", "times": 10**6, "ms": 3000, "action": "copy_batch"},),
+        expect=TaskStatus.STOPPED.value,
+        act="cancel",
+        call_timeout=1.0,
+        drain=3.5,
+        late=True,
+    ),
+    Scenario(
         "input changed in pause",
         "the source changes while a person holds the task; handed back",
         expect=TaskStatus.PAUSED.value,
@@ -130,13 +144,15 @@ class Row:
     skipped: int = 0
     wrong: int = 0
     kills: int = 0
+    denied: int = 0  # effects the store counted under op keys the log records as never taking effect (rejected)
+    late: int = 0  # requests the store refused as fenced or past their deadline
     fired: int = -1  # tasks a kill_once failpoint fired for; -1 when the scenario sets none
     seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        clean = not (self.duplicates or self.unknowns or self.skipped or self.wrong)
+        clean = not (self.duplicates or self.unknowns or self.skipped or self.wrong or self.denied)
         # A kill scenario proves something only if its failpoint fired for every task.
         return clean and self.expected == self.counted and self.fired in (-1, self.tasks)
 
@@ -260,6 +276,7 @@ def _running(scenario: Scenario, workdir: Path) -> Iterator[tuple[StoreProcess, 
         "RECKON_LEASE_GRACE_SECONDS": str(scenario.lease_grace),
         "RECKON_LOG_LEVEL": "WARNING",
         "RECKON_OBJECTSTORE_IDEMPOTENCY": scenario.idempotency,
+        "RECKON_OBJECTSTORE_TIMEOUT_SECONDS": str(scenario.call_timeout),
     }
     workers: Workers | None = None
     try:
@@ -329,6 +346,7 @@ def run_scenario(scenario: Scenario, tasks: int, *, timeout: float, log: Callabl
                 last_scan = time.monotonic()
             time.sleep(0.25)
         workers.replace_dead()
+        time.sleep(scenario.drain)  # a request the store still holds lands (or is refused) before the count
         row.kills = workers.kills
         if scenario.failpoints:
             point = scenario.failpoints.partition("=")[0]
@@ -336,6 +354,10 @@ def run_scenario(scenario: Scenario, tasks: int, *, timeout: float, log: Callabl
             if row.fired != tasks:
                 row.problems.append(f"{point} fired for {row.fired} of {tasks} tasks")
         stats = store.call("/_stats")
+        row.late = int(stats.get("refused_fenced", 0)) + int(stats.get("refused_late", 0))
+        if scenario.late and not row.late:
+            row.problems.append("no request reached the store late: the scenario tried nothing")
+            row.wrong += 1
         _judge(row, scenario, ids, stats)
     row.seconds = time.monotonic() - started
     log(_format_row(row))
@@ -428,6 +450,11 @@ def _judge(row: Row, scenario: Scenario, ids: list[int], stats: dict[str, Any]) 
             if op.purpose == OperationPurpose.EFFECT:
                 per_node[op.node_id] = per_node.get(op.node_id, 0) + 1
         row.duplicates += sum(n - 1 for n in per_node.values() if n > 1)
+        # The log says these never took effect (rejected: refused, cancelled, fenced, not done): the store agrees.
+        denied = [op.op_key for op in ops if op.status == OperationStatus.REJECTED and mine.get(op.op_key)]
+        row.denied += sum(mine[key] for key in denied)
+        if denied:
+            row.problems.append(f"task {task.pk}: effects the log denies under {denied}")
         unknown = [op.op_key for op in ops if op.status in OPEN_OPERATION_STATUSES]
         row.unknowns += len(unknown)
         unrecorded = [key for key in mine if key not in receipts]  # an effect the store counted, with no receipt
@@ -502,14 +529,15 @@ def _wrong_final_state(task: Task, scenario: Scenario) -> list[str]:
 
 HEADER = (
     f"{'scenario':<27} {'tasks':>5} {'effects exp':>11} {'counted':>8} {'dups':>5} {'unknown':>8} "
-    f"{'skipped':>8} {'wrong':>6} {'kills':>6} {'secs':>6}  result"
+    f"{'skipped':>8} {'wrong':>6} {'denied':>6} {'late':>5} {'kills':>6} {'secs':>6}  result"
 )
 
 
 def _format_row(row: Row) -> str:
     return (
         f"{row.scenario:<27} {row.tasks:>5} {row.expected:>11} {row.counted:>8} {row.duplicates:>5} "
-        f"{row.unknowns:>8} {row.skipped:>8} {row.wrong:>6} {row.kills:>6} {row.seconds:>6.1f}  "
+        f"{row.unknowns:>8} {row.skipped:>8} {row.wrong:>6} {row.denied:>6} {row.late:>5} {row.kills:>6} "
+        f"{row.seconds:>6.1f}  "
         f"{'ok' if row.ok else 'FAIL'}"
     )
 

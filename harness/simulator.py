@@ -37,7 +37,9 @@ request it applies to; ``action`` limits it to writes of that action (``"switch_
 to requests (writes and queries) whose op key contains that text — one task's op keys, or one node's. ``drop``
 closes the connection without an answer, for a query too: the client cannot tell what happened. ``no_idempotency``
 (no dedupe by op key, ``GET /ops`` answers 501) and ``no_idempotency_no_query`` (no dedupe, and both queries answer
-501) hold for the whole run, until reset or ``{"mode": "clear"}``.
+501) hold for the whole run, until reset or ``{"mode": "clear"}``, and so does ``ignore_fence`` (a store that breaks
+the fence's contract: it answers "fenced" but records no tombstone — for the tests that prove a late request is then
+caught).
 """
 
 import argparse
@@ -122,6 +124,7 @@ class Store:
         self.faults: list[dict[str, Any]] = []  # per-request faults, consumed in order
         self.no_idempotency = False
         self.no_query = False  # with no_idempotency: the tag journal cannot be queried either
+        self.ignore_fence = False  # sabotage: a fence is answered but not kept
 
     def persist(self) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
@@ -157,11 +160,13 @@ class Store:
         with self.lock:
             if mode == "clear":
                 self.faults.clear()
-                self.no_idempotency = self.no_query = False
+                self.no_idempotency = self.no_query = self.ignore_fence = False
             elif mode == "no_idempotency":
                 self.no_idempotency, self.no_query = bool(body.get("enabled", True)), False
             elif mode == "no_idempotency_no_query":
                 self.no_idempotency = self.no_query = bool(body.get("enabled", True))
+            elif mode == "ignore_fence":
+                self.ignore_fence = bool(body.get("enabled", True))
             elif mode in FAULT_MODES:
                 times = body.get("times", 1)
                 if not isinstance(times, int) or times < 1:
@@ -177,14 +182,14 @@ class Store:
                 fault["match"] = match
                 self.faults.append(fault | {"seen": 0})
             else:
-                known = ", ".join(sorted(FAULT_MODES | {"clear"}))
+                known = ", ".join(sorted(FAULT_MODES | {"clear", "ignore_fence"}))
                 raise Refused(HTTPStatus.BAD_REQUEST, "invalid_params", f"unknown fault mode {mode!r} ({known})")
 
     def reset(self) -> None:
         with self.lock:
             self.state = empty_state()
             self.faults.clear()
-            self.no_idempotency = self.no_query = False
+            self.no_idempotency = self.no_query = self.ignore_fence = False
             self.persist()
 
     def set_source(self, body: dict[str, Any]) -> None:
@@ -225,7 +230,7 @@ class Store:
             entry = self.state["tags"].get(op_key)
             if entry is not None:
                 return {"state": "committed", "receipt": json.loads(json.dumps(entry["receipt"]))}
-            if op_key not in self.state["fenced"]:
+            if op_key not in self.state["fenced"] and not self.ignore_fence:
                 self.state["fenced"][op_key] = time.time()
                 self.persist()
             return {"state": "fenced"}

@@ -199,6 +199,22 @@ def test_without_a_fence_a_cancel_waits_for_the_deadline_and_the_late_request_is
     assert find_log_problem(Task.objects.get(pk=task.pk)) is None
 
 
+def test_a_store_that_ignores_its_fence_lets_the_late_request_land_and_the_count_shows_it(
+    simulator: Simulator, make_task: Any, agent_lease: Any
+) -> None:
+    """The check above can fail: against a store that answers "fenced" but keeps no tombstone, the late request
+    lands under an op key the log records as cancelled — the effect the kill matrix counts as denied."""
+    simulator.fault("ignore_fence")
+    store = ObjectStoreConnector(simulator.url, timeout=CALLER_TIMEOUT)
+    with kind_registered(KIND, connector=lambda: store):
+        task, lease, op = in_flight(simulator, store, make_task, agent_lease)
+        task_request_cancel(task_id=task.pk, actor=CREATOR, reason="the customer withdrew")
+        run_steps(task_id=task.pk, lease=lease, connector=store)
+    assert Operation.objects.get(pk=op.pk).status == OperationStatus.REJECTED  # the log: never took effect
+    wait_for(simulator, "side_effects", 1)
+    assert effects_of(simulator, op.op_key) == 1  # the store: it did
+
+
 # --- a person's "not done" ----------------------------------------------------------------------------------------
 
 
