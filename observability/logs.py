@@ -147,6 +147,8 @@ OUTCOME_EVENTS = frozenset(
         "operation_unknown",
         "operation_unprovable",
         "operation_not_found",
+        "operation_not_found_yet",
+        "operation_fenced",
         "operation_resolved_not_done",
         "operation_cancelled",
         "compensation_committed",

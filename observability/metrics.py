@@ -49,6 +49,8 @@ STEP_OUTCOME_EVENTS: dict[str, str] = {
     "operation_unknown": "unknown",
     "operation_unprovable": "unprovable",
     "operation_not_found": "not_found",
+    "operation_not_found_yet": "not_found_not_final",
+    "operation_fenced": "fenced",
     "operation_resolved_not_done": "resolved_not_done",
 }
 OPEN_OPERATION_STATUSES = ("dispatched", "accepted", "unknown")
