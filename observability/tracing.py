@@ -272,6 +272,14 @@ class TracedConnector:
         with _remote_call("lookup", op_key) as span:
             return self._outcome(span, self._inner.lookup(op_key))
 
+    def fence(self, op_key: str) -> Any:
+        """The wrapped connector's fence — or, when it cannot fence, its lookup (a not found is then final only past
+        the deadline). Spelled out: the Fencing protocol is checked on the class, past ``__getattr__``."""
+        with _remote_call("fence", op_key) as span:
+            inner_fence = getattr(self._inner, "fence", None)
+            outcome = inner_fence(op_key) if callable(inner_fence) else self._inner.lookup(op_key)
+            return self._outcome(span, outcome)
+
     def current_version(self, locator: str) -> str:
         with _remote_call("current_version"):
             return str(self._inner.current_version(locator))

@@ -19,6 +19,7 @@ from audit.models import AuditEvent
 from audit.principals import Principal
 from leases import clock
 from leases.services import lease_release
+from observability.tracing import TracedConnector
 from tasks.core.errors import InvalidTransition
 from tasks.core.lifecycle import FailureClass, OperationStatus, TaskStatus
 from tasks.core.outcomes import Committed, Failed, Fenced, NotFound, Outcome
@@ -274,3 +275,18 @@ def test_a_persons_not_done_is_refused_when_the_remote_holds_the_write(
 def test_the_settings_state_a_deadline_longer_than_a_connectors_timeout() -> None:
     """The deadline must outlast the connector's own wait, or a request would be refused while its caller waits."""
     assert timedelta(seconds=ObjectStoreConnector("http://x").timeout) < settings.RECKON_REQUEST_DEADLINE
+
+
+def test_the_traced_connector_every_worker_uses_fences_through_to_the_store(simulator: Simulator) -> None:
+    """The workers' connectors are wrapped for tracing: the wrapper must fence where the store can (the Fencing
+    protocol is checked on the class, so a forwarding ``__getattr__`` is not enough) and fall back to a lookup,
+    never to a claimed fence, where it cannot."""
+    store = ObjectStoreConnector(simulator.url)
+    traced = TracedConnector(store)
+    assert isinstance(traced, Fencing)
+    assert traced.fence("op-never-sent") == Fenced()
+    assert store.submit("op-never-sent", {"action": "store.prepare_target", "input": {"project": "a"}}) == Fenced()
+    assert TracedConnector(LookupOnly(store)).fence("op-other") == NotFound()  # cannot fence: only looked up
+    assert isinstance(
+        store.submit("op-other", {"action": "store.prepare_target", "input": {"project": "a"}}), Committed
+    )
