@@ -13,6 +13,7 @@ from django.db.models import Count, Q
 from leases.models import Lease
 from leases.services import lease_open
 from tasks.core.lifecycle import OPEN_OPERATION_STATUSES, OperationStatus, TempResourceStatus
+from tasks.decide.decisions import not_found_final_at
 from tasks.models import Operation, OperationPurpose, Task, TempResource
 
 NAMED = 5  # op keys named in a sentence; the rest are counted
@@ -131,6 +132,9 @@ def settle_consequences(op: Operation, resolution: Resolution) -> Consequences:
         sentences = [
             f"Operation {op.op_key} is recorded as never having taken effect (rejected: not done).",
             f"Node {node.key} may run again, under a new op key: if the remote did apply it, it happens twice.",
+            "Accepted only once no request under the op key can still land: Reckon first asks the remote to fence "
+            "the op key where it can, and otherwise waits for the request's deadline "
+            f"({not_found_final_at(op).isoformat(timespec='seconds')}, clock skew included).",
         ]
         touched = 1
     else:
