@@ -54,6 +54,7 @@ BOTH_PASSES: tuple[Group, ...] = (
             "test_leases.py",
             "test_lease_state.py",
             "test_protocol.py",
+            "test_final_not_found.py",
             "test_smoke_protocol.py",
             "test_shared_commit.py",
             "test_permits.py",
