@@ -17,7 +17,7 @@ from leases import clock
 from leases.errors import LeaseError
 from leases.models import HolderKind, Lease
 from leases.services import lease_acquire, lease_release
-from tasks.core.errors import TaskError
+from tasks.core.errors import TaskError, VersionConflict
 from tasks.core.lifecycle import FailureClass, OperationStatus
 from tasks.core.outcomes import Accepted, Failed
 from tasks.decide.change import Snapshot
@@ -63,7 +63,7 @@ def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: in
     """
     directive: Directive | None = None
     snap: Snapshot | None = None
-    step = 0
+    step = conflicts = 0
     while step < max_steps:
         in_hand = ""  # the op key this step sends or settles, for the line logged if the step is refused
         try:
@@ -115,6 +115,16 @@ def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: in
             else:
                 return RunReport(step, d, lease)
             step += 1
+            conflicts = 0
+        except VersionConflict as conflict:
+            # Someone else moved the task (a cancel, a takeover request) while this step decided or called: nothing
+            # was written. Read it again and follow the new directive — an answer in hand is asked again by op key
+            # (fenced, if a cancel came), never written on the old version.
+            conflicts += 1
+            if conflicts > MAX_CONFLICTS:
+                return RunReport(step, directive, lease, stopped_by=conflict.code)
+            snap = None
+            continue
         except (Refused, LeaseError) as refusal:
             # One line per refusal that ends a run (lease lost or expired, a version moved by someone else): the
             # domain's other state changes are logged from the event log (observability/logs.py, an event listener).
@@ -128,6 +138,7 @@ def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: in
 
 
 OBSERVE_EVERY = timedelta(seconds=2)
+MAX_CONFLICTS = 3  # version conflicts in a row before a run leaves the task to its next wake-up
 
 
 def _later(delay: timedelta) -> datetime:
