@@ -14,7 +14,8 @@ class Presentation:
     label: str
     icon: str
     meaning: str
-    # A CSS hook naming the family (moving, waiting, attention, ended-well, ended-badly); the label says it too.
+    # A CSS hook naming the family — moving, waiting, held (a person has it: a normal state), attention (waits for a
+    # person), done, ended, failed — each its own colour (reckon.css); the label says it too.
     tone: str
 
 
@@ -32,7 +33,7 @@ STATUSES: dict[TaskStatus, Presentation] = {
         "paused", "‖", "Stopped before its next step; waiting for a person's decision.", "attention"
     ),
     _S.HUMAN: Presentation(
-        "taken over", "☺", "A person holds or last held it; waiting for their result and decision.", "attention"
+        "taken over", "☺", "A person holds or last held it; waiting for their result and decision.", "held"
     ),
     _S.STOPPING: Presentation(
         "stopping",

@@ -135,6 +135,7 @@ BOTH_PASSES: tuple[Group, ...] = (
             "test_detail_reads.py",
             "test_console_list.py",
             "test_consequences.py",
+            "test_takeover_pause_shown.py",
             *_in(
                 "test_api_foundation.py",
                 "test_reading_a_task_costs_the_same_with_3_or_30_nodes",

@@ -1,5 +1,5 @@
 """Template access to console/present.py: ``{% load present %}``, then ``{% task_badge task as badge %}`` or
-``{{ reason|attention_presentation }}``."""
+``{{ reason|attention_presentation }}`` / ``{{ reason|pause_presentation }}``."""
 
 from typing import Any
 
@@ -18,3 +18,8 @@ def task_badge(task: Any) -> present.Badge:
 @register.filter
 def attention_presentation(reason: str) -> present.Presentation:
     return present.attention(reason)
+
+
+@register.filter
+def pause_presentation(reason: str) -> present.Presentation:
+    return present.pause_reason(reason)

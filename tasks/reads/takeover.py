@@ -3,6 +3,7 @@ state, each read at one moment of the database clock."""
 
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 from audit.principals import Principal
@@ -11,10 +12,10 @@ from leases.models import HolderKind, Lease
 from leases.services import lease_open, lease_reservation, operator_ttl
 from leases.state import LeaseState, lease_state
 from tasks.core.actions import is_approval
-from tasks.core.lifecycle import NOT_ENDED, OPEN_OPERATION_STATUSES, NodeStatus
+from tasks.core.lifecycle import NOT_ENDED, OPEN_OPERATION_STATUSES, NodeStatus, TaskStatus
 from tasks.decide.decisions import approvable_nodes
 from tasks.decide.receipts import receipt_summary
-from tasks.models import Node, Operation, PlanRevision, ProposalStatus, Receipt, Task
+from tasks.models import Event, Node, Operation, PlanRevision, ProposalStatus, Receipt, Task
 from tasks.rows import get_task as _task
 from tasks.rows import node_ref
 
@@ -50,6 +51,39 @@ def takeover_package(task_id: int) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class Pause:
+    """Why a task paused, as the event that paused it recorded it: its pause reason and detail."""
+
+    reason: str  # a PauseReason value
+    detail: str
+    seq: int  # the event that paused it
+    at: datetime
+
+
+def pause_before_takeover(task: Task) -> Pause | None:
+    """Why a task a person took over had paused: taking it over clears the task's pause reason and detail, the
+    event log keeps them. The last event that set a status other than taken over is the one the takeover found;
+    None if that was not a pause (the person took it from a running agent, say), or if the task is not taken over.
+    One query, on the task's events newest first."""
+    if task.status != TaskStatus.HUMAN:
+        return None
+    before = (
+        Event.objects.filter(task=task, payload__task__has_key="status")
+        .exclude(payload__task__status=TaskStatus.HUMAN.value)
+        .order_by("-seq")
+        .values_list("seq", "created_at", "payload")
+        .first()
+    )
+    if before is None:
+        return None
+    seq, at, payload = before
+    fields = payload["task"]
+    if fields.get("status") != TaskStatus.PAUSED.value:
+        return None
+    return Pause(reason=fields.get("status_reason", ""), detail=fields.get("status_detail", ""), seq=seq, at=at)
+
+
+@dataclass(frozen=True)
 class TakeoverState:
     """What the takeover page shows, read at one moment of the database clock (a fixed number of queries)."""
 
@@ -64,6 +98,11 @@ class TakeoverState:
     to_submit: list[Node]  # nodes a result may be submitted for (not succeeded, not approvals)
     proposals: list[PlanRevision]  # proposed plans newer than the task's plan, waiting for acceptance
     ended: bool
+
+    @cached_property
+    def paused_before(self) -> Pause | None:
+        """Why the task had paused before a person took it over (read only by the page that shows it)."""
+        return pause_before_takeover(self.task)
 
     @property
     def seconds_left(self) -> int | None:
