@@ -21,3 +21,13 @@ def record(op: Operation, outcome: Outcome, lease: Lease) -> Operation:
     return record_outcome(
         snapshot_at(task_id=op.task_id, lease=lease, expected_version=version(op.task)), op.op_key, outcome, lease=lease
     ).operation
+
+
+def asked(task: Task, key: str) -> str:
+    """The digest of the requests approval ``key`` is asked to permit now: what the approver's page shows (and
+    posts back as ``approving``)."""
+    from tasks.people.approvals import approvals_awaited
+
+    found = [a for a in approvals_awaited(Task.objects.get(pk=task.pk)) if a.approval.key == key]
+    assert found, f"approval {key} is not awaited"
+    return found[0].proposal.digest

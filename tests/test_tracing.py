@@ -28,6 +28,7 @@ from tasks.models import Event, Operation, Task
 from tasks.people.takeover import takeover_claim
 from tests.conftest import chain_plan, person
 from tests.simulator_fixture import Simulator
+from tests.steps import asked
 from tests.workers import celery_worker
 
 EXPORTED = InMemorySpanExporter()
@@ -85,7 +86,12 @@ def test_a_console_request_a_real_worker_and_its_connector_calls_are_one_trace_w
         spans.clear()
         response = client.post(
             reverse("takeover-approve", args=[task.pk]),
-            {"node_key": "approve-cleanup", "expected_version": task.version, "resume": "on"},
+            {
+                "node_key": "approve-cleanup",
+                "expected_version": task.version,
+                "approving": asked(task, "approve-cleanup"),
+                "resume": "on",
+            },
         )
         assert response.status_code == 303
         deadline = time.monotonic() + 60
@@ -173,7 +179,12 @@ def test_a_person_s_hand_back_in_the_console_is_one_trace_down_to_the_connector(
         spans.clear()
         response = client.post(
             reverse("takeover-approve", args=[task.pk]),
-            {"node_key": "approve-cleanup", "expected_version": Task.objects.get(pk=task.pk).version, "resume": "on"},
+            {
+                "node_key": "approve-cleanup",
+                "expected_version": Task.objects.get(pk=task.pk).version,
+                "approving": asked(task, "approve-cleanup"),
+                "resume": "on",
+            },
         )
         assert response.status_code == 303
     finally:
