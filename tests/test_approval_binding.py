@@ -646,3 +646,33 @@ def test_the_task_page_shows_the_binding(client: Client, make_task, clock, ann, 
     page = client.get(f"/tasks/{task.pk}/").content.decode()
     assert "approved by user:ann" in page and ok.approval_digest in page
     assert ok.approval_expires_at is not None and f"{ok.approval_expires_at:%Y-%m-%d %H:%M:%S}" in page
+
+
+def test_the_takeover_page_offers_an_expired_approval_again_and_posts_what_it_shows(
+    client: Client, make_task, clock: ControllableClock, ann, root
+) -> None:
+    task, lease = approved_and_back(make_task, ann, root)
+    lease_release(lease=lease)
+    clock.advance(settings.RECKON_APPROVAL_TTL)
+    grant_and_claim(ann, root, task)
+    client.force_login(ann.user)
+    page = client.get(f"/tasks/{task.pk}/takeover/").content.decode()
+    digest = asked(task, "ok")
+    assert f'name="approving" value="{digest}"' in page
+    assert "Approve again: approval ok expired at" in page
+    form = {"node_key": "ok", "expected_version": version(task), "approving": digest, "valid_minutes": "5"}
+    stale = form | {"approving": "sha256:" + "9" * 64}
+    before = snapshot()
+    response = client.post(f"/tasks/{task.pk}/takeover/approve/", stale)
+    assert response.status_code == 409 and "not the one approved" in response.content.decode()
+    assert snapshot() == before
+    too_long = form | {"valid_minutes": str(int(settings.RECKON_APPROVAL_TTL_MAX.total_seconds()) // 60 + 1)}
+    response = client.post(f"/tasks/{task.pk}/takeover/approve/", too_long)
+    assert response.status_code == 409 and "That validity is not allowed" in response.content.decode()
+    assert snapshot() == before
+    response = client.post(f"/tasks/{task.pk}/takeover/approve/", form)
+    assert response.status_code == 303
+    ok = node(task, "ok")
+    row = AuditEvent.objects.filter(task_id=task.pk, action="node_approved").order_by("-seq").first()
+    assert row is not None and ok.approval_expires_at == row.at + timedelta(minutes=5)
+    assert row.details["ttl_seconds"] == 300
