@@ -60,7 +60,13 @@ BINDING_FIELDS = (
 def request_digest(nodes: tuple[Node, ...] | list[Node], node: Node) -> str:
     """The digest of the request ``node``'s operation will send: ``{"action", "input"}``, the input resolved as the
     start resolves it (raises NodeNotReady while an input it reads has not succeeded)."""
-    return digest_of({"action": node.action, "input": resolved_input(nodes, node)})
+    return call_digest({"action": node.action, "input": resolved_input(nodes, node)})
+
+
+def call_digest(request: dict[str, Any]) -> str:
+    """The digest an approval permits of an operation's request: of its action and its input — the call's
+    arguments — whatever else the request carries for its transport."""
+    return digest_of({"action": request.get("action"), "input": request.get("input")})
 
 
 def gates_of(nodes: tuple[Node, ...] | list[Node], node: Node) -> list[Node]:
@@ -296,7 +302,8 @@ def executed_change(snap: Snapshot, op: Operation) -> Change | None:
     gates = gates_of(snap.nodes, node)
     if not gates:
         return None
-    refused = refusal(snap, node, op.request_digest)
+    digest = call_digest(op.request)
+    refused = refusal(snap, node, digest)
     if refused is not None:
         raise refused
     under = []
@@ -319,7 +326,7 @@ def executed_change(snap: Snapshot, op: Operation) -> Change | None:
         data={
             "node": node_ref(node),
             "op_key": op.op_key,
-            "request_digest": op.request_digest,
+            "request_digest": digest,
             "approvals": under,
         },
     )
