@@ -1,10 +1,14 @@
 """The step protocol of DESIGN §4: one node in two commits.
 
     snap = snapshot_at(task_id=…, lease=…, expected_version=…)     # three reads: task+lease+time, nodes, operations
-    d = next_directive(task_id=…, lease=…, snapshot=snap)         # pure: reconcile / execute / wait / stop / done
+    d = next_directive(task_id=…, lease=…, snapshot=snap)         # reconcile / execute / wait / stop / done (*)
     step = operation_start(snap, d.node_key, lease=…)             # commit 1: the operation, "may have been sent"
     outcome = connector.submit(step.operation.op_key, step.operation.request)  # outside any transaction
     step = record_outcome(step.snapshot, op_key, outcome, lease=…)  # commit 2: receipt, node, task
+
+(*) A read, decided purely — but the first time it stops awaiting an approval for a request, it records what is
+asked (approval_proposed). A gated node's start is judged by the approval rule and records approval_executed in its
+own write (tasks/decide/approval_binding.py).
 
 A worker running a chain of nodes shares commits: ``record_outcome(…, start_next=True)`` writes a node's receipt
 and, when that advances the node and the next directive is to start a fresh node, that node's operation ("may have
