@@ -288,6 +288,7 @@ def test_a_re_plan_invalidates_the_approval_until_a_person_approves_again(make_t
     op = start_b(task, lease)
     assert events(task)[-1].payload["data"]["approvals"][0]["plan_revision"] == 2
     assert op.request_digest == again.approval_requests["b"]
+    assert find_problems(Task.objects.get(pk=task.pk)) == [], "the carried binding and the new one are the log's"
 
 
 def test_an_expired_approval_is_refused_and_writes_nothing(make_task, clock: ControllableClock, ann, root) -> None:
