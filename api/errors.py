@@ -67,6 +67,12 @@ STATUS_OF: Mapping[str, int] = {
     "retention_extension_reason_missing": 422,
     "retention_extension_beyond_bound": 422,
     "retention_extension_limit_reached": 422,
+    # Approvals bound to the exact call (tasks/decide/approval_binding.py): the start waits for a new approval
+    "approval_missing": 409,
+    "approval_request_changed": 409,
+    "approval_plan_moved": 409,
+    "approval_expired": 409,
+    "approval_ttl_invalid": 422,
     # Pacing
     "backoff_active": 429,
     "not_found_not_final": 409,
@@ -103,6 +109,10 @@ TITLE_OF: Mapping[str, str] = {
     "retention_corrupt": "The retained object fails its integrity check",
     "retention_refused": "The object cannot be retained as sent",
     "not_found_not_final": "Not found is not final before the request's deadline",
+    "approval_missing": "No approval permits this request",
+    "approval_request_changed": "The request is not the one approved",
+    "approval_plan_moved": "The approval was given under an earlier plan",
+    "approval_expired": "The approval has expired",
 }
 
 

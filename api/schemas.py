@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from leases.models import Lease
 from tasks.core.lifecycle import FailureClass
 from tasks.core.outcomes import RECEIPT_FIELDS, Accepted, Committed, Failed, Fenced, NotFound, Outcome, Unprovable
+from tasks.decide.approval_binding import AWAITING, approval_views
 from tasks.decide.change import Snapshot
 from tasks.decide.decisions import Directive
 from tasks.models import Node, Operation, Task
@@ -56,12 +57,51 @@ class RemoteDownOut(Schema):
     next_ask_at: datetime
 
 
+class ApprovalAskedOut(Schema):
+    """What an approval is asked to permit: the digest of the request each pending gated node will send
+    (``{"action", "input"}``, the input resolved as its start sends it), their digest together, the plan revision.
+    ``recorded``: the log holds this proposal (event approval_proposed)."""
+
+    digest: str
+    requests: dict[str, str]
+    plan_revision: int
+    recorded: bool
+
+
+class ApprovalGivenOut(Schema):
+    """The approval given: the digest of the requests it permits, the plan revision it was given under, its expiry
+    (database clock), who gave it and the event that records it. ``expired``: at the answer's reading of the clock."""
+
+    digest: str
+    requests: dict[str, str]
+    plan_revision: int
+    expires_at: datetime
+    by: str
+    event_seq: int
+    expired: bool
+
+
+class ApprovalOut(Schema):
+    """One approval node. ``state``: ``not_ready`` (its dependencies have not succeeded), ``awaited`` (a person's
+    approval is asked for: ``code`` and ``why`` say why — ``approval_missing`` not given yet, ``approval_expired``,
+    ``approval_plan_moved``, ``approval_request_changed``), ``approved`` (every ready gated start is bound)."""
+
+    node: str
+    state: Literal["not_ready", "awaited", "approved"]
+    code: str
+    why: str
+    awaited: ApprovalAskedOut | None
+    approved: ApprovalGivenOut | None
+
+
 class TaskOut(TaskSummary):
     nodes: list[NodeOut]
     # Unsettled operations (intent, dispatched, accepted, unknown), oldest first.
     open_operations: list[OperationOut]
     # Set while the task's remote stays unreachable; null once it answers (and for a task that has ended).
     remote_down: RemoteDownOut | None
+    # The plan's approval nodes: what each is asked to permit and what was approved (digest, revision, expires_at).
+    approvals: list[ApprovalOut]
 
 
 class TaskPage(Schema):
@@ -109,7 +149,14 @@ def task_out(snap: Snapshot, remote: RemoteDown | None = None) -> TaskOut:
         nodes=[_node(n) for n in snap.nodes],
         open_operations=[_operation(op, keys) for op in snap.unsettled],
         remote_down=_remote_down(remote) if remote is not None else None,
+        approvals=approvals_out(snap),
     )
+
+
+def approvals_out(snap: Snapshot) -> list[ApprovalOut]:
+    """The plan's approval nodes as the snapshot holds them, judged at its reading of the database clock."""
+    views = approval_views(plan_version=snap.task.plan_version, nodes=snap.nodes, now=snap.now)
+    return [ApprovalOut.model_validate(view.as_dict()) for view in views]
 
 
 def _remote_down(remote: RemoteDown) -> RemoteDownOut:
@@ -261,6 +308,8 @@ class DirectiveOut(Schema):
     operation: OperationDetail | None
     # reconcile / recheck_inputs: the refs whose current version to read and report ({name: {source, locator, …}}).
     input_refs: dict[str, dict[str, Any]] | None
+    # stop awaiting_approval: the approval awaited (node_key), what it is asked to permit and why.
+    approval: ApprovalOut | None = None
 
 
 class OutcomeOut(Schema):
@@ -316,4 +365,5 @@ def directive_out(d: Directive, snap: Snapshot) -> DirectiveOut:
         fence=d.fence,
         operation=operation_detail(op, keys.get(op.node_id, d.node_key)) if op is not None else None,
         input_refs=dict(snap.task.input_refs) if rechecks else None,
+        approval=next((a for a in approvals_out(snap) if a.node == d.node_key), None) if d.reason == AWAITING else None,
     )

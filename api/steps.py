@@ -132,9 +132,10 @@ def directive_read(request: HttpRequest, task_id: int) -> HttpResponse:
     token = token_of(request)
     lease = held_lease(request, token, task_id)
     snap = _scoped_snapshot(token, task_id, lease)
-    return answer(
-        directive_out(next_directive(task_id=task_id, lease=lease, snapshot=snap), snap), version=snap.version
-    )
+    d = next_directive(task_id=task_id, lease=lease, snapshot=snap)
+    if d.task_version != snap.version:  # it recorded what an approval is asked for: answer what that left
+        snap = task_snapshot(task_id=task_id, lease=lease)
+    return answer(directive_out(d, snap), version=snap.version)
 
 
 @router.post(

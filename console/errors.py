@@ -41,6 +41,14 @@ SENTENCES: dict[str, str] = {
     "unknown_task_kind": "No agent is registered for this kind of task: no worker can drive it.",
     "stored_fact_altered": "A stored fact differs from what the log recorded: nothing was sent. Report it to an "
     "admin; the task may be quarantined.",
+    "approval_refused": "The approval does not permit this.",
+    "approval_missing": "No approval permits this step's request yet: a person approves it first.",
+    "approval_request_changed": "The request is not the one approved (or not the one this page showed): nothing was "
+    "approved or started. Read the page again and approve what it shows now.",
+    "approval_plan_moved": "The approval was given under an earlier plan: the new plan's requests must be approved "
+    "again.",
+    "approval_expired": "The approval has expired: the step waits for a new approval.",
+    "approval_ttl_invalid": "That validity is not allowed: leave it empty for the default, or choose a shorter one.",
     "invalid_cursor": "This link to a page is not valid any more: start again from the first page.",
     "takeover_required": "Take the task over before settling its operations by hand.",
     "takeover_refused": "The takeover was refused.",

@@ -314,6 +314,15 @@ RECKON_LEASE_TTL = timedelta(seconds=int(os.environ.get("RECKON_LEASE_TTL_SECOND
 RECKON_LEASE_GRACE = timedelta(seconds=int(os.environ.get("RECKON_LEASE_GRACE_SECONDS", "15")))
 # A person's takeover lease: renewed by the open console page; the grace covers a dropped connection.
 RECKON_OPERATOR_LEASE_TTL = timedelta(seconds=int(os.environ.get("RECKON_OPERATOR_LEASE_TTL_SECONDS", "120")))
+# Approvals (tasks/people/approvals.py): an approval permits the exact requests it was shown, under the plan revision
+# it was given under, until it expires on the database clock — after RECKON_APPROVAL_TTL_SECONDS by default; the
+# approver may choose another validity, up to RECKON_APPROVAL_TTL_MAX_SECONDS.
+RECKON_APPROVAL_TTL = timedelta(seconds=int(os.environ.get("RECKON_APPROVAL_TTL_SECONDS", "3600")))
+RECKON_APPROVAL_TTL_MAX = timedelta(seconds=int(os.environ.get("RECKON_APPROVAL_TTL_MAX_SECONDS", "86400")))
+if not timedelta(0) < RECKON_APPROVAL_TTL <= RECKON_APPROVAL_TTL_MAX:
+    raise ImproperlyConfigured(
+        "RECKON_APPROVAL_TTL_SECONDS must be positive and at most RECKON_APPROVAL_TTL_MAX_SECONDS"
+    )
 # Temp resources a task's effects leave behind are deleted once the task ends (tasks/engine/cleanup.py); this bound is
 # recorded with each (TempResource.retention_until) for operators to see how long one is expected to live.
 RECKON_TEMP_RETENTION = timedelta(hours=int(os.environ.get("RECKON_TEMP_RETENTION_HOURS", "24")))

@@ -140,10 +140,49 @@ class Node(models.Model):
     next_allowed_action = models.CharField(max_length=30, blank=True)
     not_before = models.DateTimeField(null=True, blank=True)
     output = models.JSONField(default=dict, blank=True)
+    # An approval node's binding (tasks/decide/approval_binding.py): the request asked to be approved (its digest,
+    # recorded by the event approval_proposed; cleared once approved) and the approval given — the digest of the
+    # requests it permits ({gated node: request digest}), the plan revision it was given under, its expiry on the
+    # database clock, the event that records it and who gave it. All five or none, on a succeeded node, by a person;
+    # changed only by a later approval (a trigger, migration 0018). Empty on every other node.
+    approval_proposed_digest = models.CharField(max_length=71, blank=True)
+    approval_digest = models.CharField(max_length=71, blank=True)
+    approval_requests = models.JSONField(default=dict, blank=True)
+    approval_plan_version = models.PositiveIntegerField(null=True, blank=True)
+    approval_expires_at = models.DateTimeField(null=True, blank=True)
+    approval_seq = models.PositiveBigIntegerField(null=True, blank=True)
+    approved_by = models.CharField(max_length=220, blank=True)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["task", "plan_version", "key"], name="node_key_unique_per_plan"),
+            models.CheckConstraint(
+                condition=Q(
+                    approval_digest="",
+                    approval_plan_version__isnull=True,
+                    approval_expires_at__isnull=True,
+                    approval_seq__isnull=True,
+                    approved_by="",
+                )
+                | Q(
+                    approval_digest__regex=r"^sha256:[0-9a-f]{64}$",
+                    approval_plan_version__isnull=False,
+                    approval_expires_at__isnull=False,
+                    approval_seq__isnull=False,
+                    approved_by__startswith="user:",
+                    status=NodeStatus.SUCCEEDED.value,
+                ),
+                name="node_approval_binding_whole",
+            ),
+            models.CheckConstraint(
+                condition=Q(approval_plan_version__isnull=True)
+                | Q(approval_plan_version__lte=models.F("plan_version")),
+                name="node_approval_not_ahead_of_its_plan",
+            ),
+            models.CheckConstraint(
+                condition=Q(approval_proposed_digest="") | Q(approval_proposed_digest__regex=r"^sha256:[0-9a-f]{64}$"),
+                name="node_approval_proposed_is_a_digest",
+            ),
             models.CheckConstraint(condition=Q(status__in=_values(NodeStatus)), name="node_status_valid"),
             models.CheckConstraint(
                 condition=Q(attempts__lte=models.F("max_attempts")), name="node_attempts_within_budget"

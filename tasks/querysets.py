@@ -15,6 +15,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import (
     BooleanField,
     Count,
+    DateTimeField,
     Exists,
     ExpressionWrapper,
     F,
@@ -204,14 +205,36 @@ def _attention_conditions() -> dict[Attention, Q]:
 def _awaiting_approval() -> Q:
     """next_directive would say ``stop: awaiting_approval``: nothing comes before the plan's nodes (no pause, no
     person, no cancel, no takeover request, no recheck, no unsettled operation), and the first ready node — the
-    lowest position among pending nodes of the current plan whose dependencies all succeeded — is an approval."""
+    lowest position among pending nodes of the current plan whose dependencies all succeeded — is an approval, or a
+    step it would start that an approval it depends on does not bind (tasks.decide.approval_binding: no approval
+    given, given under another plan revision, not covering this step, expired at the database clock's reading).
+    A request changed under an approval of the same revision is not seen here (only a rewrite of the rows can do
+    that: the start refuses it, verify_log finds it)."""
     approvals = list(approval_actions())
     plan_of_outer = {"task_id": OuterRef("task_id"), "plan_version": OuterRef("plan_version")}
     ready_before = _rows("Node").filter(**plan_of_outer, position__lt=OuterRef("position")).filter(_ready())
-    first_ready_approval = (
+    first_ready = (
         _rows("Node")
-        .filter(task_id=OuterRef("pk"), plan_version=OuterRef("plan_version"), action__in=approvals)
+        .filter(task_id=OuterRef("pk"), plan_version=OuterRef("plan_version"))
         .filter(_ready(), ~Exists(ready_before))
+    )
+    first_ready_approval = first_ready.filter(action__in=approvals)
+    now = ClockNow()  # compiled with each query: the overview queryset is built once per process
+    unbinding = (
+        _rows("Node")
+        .filter(**plan_of_outer, action__in=approvals)
+        .filter(JsonArrayHas(OuterRef("depends_on"), F("key")))
+        .filter(
+            Q(approval_seq__isnull=True)
+            | ~Q(approval_plan_version=OuterRef("plan_version"))
+            | ~Q(JsonObjectHasKey(F("approval_requests"), OuterRef("key")))
+            | Q(approval_expires_at__lte=now)
+        )
+    )
+    first_ready_unbound = (
+        first_ready.exclude(action__in=approvals)
+        .filter(Exists(unbinding), attempts__lt=F("max_attempts"))
+        .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
     )
     unsettled = _rows("Operation").filter(
         task_id=OuterRef("pk"), status__in=sorted(s.value for s in UNSETTLED_OPERATION_STATUSES)
@@ -222,7 +245,10 @@ def _awaiting_approval() -> Q:
         & Q(cancel_requested_at__isnull=True, inputs_recheck_required=False)
         & ~Q(Exists(unsettled))
         & ~Q(Exists(reserved))
-        & Q(Exists(first_ready_approval))
+        & (
+            Q(Exists(first_ready_approval))
+            | (Q(attempts_used__lt=F("attempt_budget")) & Q(Exists(first_ready_unbound)))
+        )
     )
 
 
@@ -260,3 +286,52 @@ class JsonArrayHas(Func):
         if connection.vendor == "sqlite":
             return f"EXISTS (SELECT 1 FROM json_each({array}) WHERE json_each.value = {item})", params  # noqa: S608
         raise NotSupportedError(f"JsonArrayHas is written for SQLite and PostgreSQL, not {connection.vendor}")
+
+
+class JsonObjectHasKey(Func):
+    """``obj`` (a JSON object) has the key ``key``. Written per database, as JsonArrayHas."""
+
+    arity = 2
+    output_field = BooleanField()
+
+    def as_sql(
+        self,
+        compiler: SQLCompiler,
+        connection: BaseDatabaseWrapper,
+        function: str | None = None,
+        template: str | None = None,
+        arg_joiner: str | None = None,
+        **extra_context: Any,
+    ) -> "_AsSqlType":
+        (obj, obj_params), (key, key_params) = (compiler.compile(e) for e in self.get_source_expressions())
+        params = (*obj_params, *key_params)
+        if connection.vendor == "postgresql":
+            return f"({obj} ? {key})", params  # jsonb: a top-level key
+        if connection.vendor == "sqlite":
+            return f"EXISTS (SELECT 1 FROM json_each({obj}) WHERE json_each.key = {key})", params  # noqa: S608
+        raise NotSupportedError(f"JsonObjectHasKey is written for SQLite and PostgreSQL, not {connection.vendor}")
+
+
+class ClockNow(Func):
+    """The clock's time as the statement reads it (leases.clock.now_sql): the database's own clock, or a test's
+    controllable one — compiled afresh with each query, never frozen in a queryset built once."""
+
+    arity = 0
+    output_field = DateTimeField()
+
+    def as_sql(
+        self,
+        compiler: SQLCompiler,
+        connection: BaseDatabaseWrapper,
+        function: str | None = None,
+        template: str | None = None,
+        arg_joiner: str | None = None,
+        **extra_context: Any,
+    ) -> "_AsSqlType":
+        sql, params = clock.now_sql()
+        if params:
+            adapted: Any = tuple(
+                connection.ops.adapt_datetimefield_value(p) for p in params
+            )  # a datetime on PostgreSQL
+            return sql, adapted
+        return sql.replace("%", "%%"), ()  # SQLite's expression: a query with parameters doubles its % signs

@@ -61,6 +61,7 @@ BOTH_PASSES: tuple[Group, ...] = (
             "test_takeover.py",
             "test_takeover_smoke.py",
             "test_approvals.py",
+            "test_approval_binding.py",
             "test_event_log.py",
             "test_recovery.py",
             "test_stateful_leases.py",

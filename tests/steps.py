@@ -32,3 +32,13 @@ def past_deadline(clock: ControllableClock, op: Operation) -> None:
     plus the clock skew): no request under its op key can land after that."""
     op = Operation.objects.get(pk=op.pk)
     clock.set(max(clock.now(), not_found_final_at(op) + timedelta(milliseconds=1)))
+
+
+def asked(task: Task, key: str) -> str:
+    """The digest of the requests approval ``key`` is asked to permit now: what the approver's page shows (and
+    posts back as ``approving``)."""
+    from tasks.people.approvals import approvals_awaited
+
+    found = [a for a in approvals_awaited(Task.objects.get(pk=task.pk)) if a.approval.key == key]
+    assert found, f"approval {key} is not awaited"
+    return found[0].proposal.digest

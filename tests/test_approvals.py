@@ -21,13 +21,17 @@ from tasks.models import Event, Node, Operation, Receipt, Task
 from tasks.people.approvals import approval_record_id, node_approve, node_approve_and_resume
 from tasks.people.takeover import takeover_claim, takeover_submit
 from tests.conftest import SOURCE_REF, effect_node, person, snapshot
-from tests.steps import record, send, version
+from tests.steps import asked, record, send, version
 
 pytestmark = pytest.mark.django_db
 
 
 def approval(key: str, **extra: Any) -> dict[str, Any]:
     return {"key": key, "action": "approval", "evidence": {"remote_id": True}, **extra}
+
+
+# What a page made before the call showed (the test's refusal comes first, whatever it says).
+ASKED_BEFORE = "sha256:" + "0" * 64
 
 
 def approval_first() -> dict[str, Any]:
@@ -69,16 +73,26 @@ def test_an_approval_is_audited_and_its_event_and_receipt_name_each_other(make_t
     claimed(ann, task)
     v = version(task)
 
-    after = node_approve(actor=ann, task_id=task.pk, node_key="ok", expected_version=v, note="checked the diff")
+    after = node_approve(
+        actor=ann,
+        task_id=task.pk,
+        node_key="ok",
+        expected_version=v,
+        approving=asked(task, "ok"),
+        note="checked the diff",
+    )
 
-    assert after.version == v + 1 and after.status == TaskStatus.HUMAN, "the person still holds the task"
-    event = Event.objects.get(task=task, seq=v + 1)
+    # Nobody asked for it yet (a person took the task over before the agent reached it): the approval records what
+    # it is asked to permit first, then the approval.
+    assert after.version == v + 2 and after.status == TaskStatus.HUMAN, "the person still holds the task"
+    assert Event.objects.get(task=task, seq=v + 1).type == "approval_proposed"
+    event = Event.objects.get(task=task, seq=v + 2)
     assert event.type == "node_approved"
     assert event.payload["data"]["by"] == "user:ann"
     op = Operation.objects.get(node=node(task, "ok"))
     assert (op.status, op.settled_by) == (OperationStatus.COMMITTED, "user:ann")
     receipt = Receipt.objects.get(operation=op)
-    assert receipt.remote_id == approval_record_id(task, v + 1), "the receipt names the approval record"
+    assert receipt.remote_id == approval_record_id(task, v + 2), "the receipt names the approval record"
     assert event.payload["data"]["receipts"] == {
         op.op_key: {"remote_id": receipt.remote_id, "remote_version": "", "count": None, "digest": ""}
     }
@@ -89,7 +103,7 @@ def test_an_approval_is_audited_and_its_event_and_receipt_name_each_other(make_t
         "node_approved",
         "ann",
         v,
-        v + 1,
+        v + 2,
     )
     assert audit.reason == "checked the diff"
 
@@ -100,7 +114,7 @@ def test_an_approval_states_what_was_approved_from_its_evidence_spec(make_task, 
     ann = operator_for(root, task, "ann")
     claimed(ann, task)
 
-    node_approve(actor=ann, task_id=task.pk, node_key="ok", expected_version=version(task))
+    node_approve(actor=ann, task_id=task.pk, node_key="ok", expected_version=version(task), approving=asked(task, "ok"))
 
     assert Receipt.objects.get(operation__node=node(task, "ok")).remote_version == SOURCE_REF["version"]
 
@@ -109,7 +123,7 @@ def test_an_approved_task_passes_verify_log(make_task, clock, root) -> None:
     task = make_task(approval_first())
     ann = operator_for(root, task, "ann")
     claimed(ann, task)
-    node_approve(actor=ann, task_id=task.pk, node_key="ok", expected_version=version(task))
+    node_approve(actor=ann, task_id=task.pk, node_key="ok", expected_version=version(task), approving=asked(task, "ok"))
     assert find_problems(Task.objects.get(pk=task.pk)) == []
 
 
@@ -117,7 +131,7 @@ def test_after_approval_and_hand_back_the_agent_runs_the_next_node(make_task, ag
     task = make_task(approval_first())
     ann = operator_for(root, task, "ann")
     claimed(ann, task)
-    node_approve(actor=ann, task_id=task.pk, node_key="ok", expected_version=version(task))
+    node_approve(actor=ann, task_id=task.pk, node_key="ok", expected_version=version(task), approving=asked(task, "ok"))
     from leases.services import lease_open
 
     lease = lease_open(task.pk)
@@ -140,7 +154,9 @@ def test_only_a_person_allowed_to_operate_the_task_may_approve(make_task, clock,
     }[who]()
     refused(
         PermissionDenied,
-        lambda: node_approve(actor=actor, task_id=task.pk, node_key="ok", expected_version=version(task)),
+        lambda: node_approve(
+            actor=actor, task_id=task.pk, node_key="ok", expected_version=version(task), approving=ASKED_BEFORE
+        ),
     )
 
 
@@ -149,13 +165,17 @@ def test_an_approval_needs_the_takeover_lease(make_task, agent_lease, clock, roo
     ann = operator_for(root, task, "ann")
     refused(
         PermissionDenied,
-        lambda: node_approve(actor=ann, task_id=task.pk, node_key="ok", expected_version=version(task)),
+        lambda: node_approve(
+            actor=ann, task_id=task.pk, node_key="ok", expected_version=version(task), approving=ASKED_BEFORE
+        ),
     )
     bob = operator_for(root, task, "bob")
     claimed(bob, task)
     error = refused(
         PermissionDenied,
-        lambda: node_approve(actor=ann, task_id=task.pk, node_key="ok", expected_version=version(task)),
+        lambda: node_approve(
+            actor=ann, task_id=task.pk, node_key="ok", expected_version=version(task), approving=ASKED_BEFORE
+        ),
     )
     assert "user:bob" in str(error) or "operator:bob" in str(error)
 
@@ -166,7 +186,8 @@ def test_a_stale_approval_is_refused_with_the_changes_since(make_task, clock, ro
     seen = version(task)
     claimed(ann, task)  # the task moved on since the page was rendered
     error = refused(
-        VersionConflict, lambda: node_approve(actor=ann, task_id=task.pk, node_key="ok", expected_version=seen)
+        VersionConflict,
+        lambda: node_approve(actor=ann, task_id=task.pk, node_key="ok", expected_version=seen, approving=ASKED_BEFORE),
     )
     assert isinstance(error, TaskError)
     assert [c["type"] for c in error.details["changes"]] == ["takeover_granted"]
@@ -185,17 +206,22 @@ def test_it_refuses_what_is_not_an_approval_ready_now(make_task, clock, root, pl
     task = make_task(plan)
     ann = operator_for(root, task, "ann")
     claimed(ann, task)
-    refused(error, lambda: node_approve(actor=ann, task_id=task.pk, node_key=key, expected_version=version(task)))
+    refused(
+        error,
+        lambda: node_approve(actor=ann, task_id=task.pk, node_key=key, expected_version=version(task), approving=""),
+    )
 
 
 def test_it_refuses_to_approve_twice(make_task, clock, root) -> None:
     task = make_task(approval_first())
     ann = operator_for(root, task, "ann")
     claimed(ann, task)
-    node_approve(actor=ann, task_id=task.pk, node_key="ok", expected_version=version(task))
+    node_approve(actor=ann, task_id=task.pk, node_key="ok", expected_version=version(task), approving=asked(task, "ok"))
     refused(
         InvalidTransition,
-        lambda: node_approve(actor=ann, task_id=task.pk, node_key="ok", expected_version=version(task)),
+        lambda: node_approve(
+            actor=ann, task_id=task.pk, node_key="ok", expected_version=version(task), approving=ASKED_BEFORE
+        ),
     )
 
 
@@ -207,7 +233,10 @@ def test_it_refuses_while_an_operation_is_open(make_task, agent_lease, clock, ro
     lease_release(lease=lease)
     claimed(ann, task)
     refused(
-        OperationsOpen, lambda: node_approve(actor=ann, task_id=task.pk, node_key="ok", expected_version=version(task))
+        OperationsOpen,
+        lambda: node_approve(
+            actor=ann, task_id=task.pk, node_key="ok", expected_version=version(task), approving=asked(task, "ok")
+        ),
     )
 
 
@@ -229,9 +258,12 @@ def test_approve_and_resume_approves_and_hands_back_in_one_commit(
     claimed(ann, task)
     v = version(task)
     with django_capture_on_commit_callbacks() as wakeups:
-        after = node_approve_and_resume(actor=ann, task_id=task.pk, node_key="ok", expected_version=v, note="ok")
-    assert after.status == TaskStatus.PENDING and after.version == v + 2
+        after = node_approve_and_resume(
+            actor=ann, task_id=task.pk, node_key="ok", expected_version=v, approving=asked(task, "ok"), note="ok"
+        )
+    assert after.status == TaskStatus.PENDING and after.version == v + 3
     assert list(Event.objects.filter(task=task, seq__gt=v).values_list("type", flat=True).order_by("seq")) == [
+        "approval_proposed",
         "node_approved",
         "takeover_result_submitted",
     ]
@@ -249,7 +281,9 @@ def test_approve_and_resume_on_a_stale_page_writes_nothing(make_task, clock, roo
     claimed(ann, task)
     refused(
         VersionConflict,
-        lambda: node_approve_and_resume(actor=ann, task_id=task.pk, node_key="ok", expected_version=seen),
+        lambda: node_approve_and_resume(
+            actor=ann, task_id=task.pk, node_key="ok", expected_version=seen, approving=ASKED_BEFORE
+        ),
     )
 
 
@@ -264,6 +298,8 @@ def test_approve_and_resume_leaves_nothing_when_the_hand_back_is_refused(make_ta
     monkeypatch.setattr("tasks.people.approvals.takeover_submit", refuse_the_hand_back)
     refused(
         PermissionDenied,
-        lambda: node_approve_and_resume(actor=ann, task_id=task.pk, node_key="ok", expected_version=version(task)),
+        lambda: node_approve_and_resume(
+            actor=ann, task_id=task.pk, node_key="ok", expected_version=version(task), approving=asked(task, "ok")
+        ),
     )
     assert node(task, "ok").status == NodeStatus.PENDING, "the approval rolled back with the refused hand-back"

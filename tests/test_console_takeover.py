@@ -33,7 +33,7 @@ from tasks.models import Event, Node, PlanRevision, Task
 from tasks.people.cancel import task_request_cancel
 from tasks.people.takeover import takeover_claim, takeover_submit
 from tests.conftest import SOURCE_REF, chain_plan, copy_node, effect_node, person, snapshot
-from tests.steps import version
+from tests.steps import asked, version
 
 pytestmark = pytest.mark.django_db
 
@@ -332,7 +332,7 @@ def _approved(ann: Principal, task: Task) -> Lease:
     from tasks.people.approvals import node_approve
 
     lease = held(ann, task)
-    node_approve(actor=ann, task_id=task.pk, node_key="ok", expected_version=version(task))
+    node_approve(actor=ann, task_id=task.pk, node_key="ok", expected_version=version(task), approving=asked(task, "ok"))
     return lease
 
 
@@ -442,9 +442,14 @@ def test_an_approval_from_the_page_is_audited_and_in_the_log(browser, task, ann,
     html = text(browser.get(url("takeover", task)))
     assert "Approve ok" in html
     v = version(task)
-    response = browser.post(url("takeover-approve", task), {"node_key": "ok", "expected_version": v, "note": "fine"})
+    form = {"node_key": "ok", "expected_version": v, "approving": asked(task, "ok"), "note": "fine"}
+    response = browser.post(url("takeover-approve", task), form)
     assert response.status_code == 303
-    assert Event.objects.get(task=task, seq=v + 1).type == "node_approved"
+    # What it permits is recorded first (nobody asked yet: the person took the task before the agent reached it).
+    assert [e.type for e in Event.objects.filter(task=task, seq__gt=v).order_by("seq")] == [
+        "approval_proposed",
+        "node_approved",
+    ]
     row = AuditEvent.objects.order_by("-seq").first()
     assert row is not None and (row.action, row.actor_id, row.reason) == ("node_approved", "ann", "fine")
 
@@ -457,10 +462,12 @@ def test_approve_and_hand_back_from_the_page_leaves_the_task_to_the_agent(
     v = version(task)
     with django_capture_on_commit_callbacks() as wakeups:
         response = browser.post(
-            url("takeover-approve", task), {"node_key": "ok", "expected_version": v, "note": "fine", "resume": "on"}
+            url("takeover-approve", task),
+            {"node_key": "ok", "expected_version": v, "approving": asked(task, "ok"), "note": "fine", "resume": "on"},
         )
     assert response.status_code == 303
     assert [e.type for e in Event.objects.filter(task=task, seq__gt=v).order_by("seq")] == [
+        "approval_proposed",
         "node_approved",
         "takeover_result_submitted",
     ]
@@ -472,14 +479,19 @@ def test_a_stale_approval_writes_nothing(browser, task, ann, clock) -> None:
     seen = version(task)
     held(ann, task)
     before, rows = snapshot(), counts()
-    response = browser.post(url("takeover-approve", task), {"node_key": "ok", "expected_version": seen})
+    response = browser.post(
+        url("takeover-approve", task), {"node_key": "ok", "expected_version": seen, "approving": asked(task, "ok")}
+    )
     assert response.status_code == 409 and "takeover granted" in text(response)
     assert snapshot() == before and counts() == rows
 
 
 def test_an_approval_without_the_lease_is_refused(browser, task, clock) -> None:
     before = snapshot()
-    response = browser.post(url("takeover-approve", task), {"node_key": "ok", "expected_version": version(task)})
+    response = browser.post(
+        url("takeover-approve", task),
+        {"node_key": "ok", "expected_version": version(task), "approving": asked(task, "ok")},
+    )
     assert response.status_code == 403 and "take the task over first" in text(response)
     assert snapshot() == before
 

@@ -6,12 +6,14 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, Group, Permission, User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from guardian.shortcuts import assign_perm
 
 from audit.principals import Principal
+from leases.clock import ControllableClock
 from leases.models import Lease
 from leases.services import lease_acquire, lease_release, lease_reserve
 from tasks.access.permissions import OPERATE, can_operate, operable_condition, permission_grant
@@ -21,6 +23,8 @@ from tasks.engine.plans import plan_accept, plan_propose
 from tasks.engine.protocol import next_directive
 from tasks.engine.recovery import tasks_needing_work
 from tasks.models import Node, ScopeGrant, Task, TempResource
+from tasks.people.approvals import node_approve_and_resume
+from tasks.people.takeover import takeover_claim
 from tasks.querysets import Attention
 from tasks.reads.queries import (
     InvalidCursor,
@@ -33,11 +37,12 @@ from tasks.reads.queries import (
     task_queue,
 )
 from tests.conftest import chain_plan, effect_node, person
-from tests.steps import record, send, version
+from tests.steps import asked, record, send, version
 
 pytestmark = pytest.mark.django_db
 
 A = Attention
+TEST_CLOCK: list[ControllableClock] = []  # the test's clock, for the cases that move it
 
 
 def approval(key: str, **extra: Any) -> dict[str, Any]:
@@ -260,9 +265,55 @@ def _approval_of_a_cancelled_task(make_task: Callable[..., Task], lease_for: Cal
     return task
 
 
+def _approved(task: Task, **given: Any) -> Task:
+    """``approve`` approved by a person (bound to b's request) and the task handed back."""
+    root = person(f"root-{task.pk}", "admin")
+    claim = takeover_claim(actor=root, task_id=task.pk)
+    assert claim.granted
+    node_approve_and_resume(
+        actor=root,
+        task_id=task.pk,
+        node_key="approve",
+        expected_version=version(task),
+        approving=asked(task, "approve"),
+        **given,
+    )
+    return task
+
+
 def _approval_approved(make_task: Callable[..., Task], lease_for: Callable[[Task], Lease]) -> Task:
+    return _approved(make_task({"nodes": [approval("approve"), effect_node("b", depends_on=["approve"])]}))
+
+
+def _approval_marked_succeeded(make_task: Callable[..., Task], lease_for: Callable[[Task], Lease]) -> Task:
+    """Succeeded without an approval binding b's request (a row changed by hand): b's start waits for one."""
     task = make_task({"nodes": [approval("approve"), effect_node("b", depends_on=["approve"])]})
     Node.objects.filter(task=task, key="approve").update(status="succeeded")
+    return task
+
+
+def _approval_expired(make_task: Callable[..., Task], lease_for: Callable[[Task], Lease]) -> Task:
+    task = _approved(make_task({"nodes": [approval("approve"), effect_node("b", depends_on=["approve"])]}))
+    TEST_CLOCK[-1].advance(settings.RECKON_APPROVAL_TTL)  # exactly at its expiry: expired
+    return task
+
+
+def _approval_expired_behind_a_backoff(make_task: Callable[..., Task], lease_for: Callable[[Task], Lease]) -> Task:
+    """Expired, but the gated node backs off first: the directive says wait, not awaiting approval."""
+    task = _approval_expired(make_task, lease_for)
+    Node.objects.filter(task=task, key="b").update(not_before=TEST_CLOCK[-1].now() + timedelta(minutes=5))
+    return task
+
+
+def _approval_under_an_older_plan(make_task: Callable[..., Task], lease_for: Callable[[Task], Lease]) -> Task:
+    plan = {"nodes": [approval("approve"), effect_node("b", depends_on=["approve"])]}
+    task = _approved(make_task(plan))
+    lease = lease_for(task)
+    replanned = {"nodes": [*plan["nodes"], effect_node("c", depends_on=["b"])]}  # the approval and b are kept
+    revision = plan_propose(
+        task_id=task.pk, plan=replanned, proposed_by="agent:worker", expected_version=version(task), lease=lease
+    )
+    plan_accept(revision_id=revision.pk, expected_version=version(task), lease=lease)
     return task
 
 
@@ -277,11 +328,16 @@ APPROVAL_CASES = {
     "approval after a hand-back": (_approval_after_a_hand_back, False),
     "approval of a cancelled task": (_approval_of_a_cancelled_task, False),
     "approval already approved": (_approval_approved, False),
+    "approval marked succeeded without binding": (_approval_marked_succeeded, True),
+    "approval expired": (_approval_expired, True),
+    "approval expired behind a backoff": (_approval_expired_behind_a_backoff, False),
+    "approval under an older plan": (_approval_under_an_older_plan, True),
 }
 
 
 @pytest.mark.parametrize("case", sorted(APPROVAL_CASES))
-def test_awaiting_approval_is_what_next_directive_says(make_task, clock, case) -> None:
+def test_awaiting_approval_is_what_next_directive_says(make_task, clock, case, monkeypatch) -> None:
+    monkeypatch.setattr(f"{__name__}.TEST_CLOCK", [clock])
     build, expected = APPROVAL_CASES[case]
     leases: dict[int, Lease] = {}
 

@@ -24,7 +24,7 @@ from tasks.people.approvals import node_approve
 from tasks.people.settlement import outcome_summary
 from tasks.people.takeover import NodeResult, takeover_claim
 from tests.conftest import person
-from tests.steps import version
+from tests.steps import asked, version
 
 # One value per receipt field; a field added to RECEIPT_FIELDS needs one here (the first test says so).
 GIVEN: dict[str, Any] = {"remote_id": "r-1", "remote_version": "7", "count": 3, "digest": "sha256:" + "ab" * 32}
@@ -121,7 +121,9 @@ def test_an_approval_states_every_receipt_field_its_evidence_pins(make_task, clo
     task = make_task({"nodes": [{"key": "ok", "action": "approval", "evidence": evidence}]})
     root = person("root", "admin")
     assert takeover_claim(actor=root, task_id=task.pk).granted
-    node_approve(actor=root, task_id=task.pk, node_key="ok", expected_version=version(task))
+    node_approve(
+        actor=root, task_id=task.pk, node_key="ok", expected_version=version(task), approving=asked(task, "ok")
+    )
     receipt = Receipt.objects.get(operation__node__task=task)
     assert {k: v for k, v in receipt_summary(receipt).items() if k != "remote_id"} == {
         k: v for k, v in GIVEN.items() if k != "remote_id"

@@ -28,6 +28,7 @@ from tasks.models import Event, Operation, Task
 from tasks.people.takeover import takeover_claim
 from tests.conftest import chain_plan, person
 from tests.simulator_fixture import Simulator
+from tests.steps import asked
 from tests.workers import celery_worker
 
 EXPORTED = InMemorySpanExporter()
@@ -85,7 +86,12 @@ def test_a_console_request_a_real_worker_and_its_connector_calls_are_one_trace_w
         spans.clear()
         response = client.post(
             reverse("takeover-approve", args=[task.pk]),
-            {"node_key": "approve-cleanup", "expected_version": task.version, "resume": "on"},
+            {
+                "node_key": "approve-cleanup",
+                "expected_version": task.version,
+                "approving": asked(task, "approve-cleanup"),
+                "resume": "on",
+            },
         )
         assert response.status_code == 303
         deadline = time.monotonic() + 60
@@ -111,10 +117,13 @@ def test_a_console_request_a_real_worker_and_its_connector_calls_are_one_trace_w
     assert [w["reckon.task_version"] for w in written] == list(range(handed_back + 1, handed_back + 1 + len(written)))
     assert all(log[w["reckon.task_version"]] == w["reckon.event"] for w in written)
     # Each operation the wake-up sent is one connector call in the same trace, under the job, with its op key and
-    # the version the task was at when it was sent: the version its intent made.
-    intents = {
-        w["reckon.op_key"]: w["reckon.task_version"] for w in written if w["reckon.event"].endswith("_dispatched")
-    }
+    # the version the task was at when it was sent: the version its intent's write made (a step an approval gates
+    # records the approval's execution in that same write, as the next version).
+    intents = {}
+    for w, following in zip(written, [*written[1:], None], strict=True):
+        if w["reckon.event"].endswith("_dispatched"):
+            joined = following is not None and following["reckon.event"] == "approval_executed"
+            intents[w["reckon.op_key"]] = following["reckon.task_version"] if joined else w["reckon.task_version"]
     sends = [s for s in worker_spans if s["name"] in ("connector.submit", "connector.delete", "connector.compensate")]
     assert len(intents) >= 2 and sorted(s["attributes"]["reckon.op_key"] for s in sends) == sorted(intents)
     assert set(intents) <= set(Operation.objects.filter(task=task).values_list("op_key", flat=True)) - before
@@ -173,7 +182,12 @@ def test_a_person_s_hand_back_in_the_console_is_one_trace_down_to_the_connector(
         spans.clear()
         response = client.post(
             reverse("takeover-approve", args=[task.pk]),
-            {"node_key": "approve-cleanup", "expected_version": Task.objects.get(pk=task.pk).version, "resume": "on"},
+            {
+                "node_key": "approve-cleanup",
+                "expected_version": Task.objects.get(pk=task.pk).version,
+                "approving": asked(task, "approve-cleanup"),
+                "resume": "on",
+            },
         )
         assert response.status_code == 303
     finally:

@@ -58,6 +58,10 @@ class ReleaseForm(LeaseForm):
 
 class ApproveForm(VersionedForm):
     node_key = forms.CharField(max_length=100, widget=forms.HiddenInput)
+    # The digest of the requests the page showed: the approval permits exactly those (a stale page is refused).
+    approving = forms.CharField(max_length=71, widget=forms.HiddenInput)
+    # How long the approval binds, in minutes; empty: the deployment's default (the service bounds it).
+    valid_minutes = forms.IntegerField(required=False, min_value=1, max_value=1_000_000, label="Valid for (minutes)")
     note = forms.CharField(max_length=2000, required=False, label="Note", widget=forms.Textarea(attrs={"rows": 2}))
     # Approve and hand the task back to the agent in one step (the usual case), or only approve and keep it.
     resume = forms.BooleanField(required=False)

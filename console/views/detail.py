@@ -17,6 +17,7 @@ from retention.queries import retained_for_task
 from tasks.access.permissions import can_operate
 from tasks.access.permits import permits
 from tasks.core.lifecycle import ChangeKind
+from tasks.decide.approval_binding import approval_views
 from tasks.models import Task
 from tasks.reads.detail import InvalidTimelineCursor, chain_check, detail_page, is_terminal, lease_view, timeline_page
 
@@ -80,6 +81,9 @@ def _page_context(request: HttpRequest, task: Task, *, force_check: bool = False
         "may_operate": may_operate,
         "may_take_over": permits(principal(request), ChangeKind.TAKEOVER, task, operable=may_operate) is None,
         "poll_seconds": LEASE_POLL_SECONDS,
+        "approvals": approval_views(
+            plan_version=task.plan_version, nodes=[row.node for row in shown.detail.nodes], now=shown.lease.now
+        ),
         "remote": shown.remote,
         "remote_wait_seconds": shown.remote.wait_seconds(shown.lease.now) if shown.remote else None,
     }

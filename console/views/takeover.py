@@ -7,6 +7,7 @@ wrote nothing. Forms carry the version (and lease epoch) the page showed, so a s
 """
 
 import json
+from datetime import timedelta
 from typing import Any
 
 from django.contrib import messages
@@ -278,6 +279,8 @@ def approve(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
             task_id=task.pk,
             node_key=data["node_key"],
             expected_version=data["expected_version"],
+            approving=data["approving"],
+            ttl=timedelta(minutes=data["valid_minutes"]) if data["valid_minutes"] else None,
             note=data["note"],
         )
     except (Refused, LeaseError) as error:

@@ -94,3 +94,40 @@ class StoredFactAltered(TaskError):
     """A stored fact a call would be made from (a request, a locator) is not what the log recorded: nothing is sent."""
 
     code = "stored_fact_altered"
+
+
+class ApprovalRefused(TaskError):
+    """An approval does not bind the call (tasks/decide/approval_binding.py): the gated operation does not start, or
+    the approval is not given as asked. Nothing is written; the task waits for a new approval."""
+
+    code = "approval_refused"
+
+
+class ApprovalMissing(ApprovalRefused):
+    """No approval binds the gated node's request: it has not been given (or not with node_approve)."""
+
+    code = "approval_missing"
+
+
+class ApprovalRequestChanged(ApprovalRefused):
+    """The request is not the one approved (or not the one the approver was shown)."""
+
+    code = "approval_request_changed"
+
+
+class ApprovalPlanMoved(ApprovalRefused):
+    """The approval was given under an earlier plan revision."""
+
+    code = "approval_plan_moved"
+
+
+class ApprovalExpired(ApprovalRefused):
+    """The approval's expiry has passed on the database clock."""
+
+    code = "approval_expired"
+
+
+class ApprovalTtlInvalid(ApprovalRefused):
+    """The validity asked for an approval is not within the deployment's bounds (RECKON_APPROVAL_TTL_MAX)."""
+
+    code = "approval_ttl_invalid"

@@ -42,6 +42,14 @@ NODE_FIELDS = (
     "next_allowed_action",
     "not_before",
     "output",
+    # An approval node's binding (tasks/decide/approval_binding.py): what was asked and what was approved.
+    "approval_proposed_digest",
+    "approval_digest",
+    "approval_requests",
+    "approval_plan_version",
+    "approval_expires_at",
+    "approval_seq",
+    "approved_by",
 )
 # A node enters the log with these values unless its insert says otherwise; its definition is in the
 # plan revision, whose digest the plan_accepted event carries.
@@ -53,6 +61,13 @@ NODE_DEFAULTS: dict[str, Any] = {
     "next_allowed_action": "",
     "not_before": None,
     "output": {},
+    "approval_proposed_digest": "",
+    "approval_digest": "",
+    "approval_requests": {},
+    "approval_plan_version": None,
+    "approval_expires_at": None,
+    "approval_seq": None,
+    "approved_by": "",
 }
 # request_digest, target and purpose: what is sent (and re-sent), and which call sends it (submit, compensate,
 # delete), are covered by the log, not only by the row.

@@ -15,6 +15,7 @@ from leases.models import Lease
 from tasks.core.errors import InvalidTransition, OperationsOpen, PlanInvalid, TaskNotFound
 from tasks.core.lifecycle import OPEN_OPERATION_STATUSES, Actor, ChangeKind, NodeStatus, TaskStatus
 from tasks.core.plan import NodeSpec, collect_input_refs, validate_plan
+from tasks.decide.approval_binding import BINDING_FIELDS
 from tasks.decide.change import Change
 from tasks.engine.cas import Audit, audited_compare_and_set, compare_and_set
 from tasks.engine.events import append_event
@@ -56,6 +57,10 @@ def plan_nodes(specs: list[NodeSpec], plan_version: int, carried: dict[str, Node
             "output": previous.output if done and previous else {},
             "attempts": previous.attempts if done and previous else 0,
         }
+        if done and previous and previous.approval_seq is not None:
+            # A kept approval keeps what it approved, under the revision it was given under: the gated start refuses
+            # it as given under another plan (tasks.decide.approval_binding), and a person approves again.
+            fields |= {name: getattr(previous, name) for name in BINDING_FIELDS}
         nodes.append((node, fields))
     return nodes
 

@@ -1,10 +1,14 @@
 """The step protocol of DESIGN §4: one node in two commits.
 
     snap = snapshot_at(task_id=…, lease=…, expected_version=…)     # three reads: task+lease+time, nodes, operations
-    d = next_directive(task_id=…, lease=…, snapshot=snap)         # pure: reconcile / execute / wait / stop / done
+    d = next_directive(task_id=…, lease=…, snapshot=snap)         # reconcile / execute / wait / stop / done (*)
     step = operation_start(snap, d.node_key, lease=…)             # commit 1: the operation, "may have been sent"
     outcome = connector.submit(step.operation.op_key, step.operation.request)  # outside any transaction
     step = record_outcome(step.snapshot, op_key, outcome, lease=…)  # commit 2: receipt, node, task
+
+(*) A read, decided purely — but the first time it stops awaiting an approval for a request, it records what is
+asked (approval_proposed). A gated node's start is judged by the approval rule and records approval_executed in its
+own write (tasks/decide/approval_binding.py).
 
 A worker running a chain of nodes shares commits: ``record_outcome(…, start_next=True)`` writes a node's receipt
 and, when that advances the node and the next directive is to start a fresh node, that node's operation ("may have
@@ -16,18 +20,18 @@ version and the caller's lease epoch; the decision of what it writes is tasks/de
 raises a named error and writes nothing; the caller stops and leaves its op keys to the reconciler.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from leases.services import LeaseRef
 from tasks.core.errors import InvalidTransition, TaskNotFound, VersionConflict
 from tasks.core.outcomes import Outcome
-from tasks.decide import decisions
+from tasks.decide import approval_binding, decisions
 from tasks.decide.change import Snapshot
 from tasks.decide.decisions import Directive, resolved_input
 from tasks.engine.cas import compare_and_set, project
 from tasks.engine.snapshot import task_snapshot
-from tasks.engine.verification import operation_request_verified
+from tasks.engine.verification import approval_binding_verified, operation_request_verified
 from tasks.models import Node, Operation, Task
 
 __all__ = [
@@ -60,8 +64,18 @@ def _fresh(snapshot: Snapshot | None, task_id: int, lease: LeaseRef | None, expe
 
 
 def next_directive(*, task_id: int, lease: LeaseRef, snapshot: Snapshot | None = None) -> Directive:
-    """What the lease holder should do next (tasks.decide.decisions.directive). A read: it changes nothing."""
-    return decisions.directive(snapshot if snapshot is not None else task_snapshot(task_id=task_id, lease=lease))
+    """What the lease holder should do next (tasks.decide.decisions.directive; a start an approval does not bind is
+    a stop awaiting_approval: tasks.decide.approval_binding). A read, but for one write: the first time it stops
+    awaiting an approval for a request, it records what is asked (event approval_proposed, under the lease) and
+    answers at the version that left."""
+    snap = snapshot if snapshot is not None else task_snapshot(task_id=task_id, lease=lease)
+    d = approval_binding.gated_directive(snap, decisions.directive(snap))
+    asked = approval_binding.proposal_change(snap, d)
+    if asked is None:
+        return d
+    return replace(
+        d, task_version=compare_and_set(snap.task.pk, snap.version, asked, lease=lease, snapshot=snap).version
+    )
 
 
 @dataclass(frozen=True)
@@ -81,7 +95,11 @@ def operation_start(snap: Snapshot, node_key: str, *, lease: LeaseRef) -> Step:
     change, op = decisions.start(snap, node_key)
     if op.pk is not None:  # sent again: the stored request must be the one the log registered
         operation_request_verified(op)
-    applied = compare_and_set(snap.task.pk, snap.version, change, lease=lease, snapshot=snap)
+    # A fresh start an approval gates: the rule refuses it by name, or its execution is recorded in the same write.
+    executed = approval_binding.executed_change(snap, op) if op.pk is None else None
+    if executed is not None:
+        approval_binding_verified(approval_binding.gates_of(snap.nodes, op.node))
+    applied = compare_and_set(snap.task.pk, snap.version, change, lease=lease, snapshot=snap, then=executed)
     new = applied.next_snapshot()
     return Step(new.operation(op.op_key) or op, new)
 
@@ -109,6 +127,8 @@ def record_outcome(
     following = None
     if start_next and decisions.shares_next_start(change):
         following = decisions.next_start(project(snap, change))
+        if following is not None and approval_binding.starts_under_approval(snap, following[1].node):
+            following = None  # judged by the approval rule, and its execution recorded, in a start of its own
     then = following[0] if following is not None else None
     applied = compare_and_set(snap.task.pk, snap.version, change, lease=lease, snapshot=snap, then=then)
     settled = applied.operations[0] if applied.operations else op

@@ -24,10 +24,11 @@ from tasks.core.errors import PlanInvalid, StoredFactAltered, VersionConflict
 from tasks.core.lifecycle import Actor, ChangeKind, TaskStatus
 from tasks.core.outcomes import RECEIPT_FIELDS
 from tasks.core.plan import NodeSpec, validate_plan
+from tasks.decide.approval_binding import BINDING_FIELDS
 from tasks.decide.change import Change
 from tasks.engine.anchors import find_anchor_problem
 from tasks.engine.cas import compare_and_set
-from tasks.engine.events import find_log_problem
+from tasks.engine.events import find_log_problem, jsonable
 from tasks.models import Event, Node, Operation, PlanRevision, ProposalStatus, Receipt, Task, TempResource
 
 
@@ -179,6 +180,26 @@ def temp_locator_verified(resource: TempResource) -> None:
     )
 
 
+def approval_binding_verified(approvals: list[Node]) -> None:
+    """Before a gated operation starts: each approval's binding on its node row is the one the log recorded at the
+    approval's event (the row alone is not trusted with what was approved, nor until when)."""
+    for node in approvals:
+        if node.approval_seq is None:
+            continue
+        payload = (
+            Event.objects.filter(task_id=node.task_id, seq=node.approval_seq, type="node_approved")
+            .values_list("payload", flat=True)
+            .first()
+        )
+        logged = (payload or {}).get("nodes", {}).get(f"p{node.approval_plan_version}/{node.key}", {})
+        if any(logged.get(name) != jsonable(getattr(node, name)) for name in BINDING_FIELDS):
+            raise StoredFactAltered(
+                f"approval {node.key}'s binding is not the one the log recorded at event {node.approval_seq}: "
+                "nothing is started under it",
+                node=node.key,
+            )
+
+
 def operation_request_verified(op: Operation) -> None:
     """Before an operation is sent again: its stored request is the one whose digest the log recorded when it was
     registered, and its target and purpose (which call sends it: submit or compensate) are the log's too (the row
@@ -220,9 +241,16 @@ def input_refs_verified(task: Task) -> None:
 
 
 # The triggers that keep the event log append-only (tasks/migrations/0009): verify_log reports one that is gone.
+# With them, the one that lets an approval's binding change only by a later approval (tasks/migrations/0018).
 EVENT_TRIGGERS: Triggers = {
-    "postgresql": {"tasks_event": ("event_no_update", "event_no_delete", "event_no_truncate")},
-    "sqlite": {"tasks_event": ("event_no_update", "event_no_delete")},
+    "postgresql": {
+        "tasks_event": ("event_no_update", "event_no_delete", "event_no_truncate"),
+        "tasks_node": ("node_approval_binding_fixed",),
+    },
+    "sqlite": {
+        "tasks_event": ("event_no_update", "event_no_delete"),
+        "tasks_node": ("node_approval_binding_fixed",),
+    },
 }
 
 

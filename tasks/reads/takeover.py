@@ -13,7 +13,7 @@ from leases.services import lease_open, lease_reservation, operator_ttl
 from leases.state import LeaseState, lease_state
 from tasks.core.actions import is_approval
 from tasks.core.lifecycle import NOT_ENDED, OPEN_OPERATION_STATUSES, NodeStatus, TaskStatus
-from tasks.decide.decisions import approvable_nodes
+from tasks.decide.approval_binding import Awaited, awaited
 from tasks.decide.receipts import receipt_summary
 from tasks.models import Event, Node, Operation, PlanRevision, ProposalStatus, Receipt, Task
 from tasks.rows import get_task as _task
@@ -95,6 +95,7 @@ class TakeoverState:
     reserved_for: str  # the operator waiting for the agent's lease to end, or ""
     nodes: list[Node]
     approvable: list[Node]  # approval nodes the holder may approve now
+    awaited: list[Awaited]  # the same, each with the requests it would permit and why it is asked for
     to_submit: list[Node]  # nodes a result may be submitted for (not succeeded, not approvals)
     proposals: list[PlanRevision]  # proposed plans newer than the task's plan, waiting for acceptance
     ended: bool
@@ -158,6 +159,7 @@ def takeover_state(*, actor: Principal, task: Task) -> TakeoverState:
         .order_by("-number")
     )
     mine = lease is not None and lease.holder_kind == HolderKind.OPERATOR and lease.holder_id == actor.id
+    asked = awaited(plan_version=task.plan_version, nodes=nodes, now=now)
     return TakeoverState(
         task=task,
         now=now,
@@ -166,7 +168,8 @@ def takeover_state(*, actor: Principal, task: Task) -> TakeoverState:
         mine=mine,
         reserved_for=reservation.holder_id if reservation else "",
         nodes=nodes,
-        approvable=approvable_nodes(nodes),
+        approvable=[a.approval for a in asked],
+        awaited=asked,
         to_submit=[n for n in nodes if n.status != NodeStatus.SUCCEEDED and not is_approval(n.action)],
         proposals=proposals,
         ended=task.status not in NOT_ENDED,

@@ -251,7 +251,7 @@ def auditor_action_posts(
         reverse("takeover-release", args=[task.pk]): {"epoch": "1", "reason": "giving it back"},
         reverse("takeover-submit", args=[task.pk]): change
         | {"epoch": "1", "decision": "resume_agent", "stage": "confirm"},
-        reverse("takeover-approve", args=[task.pk]): change | {"node_key": "a"},
+        reverse("takeover-approve", args=[task.pk]): change | {"node_key": "a", "approving": "sha256:" + "0" * 64},
         reverse("takeover-replan", args=[task.pk]): change | {"plan": '{"nodes": []}'},
         reverse("takeover-replan-accept", args=[task.pk]): change | {"revision_id": "1"},
         reverse("task-cancel", args=[task.pk]): change,
