@@ -220,6 +220,9 @@ class OutcomeIn(Schema):
     data: dict[str, Any] = Field(default_factory=dict)
     failure_class: FailureClass | None = None
     detail: Annotated[str, Field(max_length=500)] = ""
+    # not_found: the directive's asked_at this lookup followed (echoed). A not found after a cancel is final only if
+    # the remote was asked after the request's deadline; without it, only the version's own time proves when.
+    asked_at: datetime | None = None
 
     @model_validator(mode="after")
     def _fields_of_result(self) -> Self:
@@ -304,6 +307,8 @@ class DirectiveOut(Schema):
     # reconcile: a cancel is recorded, so ask the remote to fence the op key (a final answer), not just look it up;
     # a connector that cannot fence looks it up, and a not found then waits for the deadline (kind "wait").
     fence: bool
+    # The server's database clock when this directive was read: send it back with a not_found outcome (asked_at).
+    asked_at: datetime
     # The operation the directive is about (execute of a registered intent, reconcile).
     operation: OperationDetail | None
     # reconcile / recheck_inputs: the refs whose current version to read and report ({name: {source, locator, …}}).
@@ -363,6 +368,7 @@ def directive_out(d: Directive, snap: Snapshot) -> DirectiveOut:
         until=d.until,
         reason=d.reason,
         fence=d.fence,
+        asked_at=snap.now,
         operation=operation_detail(op, keys.get(op.node_id, d.node_key)) if op is not None else None,
         input_refs=dict(snap.task.input_refs) if rechecks else None,
         approval=next((a for a in approvals_out(snap) if a.node == d.node_key), None) if d.reason == AWAITING else None,

@@ -177,7 +177,10 @@ def outcome_report(request: HttpRequest, task_id: int, op_key: str, payload: Out
         snap = _scoped_snapshot(token, task_id, lease, version)
         if snap.operation(op_key) is None and not Operation.objects.filter(task_id=task_id, op_key=op_key).exists():
             raise OperationNotFound(f"task {task_id} has no operation {op_key!r}")
-        settled = record_outcome(snap, op_key, payload.outcome(), lease=lease)
+        # When the remote was asked, at the latest: after the directive the agent echoes (never later than now), or,
+        # unsaid, after the version it read was written.
+        asked_at = min(payload.asked_at, snap.now) if payload.asked_at is not None else snap.task.updated_at
+        settled = record_outcome(snap, op_key, payload.outcome(), lease=lease, asked_at=asked_at)
         op, new = settled.operation, settled.snapshot
         node = next((n.key for n in new.nodes if n.pk == op.node_id), "")
         body = OutcomeOut(operation=operation_detail(op, node), task=task_summary(new.task))

@@ -21,6 +21,7 @@ from tasks.access.permissions import permission_grant
 from tasks.models import Event, Operation, Task
 from tasks.people.takeover import takeover_claim
 from tests.conftest import chain_plan, person, snapshot
+from tests.steps import past_deadline
 
 pytestmark = pytest.mark.django_db
 
@@ -199,9 +200,13 @@ def test_after_a_cancel_the_directive_says_fence_and_only_a_final_answer_closes_
     d = agent.directive(task["id"], lease)
     assert (d["kind"], d["op_key"], d["reason"]) == ("wait", op["op_key"], "not_found_not_final")
 
-    clock.advance(timedelta(seconds=1))  # still before the deadline: a fence answers sooner
-    d = agent.directive(task["id"], lease)
-    assert d["kind"] == "wait"
+    # A not found echoing a directive read before the deadline stays not final, even written after it.
+    before = d["asked_at"]
+    past_deadline(clock, sent)
+    stale = {"result": "not_found", "asked_at": before}
+    assert agent.report(task["id"], lease, op["op_key"], version_of(task["id"]), stale).json()["task"]["status"] == (
+        "stopped_pending"
+    )
     fenced = agent.report(task["id"], lease, op["op_key"], version_of(task["id"]), {"result": "fenced"})
     assert fenced.status_code == 200, fenced.content
     assert (fenced.json()["operation"]["status"], fenced.json()["task"]["status"]) == ("rejected", "stopped")

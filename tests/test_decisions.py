@@ -223,6 +223,36 @@ def test_an_operation_sent_before_deadlines_existed_takes_its_registration_plus_
     assert change is not None and change.event == "operation_cancelled"
 
 
+def test_a_not_found_is_judged_by_when_the_remote_was_asked_not_when_the_answer_is_written() -> None:
+    """The lookup ran before the deadline, the late request landed, the deadline passed, then the answer was
+    written: judged at the write it would look final, and the record would deny the landed request."""
+    past = NOW - settings.RECKON_REMOTE_CLOCK_SKEW - timedelta(seconds=1)  # final at NOW
+    s, op = _cancelled_with({"not_after": past})
+    asked_before = past + settings.RECKON_REMOTE_CLOCK_SKEW  # exactly at the boundary: not after it
+    change = decisions.settle(s, op, NotFound(), asked_at=asked_before)
+    assert change is not None and change.event == "operation_not_found_yet"
+    change = decisions.settle(s, op, NotFound(), asked_at=NOW)
+    assert change is not None and change.event == "operation_cancelled"
+
+
+def test_a_cancel_withdraws_only_intents_never_sent_and_leaves_a_sent_one_to_be_made_final() -> None:
+    """An intent sent before (its lookup found nothing, to be sent again): a copy may still land, so the cancel
+    leaves it unknown — fenced, or looked up past its deadline — instead of closing it as never sent."""
+    a, b = node("a", 1, status="running", attempts=1), node("b", 2, status="running", attempts=1)
+    never = operation(a, "intent", pk=100, dispatch_count=0)
+    sent = operation(b, "intent", pk=101, dispatch_count=1, op_key=opkeys.effect(UID, 1, "b", 0))
+    change = decisions.cancel(snap(task(), [a, b], [never, sent]), by="user:ann", reason="withdrawn")
+    assert change.operations == [
+        (never, {"status": "rejected", "failure_class": "cancelled"}),
+        (sent, {"status": "unknown", "failure_class": "awaiting_final"}),
+    ]
+    assert change.task["status"] == "stopped_pending" and change.nodes == [(a, {"status": "pending"})]
+    assert (change.data["withdrawn_intents"], change.data["awaiting_final"]) == ([never.op_key], [sent.op_key])
+    left = operation(b, "unknown", pk=101, dispatch_count=1, failure_class="awaiting_final")
+    d = decisions.directive(snap(task(**CANCELLED), [a, b], [left]))
+    assert (d.kind, d.op_key, d.fence) == ("reconcile", left.op_key, True)
+
+
 def test_a_person_may_settle_not_done_only_on_a_final_not_found() -> None:
     s, op = _cancelled_with({"not_after": SENT})
     with pytest.raises(NotFoundNotFinal) as refused:

@@ -31,7 +31,7 @@ from tasks.core.errors import (
 )
 from tasks.core.failures import backoff
 from tasks.core.lifecycle import ChangeKind, FailureClass, NodeStatus, OperationStatus, PauseReason, TaskStatus
-from tasks.core.outcomes import Accepted, Committed, Failed, NotFound, Unprovable
+from tasks.core.outcomes import Accepted, Committed, Failed, Fenced, NotFound, Unprovable
 from tasks.decide.change import Change
 from tasks.engine.cas import compare_and_set
 from tasks.engine.events import find_log_problem
@@ -920,18 +920,30 @@ def test_a_task_leaving_an_unprovable_pause_rereads_its_inputs_before_any_node_r
 # --- 5. cancel -----------------------------------------------------------------------------------------------------
 
 
-def test_cancel_withdraws_intents_that_were_never_sent(make_task, agent_lease, clock) -> None:
+def test_cancel_leaves_an_intent_already_sent_to_be_made_final(make_task, agent_lease, clock) -> None:
+    """The model's finding (P7): an intent left by a "not found" was sent once — a copy may still land. A cancel
+    does not close it as never sent: it stays unknown until the remote fences its op key (or its deadline
+    passes), and only then is it cancelled."""
     task = make_task()
     lease = agent_lease(task)
     op = send(task, lease, "a")
-    record(op, NotFound(), lease)  # never took effect: an intent to send again
+    record(op, NotFound(), lease)  # not found yet: an intent to send again, under the same key
     task_request_cancel(task_id=task.pk, actor=CREATOR, reason="wrong target")
+    left = fresh_op(op)
+    assert (left.status, left.failure_class) == (OperationStatus.UNKNOWN, "awaiting_final")
+    assert fresh_task(task).status == TaskStatus.STOPPED_PENDING
+    assert_refused(TaskError, lambda: send(task, lease, "a"))  # nothing is sent again after the cancel
+    d = next_directive(task_id=task.pk, lease=lease)
+    assert (d.kind, d.op_key, d.fence) == ("reconcile", op.op_key, True)
+    record(op, Fenced(), lease)
     withdrawn = fresh_op(op)
-    assert (withdrawn.status, withdrawn.failure_class) == (OperationStatus.REJECTED, "cancelled")
+    assert (withdrawn.status, withdrawn.failure_class, withdrawn.dispatch_count) == (
+        OperationStatus.REJECTED,
+        "cancelled",
+        1,
+    )
     assert fresh_node(task, "a").status == NodeStatus.PENDING
     assert fresh_task(task).status == TaskStatus.STOPPED
-    assert_refused(TaskError, lambda: send(task, lease, "a"))
-    assert fresh_op(op).dispatch_count == 1
     assert next_directive(task_id=task.pk, lease=lease).kind == "stop"
 
 

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 from reckon_client.errors import ApiError
-from reckon_client.outcomes import OUTCOME_TYPES, Accepted, Failed, Outcome, outcome_json
+from reckon_client.outcomes import OUTCOME_TYPES, Accepted, Failed, NotFound, Outcome, outcome_json
 
 # --------------------------------------------------------------------------------------------------- effects
 
@@ -404,7 +404,8 @@ def steps(state: LeaseState, *, max_wait: float, compensate: bool, fences: bool 
                 yield Sleep(max(pause, MIN_WAIT))  # at least a little: our clock is not the database's
             elif kind == "reconcile" and op_key:
                 ask: Literal["fence", "lookup"] = "fence" if fences and d.get("fence") else "lookup"
-                ended = yield from _reconcile(state, base, op_key, version, max_wait, ask)
+                asked_at = str(d.get("asked_at") or "")
+                ended = yield from _reconcile(state, base, op_key, version, max_wait, ask, asked_at)
                 done += 1
                 if ended is not None:
                     return RunResult(ended.status, ended.reason, ended.until, done, ended.detail)
@@ -455,7 +456,13 @@ def _execute(state: LeaseState, base: str, node_key: str, version: int, compensa
 
 
 def _reconcile(
-    state: LeaseState, base: str, op_key: str, version: int, max_wait: float, ask: Literal["fence", "lookup"]
+    state: LeaseState,
+    base: str,
+    op_key: str,
+    version: int,
+    max_wait: float,
+    ask: Literal["fence", "lookup"],
+    asked_at: str = "",
 ) -> Steps[RunResult | None]:
     try:
         outcome = _checked((yield Remote(ask, (op_key,))))
@@ -463,7 +470,9 @@ def _reconcile(
         raise _Unreachable(f"{ask} of {op_key}: {exc}") from exc
     if isinstance(outcome, Failed) and outcome.failure_class == "connection_interrupted":
         raise _Unreachable(outcome.detail or f"{ask} of {op_key} failed")
-    answer = yield from _post_outcome(state, base, op_key, outcome, version)
+    # A not found tells when the remote was asked: after this directive was read (the server's clock).
+    extra = {"asked_at": asked_at} if isinstance(outcome, NotFound) and asked_at else {}
+    answer = yield from _post_outcome(state, base, op_key, outcome, version, extra)
     if isinstance(outcome, Accepted):  # the remote still runs it: observe it, holding the lease, and ask again
         if max_wait < OBSERVE_EVERY:
             return RunResult("waiting", "observing", until=_now() + timedelta(seconds=OBSERVE_EVERY))
@@ -488,8 +497,10 @@ def _recheck_inputs(state: LeaseState, base: str, refs: Mapping[str, Any], versi
     ok((yield Call("POST", f"{base}/inputs", body, _lease_headers(state, version=version, body=["inputs", body]))))
 
 
-def _post_outcome(state: LeaseState, base: str, op_key: str, outcome: Outcome, version: int) -> Steps[Any]:
-    body = outcome_json(outcome)
+def _post_outcome(
+    state: LeaseState, base: str, op_key: str, outcome: Outcome, version: int, extra: Mapping[str, Any] | None = None
+) -> Steps[Any]:
+    body = outcome_json(outcome) | dict(extra or {})
     path = f"{base}/operations/{quote(op_key, safe='')}/outcome"
     return ok((yield Call("POST", path, body, _lease_headers(state, version=version, body=[path, body]))))
 

@@ -176,6 +176,8 @@ OPERATION_TRANSITIONS: frozenset[tuple[OperationStatus, OperationStatus]] = froz
         # The remote, asked by op key, has no trace of it: the same intent may be sent again with the same op key.
         (_O.UNKNOWN, _O.INTENT),
         (_O.DISPATCHED, _O.INTENT),
+        # Sent before and to be sent again when a cancel came: a copy may still land, so it is not withdrawn.
+        (_O.INTENT, _O.UNKNOWN),
     }
 )
 

@@ -65,6 +65,9 @@ RECEIPT_FIELDS = ("remote_id", "remote_version", "count", "digest")
 # An unknown operation's failure class while its "not found" is not final yet (a cancel waits for its deadline or a
 # fence).
 NOT_FOUND_NOT_FINAL = "not_found_not_final"
+# An unknown operation that was sent and must be made final before anything else is decided about it: asked by a
+# fence (or, at a remote that cannot fence, by a lookup after its deadline). A sent intent when a cancel came.
+AWAITING_FINAL = "awaiting_final"
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from tasks.core.lifecycle import (
     task_ended,
 )
 from tasks.core.outcomes import (
+    AWAITING_FINAL,
     NOT_FOUND_NOT_FINAL,
     Accepted,
     Committed,
@@ -99,7 +100,7 @@ def directive(snap: Snapshot) -> Directive:
             # Not found, not final yet: nothing to ask the remote before a late request could no longer land.
             until = not_found_final_at(op)
             return Directive("wait", v, node_key=op.node.key, op_key=op.op_key, until=until, reason=NOT_FOUND_NOT_FINAL)
-        fence = task.cancel_requested_at is not None
+        fence = task.cancel_requested_at is not None or op.failure_class == AWAITING_FINAL
         return Directive("reconcile", v, node_key=op.node.key, op_key=op.op_key, reason=op.status, fence=fence)
     if task.cancel_requested_at is not None:
         return Directive("stop", v, reason="cancel_requested")
@@ -334,9 +335,13 @@ _RECHECK = {"inputs_recheck_required": True}
 _CLEAR = {"status_reason": "", "status_detail": ""}
 
 
-def settle(snap: Snapshot, op: Operation, outcome: Outcome, *, settled_by: str = "") -> Change | None:
+def settle(
+    snap: Snapshot, op: Operation, outcome: Outcome, *, settled_by: str = "", asked_at: datetime | None = None
+) -> Change | None:
     """What follows ``outcome`` for the open operation ``op``; None when there is nothing new to record (a query
-    that itself timed out on an unknown operation, an unprovable one still unprovable)."""
+    that itself timed out on an unknown operation, an unprovable one still unprovable). ``asked_at``: when the
+    remote was asked (at the latest) — a "not found" is final only if it was asked after the request's deadline;
+    by default the snapshot's time, read before the call."""
     if op.status not in OPEN_OPERATION_STATUSES:
         raise InvalidTransition(f"operation {op.op_key} is {op.status}: nothing outstanding to record")
     if isinstance(outcome, Committed):
@@ -355,7 +360,7 @@ def settle(snap: Snapshot, op: Operation, outcome: Outcome, *, settled_by: str =
     task, node = snap.task, op.node
     data: dict[str, Any] = {"op_key": op.op_key, "outcome": type(outcome).__name__.lower()}
     cancelled = task.cancel_requested_at is not None
-    final = not (isinstance(outcome, NotFound) and cancelled) or not_found_final(op, snap.now)
+    final = not (isinstance(outcome, NotFound) and cancelled) or not_found_final(op, asked_at or snap.now)
     if isinstance(outcome, NotFound) and cancelled and not final and op.failure_class == NOT_FOUND_NOT_FINAL:
         return None  # still not found, still not final: nothing new to record
     after = operation_after(outcome, may_send_again=not cancelled, not_found_final=final)
@@ -690,8 +695,11 @@ def confirm_inputs(snap: Snapshot, current_versions: dict[str, str]) -> Change:
 
 def cancel(snap: Snapshot, *, by: str, reason: str) -> Change:
     """Record a cancel: from now on nothing new starts; intents never sent are withdrawn; what is in flight settles
-    (stopping) and is recorded as it truly ended."""
-    intents = snap.intents()
+    (stopping) and is recorded as it truly ended. An intent that was sent before (found nothing, to be sent again)
+    is not withdrawn: a copy may still land, so it is left unknown until fenced or past its deadline."""
+    intents = [op for op in snap.intents() if op.dispatch_count == 0]
+    sent = [op for op in snap.intents() if op.dispatch_count > 0]
+    awaiting = {"status": OperationStatus.UNKNOWN.value, "failure_class": AWAITING_FINAL}
     return Change(
         event="cancel_requested",
         kind=ChangeKind.CANCEL,
@@ -699,14 +707,20 @@ def cancel(snap: Snapshot, *, by: str, reason: str) -> Change:
             "cancel_requested_at": AtCommit(),
             "cancel_requested_by": by,
             "cancel_reason": reason[:500],
-            **cancel_status(snap, None, None),
+            **cancel_status(snap, None, OperationStatus.UNKNOWN if sent else None),
             **_CLEAR,
         },
         nodes=[
             (op.node, {"status": NodeStatus.PENDING.value}) for op in intents if op.node.status == NodeStatus.RUNNING
         ],
-        operations=[(op, {"status": OperationStatus.REJECTED.value, "failure_class": "cancelled"}) for op in intents],
-        data={"by": by, "reason": reason[:200], "withdrawn_intents": [op.op_key for op in intents]},
+        operations=[(op, {"status": OperationStatus.REJECTED.value, "failure_class": "cancelled"}) for op in intents]
+        + [(op, awaiting) for op in sent],
+        data={
+            "by": by,
+            "reason": reason[:200],
+            "withdrawn_intents": [op.op_key for op in intents],
+            "awaiting_final": [op.op_key for op in sent],
+        },
         requires={"cancel_requested_at__isnull": True},
     )
 

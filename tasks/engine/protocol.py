@@ -21,6 +21,7 @@ raises a named error and writes nothing; the caller stops and leaves its op keys
 """
 
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from leases.services import LeaseRef
@@ -112,6 +113,7 @@ def record_outcome(
     lease: LeaseRef,
     settled_by: str = "",
     start_next: bool = False,
+    asked_at: datetime | None = None,
 ) -> Step:
     """Commit 2 of a node, on ``snap``: what the remote said for ``op_key`` (from the call or a query by op key). A
     receipt that satisfies the node's evidence advances it in the same transaction; failures branch by class
@@ -121,7 +123,7 @@ def record_outcome(
     op = snap.operation(op_key)
     if op is None:
         raise _not_outstanding(op_key)
-    change = decisions.settle(snap, op, outcome, settled_by=settled_by)
+    change = decisions.settle(snap, op, outcome, settled_by=settled_by, asked_at=asked_at)
     if change is None:
         return Step(op, snap)
     following = None

@@ -230,13 +230,15 @@ def operation_query_remote(*, actor: Principal, task_id: int, op_key: str, expec
     lease = held_takeover(actor, task_id)
     if op.task.version != expected_version:
         raise stale_form(op.task, expected_version)
-    # I/O, never inside a transaction; fenced when a cancel is recorded (its not found must be final)
+    # I/O, never inside a transaction; fenced when a cancel is recorded (its not found must be final). A not found
+    # is judged by when the remote was asked: before this call, not at the commit after it.
+    asked_at = clock.now()
     outcome = reconcile(connector_for(op.task.kind), op_key, fence=op.task.cancel_requested_at is not None)
     with transaction.atomic():
         snap = task_snapshot(task_id=task_id, lease=lease)
         if snap.version != expected_version:
             raise stale_form(snap.task, expected_version)
-        step = record_outcome(snap, op_key, outcome, lease=lease, settled_by=str(actor))
+        step = record_outcome(snap, op_key, outcome, lease=lease, settled_by=str(actor), asked_at=asked_at)
         settled, after = step.operation, step.snapshot
         recorded = after.version != snap.version
         if recorded:
