@@ -149,6 +149,7 @@ OUTCOME_EVENTS = frozenset(
         "operation_not_found",
         "operation_not_found_yet",
         "operation_fenced",
+        "operation_refused_again",
         "operation_resolved_not_done",
         "operation_cancelled",
         "compensation_committed",

@@ -51,6 +51,7 @@ STEP_OUTCOME_EVENTS: dict[str, str] = {
     "operation_not_found": "not_found",
     "operation_not_found_yet": "not_found_not_final",
     "operation_fenced": "fenced",
+    "operation_refused_again": "refused_again",
     "operation_resolved_not_done": "resolved_not_done",
 }
 OPEN_OPERATION_STATUSES = ("dispatched", "accepted", "unknown")

@@ -253,6 +253,47 @@ def test_a_cancel_withdraws_only_intents_never_sent_and_leaves_a_sent_one_to_be_
     assert (d.kind, d.op_key, d.fence) == ("reconcile", left.op_key, True)
 
 
+def test_a_refused_re_send_is_held_until_no_earlier_copy_can_land() -> None:
+    """The model's finding (P7, REFUSAL_FINAL): not found, sent again under the same key, that copy refused
+    (503), then the first copy lands. Rejecting at the refusal would retry the node under a new key: two effects,
+    one of them denied by the log. The refusal is held — the operation unknown — until a fence or the deadline."""
+    a = node("a", 1, status="running", attempts=1)
+    again = operation(a, "dispatched", dispatch_count=2, not_after=SENT, registered_at=NOW - timedelta(minutes=1))
+    change = decisions.settle(snap(task(), [a], [again]), again, Failed(FailureClass.DEPENDENCY_UNAVAILABLE, "503"))
+    assert change is not None and change.event == "operation_refused_again"
+    assert change.operations == [
+        (
+            again,
+            {"status": "unknown", "failure_class": "awaiting_final", "failure_detail": "dependency_unavailable: 503"},
+        )
+    ]
+    assert change.nodes == [] and change.task == {}
+    held = operation(
+        a,
+        "unknown",
+        dispatch_count=2,
+        not_after=SENT,
+        registered_at=again.registered_at,
+        failure_class="awaiting_final",
+        failure_detail="dependency_unavailable: 503",
+    )
+    d = decisions.directive(snap(task(), [a], [held]))
+    assert (d.kind, d.fence) == ("reconcile", True)  # asked to fence at once, not looked up
+    fenced = decisions.settle(snap(task(), [a], [held]), held, Fenced())
+    assert fenced is not None and fenced.event == "operation_fenced"  # final: the node runs again, a new key
+    early = decisions.settle(snap(task(), [a], [held]), held, NotFound())  # a remote that cannot fence
+    assert early is not None and early.event == "operation_not_found_yet" and early.nodes == []
+    past = replace(snap(task(), [a], [held]), now=SENT + settings.RECKON_REMOTE_CLOCK_SKEW + timedelta(seconds=1))
+    final = decisions.settle(past, held, NotFound())
+    assert final is not None and final.event == "operation_rejected"  # now the held refusal counts, as a 503 does
+    assert final.operations[0][1]["failure_class"] == "dependency_unavailable"
+    assert isinstance(final.nodes[0][1]["not_before"], AtCommit)  # and backs off as one
+    # A first send's refusal is final at once: nothing was sent before it.
+    first = operation(a, "dispatched", dispatch_count=1, not_after=SENT)
+    change = decisions.settle(snap(task(), [a], [first]), first, Failed(FailureClass.DEPENDENCY_UNAVAILABLE, "503"))
+    assert change is not None and change.event == "operation_rejected"
+
+
 def test_a_person_may_settle_not_done_only_on_a_final_not_found() -> None:
     s, op = _cancelled_with({"not_after": SENT})
     with pytest.raises(NotFoundNotFinal) as refused:

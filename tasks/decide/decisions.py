@@ -411,6 +411,18 @@ def settle(
             operations=[(op, after.fields())],
             data=data,
         )
+    if isinstance(outcome, NotFound) and op.status == OperationStatus.UNKNOWN and op.failure_class in _HELD:
+        # A refusal of a re-send, held until no earlier copy can land: final now, or not yet.
+        if not not_found_final(op, asked_at or snap.now):
+            if op.failure_class == NOT_FOUND_NOT_FINAL:
+                return None
+            return Change(
+                event="operation_not_found_yet",
+                task={},
+                operations=[(op, {"failure_class": NOT_FOUND_NOT_FINAL})],
+                data=data | {"final_at": not_found_final_at(op).isoformat(), "next": "ask again once final"},
+            )
+        return _failed(snap, op, _held_refusal(op), data | {"held_until_final": True})
     if isinstance(outcome, NotFound):
         # Sent again with the same op key: the same attempt, not a new one (only a remote's failure is).
         return Change(
@@ -433,7 +445,38 @@ def settle(
         )
     if op.purpose == OperationPurpose.COMPENSATION and not interrupted:
         return _compensation_refused(snap, op, outcome, data)
+    if not interrupted and op.dispatch_count > 1 and op.purpose == OperationPurpose.EFFECT:
+        # This copy was refused, but an earlier one, sent before a "not found", may still land: the refusal is held
+        # (the operation unknown) until the remote fences the op key or its deadline passes.
+        cls = FailureClass(outcome.failure_class)
+        return Change(
+            event="operation_refused_again",
+            task=_after_settling(snap, op, OperationStatus.UNKNOWN) if cancelled else {},
+            operations=[
+                (
+                    op,
+                    {
+                        "status": OperationStatus.UNKNOWN.value,
+                        "failure_class": AWAITING_FINAL,
+                        "failure_detail": f"{cls.value}: {outcome.detail}"[:500],
+                    },
+                )
+            ],
+            data=data | {"failure_class": cls.value, "detail": outcome.detail[:200], "next": "fence it"},
+        )
     return _failed(snap, op, outcome, data)
+
+
+_HELD = (AWAITING_FINAL, NOT_FOUND_NOT_FINAL)
+
+
+def _held_refusal(op: Operation) -> Failed:
+    """The refusal held on ``op`` (operation_refused_again wrote "<class>: <detail>"), now that it is final."""
+    name, _, detail = op.failure_detail.partition(": ")
+    try:
+        return Failed(FailureClass(name), detail)
+    except ValueError:  # held by a cancel (a sent intent), not by a refusal: it never took effect
+        return Failed(FailureClass.DEPENDENCY_UNAVAILABLE, op.failure_detail)
 
 
 def _committed(snap: Snapshot, op: Operation, outcome: Committed, settled_by: str) -> Change:
