@@ -217,7 +217,7 @@ def config_named(name: str) -> Config:
 def _line(result: Result, expect: str) -> str:
     verdict = result.violated() or result.violation or "-"
     return (
-        f"{result.name:<42} {result.errors:>6} {result.states:>10} {result.depth:>6} {result.memory_mb:>8.1f}"
+        f"{result.name:<48} {result.errors:>6} {result.states:>10} {result.depth:>6} {result.memory_mb:>8.1f}"
         f" {result.seconds:>7.1f}  {expect:<27} {verdict}"
     )
 
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     if not spin_available():
         print("spin and gcc are needed: apt-get install -y spin gcc", file=sys.stderr)
         return 2
-    print(f"{'run':<42} {'errors':>6} {'states':>10} {'depth':>6} {'MB':>8} {'seconds':>7}  {'expected':<27} found")
+    print(f"{'run':<48} {'errors':>6} {'states':>10} {'depth':>6} {'MB':>8} {'seconds':>7}  {'expected':<27} found")
     failed = False
     if not options.sabotage:
         for config in [config_named(n) for n in options.configs] or CONFIGS:
