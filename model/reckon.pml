@@ -4,23 +4,34 @@
  * What it is: the database (one task row, its nodes, operations and lease row, the reservation, the abstract
  * database clock) as global variables; every database write is one `atomic` block, the way the real code makes
  * it one transaction. Processes: W agents (workers), one operator (a person: cancel and takeover), one admin
- * (forced release), the remote (a deduplicating store; a request may still be in flight after its caller gave
- * up, and land later), and the database clock. Every action names in a comment the function it mirrors
- * (file:function); tests/test_model_check.py checks that those names still exist.
+ * (forced release), the remote (a deduplicating store with a tombstone per op key; a request may still be in
+ * flight after its caller gave up, and land later — or arrive after its deadline and be refused), and the database
+ * clock. Every action names in a comment the function it mirrors (file:function); tests/test_model_check.py checks
+ * that those names still exist.
  *
  * Abstractions: the snapshot and the decision are read in one atomic step and the compare-and-set checks the
  * version, so a change computed on a snapshot is applied only to the same state (every state change moves the
  * version, a reservation with its takeover_requested event); the decision is therefore evaluated on the globals
- * inside the compare-and-set. The database clock is abstract: a lease is live, expired (in its grace) or lapsed,
- * and only the Clock process moves it on. Not modelled: accepted/observing, backoff timing, approvals, re-plans,
- * compensation, cleanup, input re-checks, the event log and audit chain.
+ * inside the compare-and-set — except the deadline, which is read on the snapshot taken before the lookup (`fin`).
+ * The database clock is abstract: a lease is live, expired (in its grace) or lapsed, an open operation's deadline
+ * (not_after + the skew allowance: one step, since the skew bounds how far the remote's clock is from the
+ * database's) has passed or not, and only the Clock process moves them on. The remote's side of a deadline is the
+ * Remote's choice to refuse a request in flight as arriving too late; once the database sees the deadline passed,
+ * the remote refuses every request under that op key. A call arrives within its deadline unless it was in flight
+ * (a late call is refused with no effect: the same as a rejection, MAX_REJECTS). A person's answer (done with the
+ * receipt, or not done) is true when it is recorded. Not modelled: accepted/observing, backoff timing, approvals,
+ * re-plans, compensation, cleanup, input re-checks, the event log and audit chain, a fence that lands late.
+ *
+ * The remote: it fences (tasks/engine/connectors.py:fence, a tombstone) unless -DREMOTE_CANNOT_FENCE, where every
+ * final "not found" waits for the deadline (tasks/decide/decisions.py:not_found_final).
  *
  * Bounds (the state space is finite because of them; docs/verification.md "The protocol, model-checked"):
  *   W = 2 agents, 1 operator, 1 admin, 1 remote, 1 clock
  *   N = 2 nodes, node b depends on node a; node a may be sent under 2 op keys (one retry after a definite
  *       rejection), node b under 1 (a rejection of b exhausts its budget: the task pauses)
  *   MAX_CRASHES   = 1  a worker's process restarts anywhere in its run, losing its local state
- *   MAX_LOSSES    = 1  a call's answer (or a lookup's) is lost: the caller times out, the request may land later
+ *   MAX_LOSSES    = 1  a call's answer (or a lookup's or a fence's) is lost: the caller times out, the request
+ *                      may land later
  *   MAX_REJECTS   = 1  the remote rejects a request definitely (dependency unavailable)
  *   MAX_EXPIRIES  = 1  a live holder's lease expires under it (a slow step); a crashed holder's lease always
  *                      expires and lapses (no bound: it is never renewed)
@@ -41,13 +52,15 @@
  *                      formula <>[] settled, under weak fairness (pan -a -f: every process that stays enabled
  *                      gets to move). Runs that stop (nothing can move): the Watchdog asserts settled then —
  *                      pan's fairness check passes over runs that stop, so the assert is needed.
- *
- * P7 (-DCHECK_NOT_DONE_STAYS_NOT_DONE) no effect lands under an op key the log records as rejected. It FAILS, and
- *    the model shows why: a request still in flight when its caller timed out; the lookup by op key finds nothing
- *    yet (not found); a recorded cancel then rejects the operation ("cancelled", the task stops), or a person
- *    confirms it "not done" (tasks/decide/decisions.py:settle_not_done); the request lands after: an effect the log says
- *    never happened. (Without a cancel or a person, not found sends the same op key again and the remote
- *    deduplicates: P3 holds.) Kept as a documented gap (docs/verification.md), checked to still fail until the protocol closes it.
+ *   P7 not_done_stays_not_done  no op key is both recorded rejected (cancelled, not done, refused) and has an
+ *                      effect at the remote — asserted wherever one is recorded rejected and wherever an effect
+ *                      lands. A request may still be in flight (or about to be sent) when its caller gave up or
+ *                      a lookup found nothing; so a not found, or a refusal of an op key sent before, closes the
+ *                      operation only when it is final: the op key fenced (the tombstone, checked in the same atomic
+ *                      step as the effect), or its deadline passed (a request after it has no effect). Until then a
+ *                      cancel leaves it unknown (stopped with pending reconciliation), a person's not done is
+ *                      refused, and it is asked again. Without a cancel or a person, not found sends the same op
+ *                      key again and the remote deduplicates (P3).
  *
  * Sabotage (each must make spin report an error; tests/test_model_check.py):
  *   -DSABOTAGE_NO_FENCING         the compare-and-set checks the version but not the lease (epoch, live)  → P1
@@ -56,6 +69,13 @@
  *                                 under a new op key (a blind retry)                                      → P5
  *   -DSABOTAGE_NO_DEDUP           the remote performs every request, even an op key it has seen           → P3
  *   -DSABOTAGE_NO_RESUME          a takeover ends without handing the task back (it stays with people)    → P6
+ *   -DSABOTAGE_IGNORE_FENCE       the remote lands a request despite the op key's tombstone              → P7
+ *   -DSABOTAGE_NOT_FOUND_FINAL    a not found is final before the deadline, with no fence                 → P7
+ *   -DSABOTAGE_DEADLINE_AT_COMMIT the deadline read at the commit, after the lookup, not on the snapshot
+ *                                 taken before it                                                        → P7
+ *   -DSABOTAGE_WITHDRAW_SENT_INTENT  a cancel withdraws an operation sent before (not found, to be sent
+ *                                 again) as if it had never been sent                                     → P7
+ *   -DSABOTAGE_REFUSAL_FINAL      a refusal of a re-sent op key is final without a fence                  → P7
  */
 
 #ifndef W
@@ -111,11 +131,14 @@ mtype = { T_PENDING, T_RUNNING, T_PAUSED, T_HUMAN, T_STOPPING, T_STOPPED_PENDING
 #define R_REJECTED 1
 #define R_NOTFOUND 2
 #define R_LOST 3      /* Failed(connection_interrupted): no answer */
+#define R_FENCED 4    /* Fenced: the fence found no effect and refuses the op key from now on — final */
+#define R_HELD 5      /* a refusal that is not final yet (a re-send refused, an earlier copy may still land) */
 /* directive kinds (tasks/decide/decisions.py:Directive) */
 #define D_STOP 0
 #define D_DONE 1
 #define D_RECONCILE 2
 #define D_EXECUTE 3
+#define D_FENCE 4     /* reconcile after a recorded cancel: the remote is fenced, not only asked */
 
 /* op keys: node a (0) → keys 0, 1 (its retries); node b (1) → key 2 (tasks/core/opkeys.py:effect) */
 #define K 3
@@ -140,6 +163,14 @@ bool l_orphan;              /* its holder crashed: nobody renews or writes with 
 bool r_done[K];             /* state["ops"]: the receipt stored under the op key */
 byte r_effects[K];          /* stats["by_op_key"]: side effects per op key */
 bool in_flight[K];          /* a request sent under the op key that has not landed yet */
+bool r_tomb[K];             /* the fence's tombstone under the op key: every later request under it is refused */
+/* the deadline (Operation.not_after, sent with every request; refreshed when the op key is sent again), on the
+   abstract database clock: true once not_after + the skew allowance has passed — the remote then refuses every
+   request under the op key sent before (its own clock is past not_after), and a lookup's not found is final */
+bool late[K];
+byte calling[K];            /* workers between commit 1 and their call under the op key: a request not sent yet */
+bool dl_wait;               /* the open operation closes only on a final answer and waits for its deadline (a cancel's
+                               not found, or a re-send's refusal, not final yet): asked again then */
 
 /* fault and grant budgets */
 byte crashes, losses, rejects, expiries;
@@ -183,39 +214,83 @@ inline cancel_status() {
   fi
 }
 
-/* tasks/decide/decisions.py:settle (its _committed, _failed, NotFound branches), the change commit 2 writes */
-inline settle(k, res) {
+/* P7, wherever an op key is recorded rejected and wherever an effect lands: never both */
+#define P7(k) assert(op_st[k] != O_REJECTED || r_effects[k] == 0)
+
+/* tasks/decide/decisions.py:not_found_final — a lookup's not found is final once the deadline plus the skew has passed
+   on the database clock of the snapshot read before the lookup was sent (`fin`, sampled there) */
+#ifdef SABOTAGE_NOT_FOUND_FINAL
+#define FINAL(k, fin) true                                  /* final at once, before the deadline, with no fence */
+#else
+#ifdef SABOTAGE_DEADLINE_AT_COMMIT
+#define FINAL(k, fin) late[k]                               /* the clock read at the commit, after the lookup */
+#else
+#define FINAL(k, fin) fin
+#endif
+#endif
+/* the task waits for its open operation's deadline before it is asked again (the directive's wait, wake_at) */
+#define WAITS_FOR_DEADLINE (dl_wait && ANY_OPEN && !late[FIRST_OPEN])
+
+/* state compaction, not behaviour: once an op key is closed and no request under it is in flight or about to be
+   sent, its deadline and tombstone are read no more, so they are cleared (states that differ only in them are one state) */
+inline forget(k) {
+  if
+  :: (op_st[k] == O_COMMITTED || op_st[k] == O_REJECTED) && !in_flight[k] && calling[k] == 0 ->
+     late[k] = false; r_tomb[k] = false
+  :: else
+  fi
+}
+
+/* a rejection recorded: the operation closed, its node may run again under a new op key */
+inline reject(k) {
+  op_st[k] = O_REJECTED; node_st[NODE_OF(k)] = N_PENDING; P7(k); forget(k)
+}
+
+/* after a rejection (tasks/decide/decisions.py:cancel_status after a cancel; budget_exhausted; backing off) */
+inline after_rejection(k) {
+  if
+  :: cancel_req -> cancel_status()
+  :: !cancel_req && status == T_HUMAN -> skip              /* a person holding the task decides (_after_settling) */
+  :: !cancel_req && status != T_HUMAN && node_att[NODE_OF(k)] >= MAX_ATT(NODE_OF(k)) -> status = T_PAUSED  /* budget_exhausted */
+  :: else -> skip                                          /* backing off: a new op key next time */
+  fi
+}
+
+/* tasks/decide/decisions.py:settle (its _committed, _failed, NotFound and Fenced branches), the change commit 2
+   writes; `fin`: the not found is final (tasks/decide/decisions.py:not_found_final on the snapshot) */
+inline settle(k, res, fin) {
   if
   :: res == R_COMMITTED ->
-     op_st[k] = O_COMMITTED; node_st[NODE_OF(k)] = N_SUCCEEDED;
-     if
-     :: cancel_req -> cancel_status()
-     :: !cancel_req && status == T_HUMAN -> skip            /* a person holding the task decides (_after_settling) */
-     :: !cancel_req && status != T_HUMAN && node_st[0] == N_SUCCEEDED && node_st[1] == N_SUCCEEDED -> status = T_COMPLETED
-     :: else -> status = T_RUNNING
-     fi
-  :: res == R_REJECTED ->                                   /* _failed: dependency_unavailable */
-     op_st[k] = O_REJECTED; node_st[NODE_OF(k)] = N_PENDING;
+     dl_wait = false; op_st[k] = O_COMMITTED; node_st[NODE_OF(k)] = N_SUCCEEDED; forget(k);
      if
      :: cancel_req -> cancel_status()
      :: !cancel_req && status == T_HUMAN -> skip
-     :: !cancel_req && status != T_HUMAN && node_att[NODE_OF(k)] >= MAX_ATT(NODE_OF(k)) -> status = T_PAUSED  /* budget_exhausted */
-     :: else -> skip                                        /* backing off: a new op key next time */
+     :: !cancel_req && status != T_HUMAN && node_st[0] == N_SUCCEEDED && node_st[1] == N_SUCCEEDED -> status = T_COMPLETED
+     :: else -> status = T_RUNNING
      fi
+  :: res == R_REJECTED || res == R_FENCED ->               /* _failed (dependency_unavailable, fenced, too late);
+                                                              Fenced: never took effect and never will */
+     dl_wait = false; reject(k); after_rejection(k)
+  :: res == R_HELD ->                                       /* a re-send refused: unknown until its deadline */
+     op_st[k] = O_UNKNOWN; dl_wait = true;
+     if :: cancel_req -> cancel_status() :: else -> skip fi
   :: res == R_LOST ->                                       /* _failed: connection_interrupted → unknown */
      op_st[k] = O_UNKNOWN;
      if :: cancel_req -> cancel_status() :: else -> skip fi
   :: res == R_NOTFOUND ->
      if
-     :: cancel_req ->                                       /* never took effect and a cancel is recorded */
-        op_st[k] = O_REJECTED; node_st[NODE_OF(k)] = N_PENDING; cancel_status()
-     :: else -> op_st[k] = O_INTENT                         /* sent again under the same op key */
+     :: (cancel_req || dl_wait) && FINAL(k, fin) ->         /* never took effect, and no request can land now */
+        dl_wait = false; reject(k); after_rejection(k)
+     :: (cancel_req || dl_wait) && !FINAL(k, fin) ->        /* not final: stays unknown, asked again at the deadline */
+        op_st[k] = O_UNKNOWN; dl_wait = true;
+        if :: cancel_req -> cancel_status() :: else -> skip fi
+     :: !cancel_req && !dl_wait -> op_st[k] = O_INTENT      /* sent again under the same op key */
      fi
   fi
 }
 
 /* harness/simulator.py:Store.lookup (GET /ops/<op_key>), as connector.lookup sees it: a receipt or not found,
-   or no answer */
+   or no answer (a tombstone is not a receipt: not found) */
 inline lookup(k, res) {
   if
   :: losses < MAX_LOSSES -> losses++; res = R_LOST
@@ -223,21 +298,45 @@ inline lookup(k, res) {
   fi
 }
 
-/* harness/simulator.py:Store.perform — a request lands at the remote: once per op key (it deduplicates) */
+/* tasks/engine/connectors.py:fence → harness/simulator.py:fence, one atomic step at the remote: the receipt if the
+   effect landed, else a tombstone under the op key and Fenced; or no answer — the fence never arrived, or it
+   landed and its answer was lost */
+inline fence(k, res) {
+  if
+  :: losses < MAX_LOSSES -> losses++; res = R_LOST          /* never arrived */
+  :: true ->
+     if
+     :: r_done[k] -> res = R_COMMITTED
+     :: !r_done[k] -> r_tomb[k] = true; res = R_FENCED
+     fi;
+     if
+     :: losses < MAX_LOSSES -> losses++; res = R_LOST       /* landed, its answer lost */
+     :: true
+     fi
+  fi
+}
+
+/* harness/simulator.py:perform — a request lands at the remote: once per op key (it deduplicates: a stored receipt
+   is answered first); a fresh one is refused with no effect under a tombstone or past its deadline, checked in the
+   same atomic step as the effect */
 #ifdef SABOTAGE_NO_DEDUP
 #define FRESH(k) true
 #else
 #define FRESH(k) (!r_done[k])
 #endif
+#ifdef SABOTAGE_IGNORE_FENCE
+#define REFUSED(k) (late[k])                                /* the tombstone ignored */
+#else
+#define REFUSED(k) (r_tomb[k] || late[k])
+#endif
 inline land(k, res) {
   if
   :: !FRESH(k) -> res = R_COMMITTED                         /* the stored receipt, no second effect */
-  :: FRESH(k) && rejects < MAX_REJECTS -> rejects++; res = R_REJECTED
-  :: FRESH(k) -> r_done[k] = true; r_effects[k]++; res = R_COMMITTED;
-     assert(r_effects[k] <= 1)                              /* P3 one_effect */
-#ifdef CHECK_NOT_DONE_STAYS_NOT_DONE
-     ;assert(op_st[k] != O_REJECTED)                        /* P7: a known gap, see the header */
-#endif
+  :: FRESH(k) && REFUSED(k) -> res = R_REJECTED             /* fenced, or too late: no effect */
+  :: FRESH(k) && !REFUSED(k) && rejects < MAX_REJECTS -> rejects++; res = R_REJECTED
+  :: FRESH(k) && !REFUSED(k) -> r_done[k] = true; r_effects[k]++; res = R_COMMITTED;
+     assert(r_effects[k] <= 1);                             /* P3 one_effect */
+     P7(k)
   fi
 }
 
@@ -245,27 +344,41 @@ inline land(k, res) {
 inline call(k, res) {
   atomic {
     assert(op_st[k] != O_NONE);                             /* P2 intent_first: registered before the call */
+    if :: out -> calling[k]--; out = false :: else fi;
     if
     :: land(k, res)                                         /* the request lands, its answer comes back */
     :: losses < MAX_LOSSES -> losses++; land(k, res); res = R_LOST   /* lands; the answer is lost */
     :: losses < MAX_LOSSES -> losses++; in_flight[k] = true; res = R_LOST
                                                             /* the caller times out first: it lands later */
-    fi
+    fi;
+    forget(k)
   }
 }
 
 /* ------------------------------------------------------------------------------------------------ processes */
 
-/* the remote: a request still in flight lands (harness/simulator.py:Store.perform); nobody hears its answer */
+/* the remote: a request still in flight lands (harness/simulator.py:Store.perform) — or is refused, fenced or too
+   late; nobody hears its answer */
 active proctype Remote() {
   byte k, res;
 end:
   do
-  :: atomic { IN_FLIGHT -> k = FIRST_IN_FLIGHT; in_flight[k] = false; land(k, res); k = 0; res = 0 }
+  :: atomic {
+       IN_FLIGHT -> k = FIRST_IN_FLIGHT; in_flight[k] = false;
+       if
+       :: land(k, res)
+       :: skip              /* it arrives after its deadline: refused, no effect */
+       fi;
+       forget(k); k = 0; res = 0
+     }
   od
 }
 
-/* leases/clock.py:now advancing past a lease's expires_at (the database's clock; nobody else moves it) */
+/* leases/clock.py:now advancing past a lease's expires_at, or an op key's not_after + skew (the database's clock;
+   nobody else moves it) */
+#ifdef REMOTE_CANNOT_FENCE
+#define LATE_MAY_PASS(k) (!late[k] && OPEN(k) && (cancel_req || dl_wait || l_holder == OPER))
+#endif
 active proctype Clock() {
 end:
   do
@@ -273,25 +386,37 @@ end:
        if :: !l_orphan -> expiries++ :: else -> skip fi;
        l_state = L_EXPIRED; authority = 0 }
   :: atomic { l_holder != 0 && l_state == L_EXPIRED -> l_state = L_LAPSED }
+#ifdef REMOTE_CANNOT_FENCE
+  /* an open operation's deadline passes (not_after + the skew) while the database waits for it to close: after a
+     cancel, a held refusal, or with a person holding the task (who reads it); the remote's side of the deadline is
+     the Remote's choice to refuse a late arrival */
+  :: atomic { LATE_MAY_PASS(0) -> late[0] = true }
+  :: atomic { LATE_MAY_PASS(1) -> late[1] = true }
+  :: atomic { LATE_MAY_PASS(2) -> late[2] = true }
+#endif
   od
 }
 
 /* tasks/engine/runner.py:run_task_once / run_steps: one agent, woken again and again (the recovery scan) */
 proctype Worker(byte me) {
   byte ep, lv, k, res, d;
+  bool fin;                 /* the snapshot's clock: the open operation's not found would be final */
+  bool out;                 /* between commit 1 and the call (calling[k]) */
+  bool again;               /* this call is a re-send of the op key: an earlier copy may still land */
 
 idle:
-  ep = 0; lv = 0; k = 0; res = 0; d = 0;
+  ep = 0; lv = 0; k = 0; res = 0; d = 0; fin = false; again = false;
 end:
   /* leases/services.py:lease_acquire (a wake-up is sent for a task with work: not ended, paused or with people) */
   atomic {
-    !SETTLED && status != T_HUMAN && l_epoch < MAX_GRANTS && !reserved && (l_holder == 0 || l_state == L_LAPSED) ->
+    !SETTLED && status != T_HUMAN && !WAITS_FOR_DEADLINE && l_epoch < MAX_GRANTS && !reserved &&
+    (l_holder == 0 || l_state == L_LAPSED) ->
     l_epoch++; l_holder = me; l_state = L_LIVE; l_orphan = false; ep = l_epoch; authority = ep
   };
   do
   :: /* tasks/engine/snapshot.py:task_snapshot + tasks/decide/decisions.py:directive (pure, on the snapshot) */
      atomic {
-       lv = version; k = 0;
+       lv = version; k = 0; fin = false;
        if
        :: status == T_COMPLETED -> d = D_DONE
        :: status == T_STOPPED -> d = D_STOP
@@ -302,7 +427,14 @@ end:
              if
              :: status == T_HUMAN -> d = D_STOP
 #ifndef SABOTAGE_NO_RECONCILE
-             :: status != T_HUMAN && ANY_OPEN -> d = D_RECONCILE; k = FIRST_OPEN
+             :: status != T_HUMAN && WAITS_FOR_DEADLINE -> d = D_STOP   /* wait: asked again at not_after + skew */
+             :: status != T_HUMAN && ANY_OPEN && !WAITS_FOR_DEADLINE ->
+                k = FIRST_OPEN;
+#ifdef REMOTE_CANNOT_FENCE
+                d = D_RECONCILE; fin = ((cancel_req || dl_wait) && late[k])  /* no fence: the deadline rule */
+#else
+                if :: cancel_req -> d = D_FENCE :: else -> d = D_RECONCILE fi
+#endif
              :: status != T_HUMAN && !ANY_OPEN ->
 #else
              :: status != T_HUMAN ->
@@ -347,9 +479,15 @@ end:
      :: true
      fi;
      if
-     :: d == D_RECONCILE ->
-        /* tasks/engine/runner.py:run_steps, reconcile branch: connector.lookup(op_key) */
-        lookup(k, res);
+     :: d == D_RECONCILE || d == D_FENCE ->
+        /* tasks/engine/runner.py:run_steps, reconcile branch: connector.lookup(op_key), or after a recorded cancel
+           connector.fence(op_key) */
+        atomic {
+          if
+          :: d == D_RECONCILE -> lookup(k, res)
+          :: d == D_FENCE -> fence(k, res)
+          fi
+        };
         if
         :: res == R_LOST -> break                              /* stopped_by remote_unreachable */
         :: else
@@ -362,7 +500,7 @@ end:
         atomic {
           if
           :: version == lv && FENCED(me, ep) && AGENT_MAY_SETTLE && OPEN(k) ->
-             settle(k, res); COMMIT_UNDER_LEASE(ep)
+             settle(k, res, fin); COMMIT_UNDER_LEASE(ep)
           :: else -> break                                      /* refused: VersionConflict, LeaseLost, … */
           fi
         }
@@ -378,10 +516,14 @@ end:
              assert(!cancel_req);                               /* P4 no_intent_after_cancel */
              assert(!ANY_OPEN);                                 /* P5 reconcile_first */
              if
-             :: op_st[k] == O_INTENT -> op_st[k] = O_DISPATCHED  /* _send_again: the same attempt */
+             :: op_st[k] == O_INTENT -> op_st[k] = O_DISPATCHED; late[k] = false; again = true
+                                                    /* _send_again: the same attempt, its not_after refreshed */
              :: else -> op_st[k] = O_DISPATCHED; node_st[NODE_OF(k)] = N_RUNNING; node_att[NODE_OF(k)]++
              fi;
              status = T_RUNNING;
+#ifndef SABOTAGE_INTENT_AFTER_CALL
+             calling[k]++; out = true;
+#endif
              COMMIT_UNDER_LEASE(ep)
           :: else -> break
           fi
@@ -393,6 +535,21 @@ end:
 #ifndef SABOTAGE_INTENT_AFTER_CALL
         call(k, res);
 #endif
+        /* a re-send refused: the refusal answers for this request, not for an earlier copy still in flight — it is
+           final once the op key is fenced (the receipt if the earlier copy landed), or, on a remote that cannot
+           fence, once the deadline has passed (tasks/engine/runner.py:run_steps) */
+        if
+        :: res == R_REJECTED && again ->
+#ifdef REMOTE_CANNOT_FENCE
+           res = R_HELD
+#else
+#ifndef SABOTAGE_REFUSAL_FINAL
+           atomic { fence(k, res); if :: res == R_FENCED -> res = R_REJECTED :: else fi }
+#endif
+#endif
+        :: else
+        fi;
+        again = false;
         if
         :: crashes < MAX_CRASHES -> goto crash
         :: true
@@ -401,7 +558,7 @@ end:
         atomic {
           if
           :: version == lv + 1 && FENCED(me, ep) && AGENT_MAY_SETTLE && OPEN(k) ->
-             settle(k, res); COMMIT_UNDER_LEASE(ep)
+             settle(k, res, false); COMMIT_UNDER_LEASE(ep)
           :: else -> break
           fi
         }
@@ -422,6 +579,7 @@ crash:
   /* the process restarts: its local state is gone; its lease stays open until it lapses on the clock */
   atomic {
     crashes++;
+    if :: out -> calling[k]--; out = false; forget(k) :: else fi;  /* the call it was about to make is never sent */
     if
     :: l_holder == me && l_epoch == ep -> l_orphan = true
     :: else
@@ -442,9 +600,16 @@ active proctype Operator() {
        if
        :: !cancel_req && !ENDED && !SETTLING ->
           cancel_req = true;
-          for (k : 0 .. K - 1) {                                /* intents never sent are withdrawn */
+          /* intents never sent are withdrawn; the model has none (commit 1 registers and dispatches at once): its
+             intents are operations a lookup found not found, to be sent again — sent before, a request may still
+             land, so they stay open (unknown) for the fence or the deadline */
+          for (k : 0 .. K - 1) {
             if
-            :: op_st[k] == O_INTENT -> op_st[k] = O_REJECTED; node_st[NODE_OF(k)] = N_PENDING
+#ifdef SABOTAGE_WITHDRAW_SENT_INTENT
+            :: op_st[k] == O_INTENT -> reject(k)                /* withdrawn as if never sent */
+#else
+            :: op_st[k] == O_INTENT -> op_st[k] = O_UNKNOWN
+#endif
             :: else
             fi
           }
@@ -481,8 +646,10 @@ claim:
     fi
   };
 held:
-  /* the next holder reconciles every open operation by op key first (the console's operation_resolve_by_person:
-     done, with the remote's receipt; not done, tasks/decide/decisions.py:settle_not_done) */
+  /* the next holder reconciles every open operation by op key first (tasks/people/settlement.py:operation_settle_by_hand): done,
+     with the remote's receipt; not done (tasks/decide/decisions.py:settle_not_done) only on a final not found — the
+     server fences the op key, or (a remote that cannot fence) the deadline has passed; else it is refused
+     (NotFoundNotFinal), the operation stays unknown and is asked again later */
   do
   :: atomic {
        lv = version;
@@ -492,20 +659,39 @@ held:
        :: l_holder == OPER && l_epoch == ep && l_state == L_EXPIRED ->
           l_state = L_LIVE; authority = ep                      /* tasks/people/takeover.py:takeover_renew (in grace) */
        :: l_holder == OPER && l_epoch == ep && l_state == L_LIVE && ANY_OPEN ->
-          k = FIRST_OPEN; res = (r_done[k] -> R_COMMITTED : R_NOTFOUND)
+          k = FIRST_OPEN;
+#ifdef REMOTE_CANNOT_FENCE
+          res = R_NOTFOUND                                      /* the person looks at the remote when recording */
+#else
+          fence(k, res)                                         /* the receipt, or Fenced (the person: not done) */
+#endif
        :: l_holder == OPER && l_epoch == ep && l_state == L_LIVE && !ANY_OPEN -> break
        fi
      };
      atomic {
        if
-       :: version == lv && FENCED(OPER, ep) && OPERATOR_MAY_SETTLE && OPEN(k) ->
+       :: version == lv && FENCED(OPER, ep) && OPERATOR_MAY_SETTLE && OPEN(k) && res != R_LOST ->
+#ifdef REMOTE_CANNOT_FENCE
+          /* the person's answer, true when recorded: done with the receipt, or not done — closed only once the
+             deadline has passed */
           if
-          :: res == R_COMMITTED -> settle(k, res)
-          :: else ->                                            /* settle_not_done: rejected, node pending */
-             op_st[k] = O_REJECTED; node_st[NODE_OF(k)] = N_PENDING;
-             if :: cancel_req -> cancel_status() :: else fi
+          :: r_done[k] -> settle(k, R_COMMITTED, false); COMMIT_UNDER_LEASE(ep)
+          :: !r_done[k] && FINAL(k, late[k]) -> res = R_FENCED
+          :: !r_done[k] && !FINAL(k, late[k]) -> skip           /* NotFoundNotFinal: nothing written */
           fi;
-          COMMIT_UNDER_LEASE(ep)
+#else
+          if
+          :: res == R_COMMITTED -> settle(k, res, false); COMMIT_UNDER_LEASE(ep)
+          :: else
+          fi;
+#endif
+          if
+          :: res == R_FENCED ->                                 /* settle_not_done: rejected, node pending */
+             dl_wait = false; reject(k);
+             if :: cancel_req -> cancel_status() :: else fi;
+             COMMIT_UNDER_LEASE(ep)
+          :: else
+          fi
        :: else
        fi;
        k = 0; res = 0
