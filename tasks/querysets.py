@@ -263,12 +263,14 @@ def _ready() -> Q:
     return Q(status=NodeStatus.PENDING.value) & ~Q(Exists(unmet))
 
 
-class JsonArrayHas(Func):
-    """``array`` (a JSON array of strings) has ``item`` as an element. Written per database: Django's JSON
-    lookups test object keys (has_key) or are missing on SQLite (contains)."""
+class _JsonHas(Func):
+    """``json`` (a JSON value) has ``member`` — written per database: Django's JSON lookups test object keys
+    (has_key) or are missing on SQLite (contains). On PostgreSQL jsonb's ``?`` tests both an array's string element
+    and an object's key; on SQLite ``json_each`` yields the ``column`` named here (an element's value, a key)."""
 
     arity = 2
     output_field = BooleanField()
+    sqlite_column = "value"
 
     def as_sql(
         self,
@@ -279,37 +281,27 @@ class JsonArrayHas(Func):
         arg_joiner: str | None = None,
         **extra_context: Any,
     ) -> "_AsSqlType":
-        (array, array_params), (item, item_params) = (compiler.compile(e) for e in self.get_source_expressions())
-        params = (*array_params, *item_params)
+        (json, json_params), (member, member_params) = (compiler.compile(e) for e in self.get_source_expressions())
+        params = (*json_params, *member_params)
         if connection.vendor == "postgresql":
-            return f"({array} ? {item})", params  # jsonb: a string element of a top-level array
+            return f"({json} ? {member})", params
         if connection.vendor == "sqlite":
-            return f"EXISTS (SELECT 1 FROM json_each({array}) WHERE json_each.value = {item})", params  # noqa: S608
-        raise NotSupportedError(f"JsonArrayHas is written for SQLite and PostgreSQL, not {connection.vendor}")
+            column = self.sqlite_column
+            return f"EXISTS (SELECT 1 FROM json_each({json}) WHERE json_each.{column} = {member})", params  # noqa: S608
+        name = type(self).__name__
+        raise NotSupportedError(f"{name} is written for SQLite and PostgreSQL, not {connection.vendor}")
 
 
-class JsonObjectHasKey(Func):
-    """``obj`` (a JSON object) has the key ``key``. Written per database, as JsonArrayHas."""
+class JsonArrayHas(_JsonHas):
+    """``array`` (a JSON array of strings) has ``item`` as an element."""
 
-    arity = 2
-    output_field = BooleanField()
+    sqlite_column = "value"
 
-    def as_sql(
-        self,
-        compiler: SQLCompiler,
-        connection: BaseDatabaseWrapper,
-        function: str | None = None,
-        template: str | None = None,
-        arg_joiner: str | None = None,
-        **extra_context: Any,
-    ) -> "_AsSqlType":
-        (obj, obj_params), (key, key_params) = (compiler.compile(e) for e in self.get_source_expressions())
-        params = (*obj_params, *key_params)
-        if connection.vendor == "postgresql":
-            return f"({obj} ? {key})", params  # jsonb: a top-level key
-        if connection.vendor == "sqlite":
-            return f"EXISTS (SELECT 1 FROM json_each({obj}) WHERE json_each.key = {key})", params  # noqa: S608
-        raise NotSupportedError(f"JsonObjectHasKey is written for SQLite and PostgreSQL, not {connection.vendor}")
+
+class JsonObjectHasKey(_JsonHas):
+    """``obj`` (a JSON object) has the key ``key``."""
+
+    sqlite_column = "key"
 
 
 class ClockNow(Func):
