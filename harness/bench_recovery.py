@@ -128,9 +128,10 @@ def _fill_batch(n: int, tag: str) -> None:
         (
             "INSERT INTO tasks_node (plan_version, key, position, action, depends_on, input, evidence, on_failure,"  # noqa: S608 - fixed text and our own subquery
             " irreversible, compensation, rerun, definition_digest, status, max_attempts, attempts,"
-            " last_error_class, last_attempt_at, next_allowed_action, not_before, output, task_id)"
+            " last_error_class, last_attempt_at, next_allowed_action, not_before, output, approval_digest,"
+            " approval_proposed_digest, approval_requests, approved_by, task_id)"
             " SELECT 1, 'stage', 0, 'store.copy_batch', '[]', '{}', '{}', '{}', %s, '', '', %s, 'succeeded', 3, 1,"
-            f" '', %s, '', NULL, '{{}}', t.id FROM tasks_task t WHERE t.id IN ({mine})",
+            f" '', %s, '', NULL, '{{}}', '', '', '{{}}', '', t.id FROM tasks_task t WHERE t.id IN ({mine})",
             [False, "sha256:" + "0" * 64, now, *like],
         ),
         (

@@ -163,9 +163,11 @@ DEFINITION = Path("leases/state.py")
 OTHER_EXPIRIES = (
     Path("leases/beat.py"),  # the beat lease (leases.models.BeatLease)
     Path("retention"),  # retained objects
+    Path("tasks/decide/approval_binding.py"),  # an approval's expiry (Binding.expired), no grace
 )
 _SQL_COMPARISON = re.compile(r"expires_at\s*[<>]|[<>]=?\s*\w*\.?expires_at\b")
-_LOOKUP = re.compile(r"expires_at__(gt|gte|lt|lte)$")
+# approval_expires_at is an approval's (tasks/decide/approval_binding.py), filtered in its SQL form by querysets.py.
+_LOOKUP = re.compile(r"(?<!approval_)expires_at__(gt|gte|lt|lte)$")
 
 
 def _mentions_expiry(node: ast.AST) -> bool:
