@@ -356,6 +356,9 @@ class TempResource(models.Model):
     status = models.CharField(max_length=10, choices=TempResourceStatus.choices, default=TempResourceStatus.ACTIVE)
     created_at = models.DateTimeField()
     retention_until = models.DateTimeField()
+    # After a temporary refusal of its delete (dependency_unavailable): no delete is sent before this moment
+    # (database clock; tasks.core.failures.backoff, the rule a node's retry follows). Spends no attempt.
+    not_before = models.DateTimeField(null=True, blank=True)
     cleanup_operation = models.OneToOneField(
         Operation, null=True, blank=True, on_delete=models.PROTECT, related_name="cleaned_resource"
     )

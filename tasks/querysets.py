@@ -123,6 +123,8 @@ class TaskQuerySet(models.QuerySet[_Task]):
         litter = (
             _rows("TempResource")
             .filter(status__in=[TempResourceStatus.ACTIVE, TempResourceStatus.CLEANING], task__status__in=ended)
+            # A delete the remote refused for now waits out its backoff (tasks.engine.cleanup): not woken before.
+            .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
             .values("task_id")
         )
         candidates = _rows("Task").filter(status__in=WORKABLE).values("pk").union(litter)

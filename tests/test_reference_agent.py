@@ -257,13 +257,19 @@ def test_the_scan_finds_an_ended_task_with_temp_copies_left_and_only_until_they_
     assert task.pk not in set(tasks_needing_work().values_list("pk", flat=True))
 
 
-def test_a_refused_delete_is_tried_again_under_a_new_op_key_and_stops_for_a_person_after_three(store) -> None:
+def test_a_refused_delete_is_tried_again_under_a_new_op_key_and_stops_for_a_person_after_three(store, clock) -> None:
     task = start(store)
     lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="w")
     lease = run_steps(task_id=task.pk, lease=lease, connector=ObjectStoreConnector(store.url)).lease
     store.fault("dependency_unavailable", times=1, action="delete")
     first = cleanup_temp_resources(task_id=task.pk, lease=lease, connector=ObjectStoreConnector(store.url))
     assert (first.deleted, first.remaining, first.stopped_by) == (0, 3, "remote_unavailable")
+    assert first.wake_at is not None and first.wake_at > clock.now()
+    # Refused for now: nothing is sent again before the backoff ends (database clock), and no attempt was spent.
+    again = cleanup_temp_resources(task_id=task.pk, lease=lease, connector=ObjectStoreConnector(store.url))
+    assert (again.deleted, again.remaining, again.stopped_by) == (0, 3, "remote_unavailable")
+    assert again.wake_at == first.wake_at
+    clock.set(first.wake_at)
     second = cleanup_temp_resources(task_id=task.pk, lease=lease, connector=ObjectStoreConnector(store.url))
     assert (second.deleted, second.remaining, second.stopped_by) == (3, 0, "")
     keys = list(Operation.objects.filter(task=task, purpose=OperationPurpose.CLEANUP).values_list("op_key", "status"))

@@ -199,15 +199,16 @@ def _run_holding(*, task_id: int, lease: Lease, connector: Connector, max_steps:
     with contextlib.suppress(TaskError, LeaseError):  # moved meanwhile: run_steps reads it afresh, names refusals
         recheck_receipts(task_id=task_id, lease=lease, connector=connector)
     report = run_steps(task_id=task_id, lease=lease, connector=connector, max_steps=max_steps)
-    cleaned = ""
+    cleaned, backing_off = "", None
     task = get_task(task_id)
     if temp_resources_due(task).exists():  # none unless the task has ended
         try:
             cleanup = cleanup_temp_resources(task_id=task_id, lease=report.lease, connector=connector)
             cleaned = f"; cleanup: {cleanup.deleted} deleted, {cleanup.remaining} left {cleanup.stopped_by}".rstrip()
+            backing_off = cleanup.wake_at  # a delete refused for now: come back when its backoff ends
         except (Refused, LeaseError) as refusal:
             cleaned = f"; cleanup stopped: {refusal.code}"
-    wake_at = report.wake_at
+    wake_at = report.wake_at or backing_off
     # A remote that stays down is asked again later and later (tasks.engine.recovery.remote_down_record), not every 2 s.
     unreachable = report.stopped_by.startswith("remote_unreachable")
     wake_at = remote_down_record(task=task, unreachable=unreachable) or wake_at
