@@ -16,6 +16,12 @@ class ApiError(Exception):
     code = "api_error"
 
 
+class TempResourceNotFound(ApiError):
+    """The temp resource id is not one of the task in the path."""
+
+    code = "temp_resource_not_found"
+
+
 class OperationNotFound(ApiError):
     """The op key is not an operation of the task in the path."""
 

@@ -12,7 +12,8 @@ from tasks.core.outcomes import RECEIPT_FIELDS, Accepted, Committed, Failed, Fen
 from tasks.decide.approval_binding import AWAITING, approval_views
 from tasks.decide.change import Snapshot
 from tasks.decide.decisions import Directive
-from tasks.models import Node, Operation, Task
+from tasks.engine.cleanup import MAX_CLEANUP_ATTEMPTS, CleanupWork, cleanup_attempts_spent, resets_of
+from tasks.models import Node, Operation, Task, TempResource
 from tasks.reads.detail import RemoteDown
 
 Name = Annotated[str, Field(min_length=1, max_length=100)]
@@ -252,6 +253,12 @@ class OutcomeIn(Schema):
         return Unprovable(detail=self.detail)
 
 
+class CleanupOutcomeIn(OutcomeIn):
+    """What the external system said of a temp resource's delete (the directive ``cleanup``), under its op key."""
+
+    op_key: Annotated[str, Field(min_length=1, max_length=200)]
+
+
 class InputsIn(Schema):
     # Each input ref's current version as read from its source, by name (Directive.input_refs).
     current_versions: dict[Annotated[str, Field(max_length=100)], Annotated[str, Field(max_length=200)]]
@@ -297,8 +304,43 @@ class OperationDetail(Schema):
     not_after: datetime | None
 
 
+class CleanupWorkOut(Schema):
+    """Cleanup work: ``ask`` ``delete`` — delete exactly ``locator`` at the remote under ``op_key`` (its
+    idempotency key; registered and marked sent before this answer); ``lookup`` — a delete under ``op_key`` may have
+    been sent: ask the remote what became of it, never send it again blindly. Report the answer with
+    ``POST …/temp-resources/{temp_id}/cleanup``."""
+
+    temp_id: int
+    locator: str
+    node: str
+    op_key: str
+    ask: Literal["delete", "lookup"]
+    # Definite refusals so far, and how many make the temp resource wait for a person.
+    attempts_spent: int
+    max_attempts: int
+
+
+class TempResourceOut(Schema):
+    """A temp resource: ``status`` active, cleaning (its delete in flight), deleted (with the cleanup receipt) or
+    stuck (definite refusals used up its attempts: a person decides). ``not_before``: a temporary refusal's backoff —
+    no delete before it (database clock)."""
+
+    id: int
+    locator: str
+    node: str
+    status: str
+    op_key: str
+    not_before: datetime | None
+    attempts_spent: int
+
+
+class CleanupOut(Schema):
+    temp_resource: TempResourceOut
+    task: TaskSummary
+
+
 class DirectiveOut(Schema):
-    kind: Literal["execute", "reconcile", "wait", "stop", "done"]
+    kind: Literal["execute", "reconcile", "wait", "stop", "done", "cleanup"]
     task_version: int
     node_key: str
     op_key: str
@@ -315,6 +357,8 @@ class DirectiveOut(Schema):
     input_refs: dict[str, dict[str, Any]] | None
     # stop awaiting_approval: the approval awaited (node_key), what it is asked to permit and why.
     approval: ApprovalOut | None = None
+    # cleanup: the temp resource to delete (or whose delete to look up) — the task has ended.
+    cleanup: CleanupWorkOut | None = None
 
 
 class OutcomeOut(Schema):
@@ -353,6 +397,49 @@ def operation_detail(op: Operation, node_key: str) -> OperationDetail:
         status=op.status,
         dispatch_count=op.dispatch_count,
         not_after=op.not_after,
+    )
+
+
+def temp_resource_out(temp: TempResource) -> TempResourceOut:
+    return TempResourceOut(
+        id=temp.pk,
+        locator=temp.locator,
+        node=temp.node.key if temp.node is not None else "",
+        status=temp.status,
+        op_key=temp.cleanup_operation.op_key if temp.cleanup_operation is not None else "",
+        not_before=temp.not_before,
+        attempts_spent=cleanup_attempts_spent(temp),
+    )
+
+
+def cleanup_directive_out(work: CleanupWork, snap: Snapshot) -> DirectiveOut:
+    """The directive of an ended task with cleanup work: ``cleanup`` (delete or look up), or ``wait`` until a
+    temporary refusal's backoff ends (reason ``cleanup_backoff``)."""
+    temp = work.temp
+    node = temp.node.key if temp.node is not None else ""
+    waits = work.ask == "wait"
+    return DirectiveOut(
+        kind="wait" if waits else "cleanup",
+        task_version=snap.version,
+        node_key=node,
+        op_key=work.op_key,
+        until=work.until,
+        reason="cleanup_backoff" if waits else "",
+        fence=False,
+        asked_at=snap.now,
+        operation=None,
+        input_refs=None,
+        cleanup=None
+        if work.ask == "wait"
+        else CleanupWorkOut(
+            temp_id=temp.pk,
+            locator=temp.locator,
+            node=node,
+            op_key=work.op_key,
+            ask=work.ask,
+            attempts_spent=cleanup_attempts_spent(temp),
+            max_attempts=MAX_CLEANUP_ATTEMPTS * (1 + resets_of(temp)),
+        ),
     )
 
 

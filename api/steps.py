@@ -11,10 +11,21 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Router
 
 from api.auth import token_of
-from api.http import IDEMPOTENCY, IF_MATCH, LEASE, OperationNotFound, answer, expected_version, held_lease
+from api.http import (
+    IDEMPOTENCY,
+    IF_MATCH,
+    LEASE,
+    OperationNotFound,
+    TempResourceNotFound,
+    answer,
+    expected_version,
+    held_lease,
+)
 from api.idempotency import idempotent
 from api.models import ApiToken
 from api.schemas import (
+    CleanupOut,
+    CleanupOutcomeIn,
     DirectiveOut,
     InputsIn,
     LeaseIn,
@@ -26,19 +37,22 @@ from api.schemas import (
     OutcomeOut,
     Problem,
     TaskSummary,
+    cleanup_directive_out,
     directive_out,
     lease_out,
     operation_detail,
     task_summary,
+    temp_resource_out,
 )
 from api.tokens import in_scope
 from leases.models import HolderKind, Lease
 from leases.services import lease_acquire, lease_release, lease_renew
 from tasks.core.errors import TaskNotFound
 from tasks.decide.change import Snapshot
-from tasks.engine.protocol import inputs_confirm, next_directive, operation_start, record_outcome, snapshot_at
+from tasks.engine.cleanup import cleanup_record
+from tasks.engine.protocol import agent_directive, inputs_confirm, operation_start, record_outcome, snapshot_at
 from tasks.engine.snapshot import task_snapshot
-from tasks.models import Operation, Task
+from tasks.models import Operation, Task, TempResource
 
 router = Router(tags=["steps"])
 
@@ -132,7 +146,10 @@ def directive_read(request: HttpRequest, task_id: int) -> HttpResponse:
     token = token_of(request)
     lease = held_lease(request, token, task_id)
     snap = _scoped_snapshot(token, task_id, lease)
-    d = next_directive(task_id=task_id, lease=lease, snapshot=snap)
+    d, cleanup = agent_directive(task_id=task_id, lease=lease, snapshot=snap)
+    if cleanup is not None:  # the task has ended: its temp resources are this agent's to delete
+        snap = task_snapshot(task_id=task_id, lease=lease)
+        return answer(cleanup_directive_out(cleanup, snap), version=snap.version)
     if d.task_version != snap.version:  # it recorded what an approval is asked for: answer what that left
         snap = task_snapshot(task_id=task_id, lease=lease)
     return answer(directive_out(d, snap), version=snap.version)
@@ -184,6 +201,40 @@ def outcome_report(request: HttpRequest, task_id: int, op_key: str, payload: Out
         op, new = settled.operation, settled.snapshot
         node = next((n.key for n in new.nodes if n.pk == op.node_id), "")
         body = OutcomeOut(operation=operation_detail(op, node), task=task_summary(new.task))
+        return answer(body, version=new.version)
+
+    return idempotent(request, token.agent_id, run)
+
+
+@router.post(
+    "/tasks/{task_id}/temp-resources/{temp_id}/cleanup",
+    response={200: CleanupOut, **PROBLEMS},
+    summary="Report what the external system said of a temp resource's delete",
+    openapi_extra={"parameters": [LEASE, IF_MATCH, IDEMPOTENCY]},
+)
+def cleanup_report(request: HttpRequest, task_id: int, temp_id: int, payload: CleanupOutcomeIn) -> HttpResponse:
+    """The answer to a ``cleanup`` directive: what the remote said of the delete (or of the lookup) under its op
+    key. A receipt marks the temp resource deleted in the same commit; a temporary refusal (dependency_unavailable)
+    backs it off without spending an attempt; a definite refusal spends one. 404 temp_resource_not_found, 409
+    invalid_transition when ``op_key`` is not the delete in flight for it."""
+    token = token_of(request)
+    lease = held_lease(request, token, task_id)
+    version = expected_version(request)
+
+    def run() -> HttpResponse:
+        snap = _scoped_snapshot(token, task_id, lease, version)
+        if not TempResource.objects.filter(pk=temp_id, task_id=task_id).exists():
+            raise TempResourceNotFound(f"task {task_id} has no temp resource {temp_id}")
+        temp = cleanup_record(
+            task_id=task_id,
+            temp_id=temp_id,
+            op_key=payload.op_key,
+            outcome=payload.outcome(),
+            lease=lease,
+            expected_version=snap.version,
+        )
+        new = task_snapshot(task_id=task_id, lease=lease)
+        body = CleanupOut(temp_resource=temp_resource_out(temp), task=task_summary(new.task))
         return answer(body, version=new.version)
 
     return idempotent(request, token.agent_id, run)

@@ -160,6 +160,18 @@ def cleanup_next(temp: TempResource, lease: LeaseRef, *, expected_version: int |
     raise InvalidTransition(f"temp resource {temp.locator} is {temp.status} with its delete {op.status}")
 
 
+def cleanup_work(*, task_id: int, lease: LeaseRef, expected_version: int | None = None) -> CleanupWork | None:
+    """The next cleanup step of an ended task for its lease holder — an agent over the API, which sends the delete
+    itself (docs/api.md, directive ``cleanup``): the first due temp resource's ``cleanup_next``. None once none is
+    due (all deleted, stuck for a person, or the task is not one whose temp resources are deleted)."""
+    for temp in list(temp_resources_due(get_task(task_id))):
+        work = cleanup_next(temp, lease, expected_version=expected_version)
+        if work is not None:
+            return work
+        expected_version = None  # it was marked stuck (a write): the next one is judged on the version that left
+    return None
+
+
 def cleanup_tries(temp: TempResource) -> int:
     """The delete operations registered for ``temp`` so far (each under its own op key)."""
     return _deletes_of(temp).count()
@@ -176,11 +188,12 @@ def _deletes_of(temp: TempResource) -> QuerySet[Operation]:
     return Operation.objects.filter(task_id=temp.task_id, op_key__startswith=_key(temp, 0)[:-1])
 
 
-def _unavailable_in_a_row(temp: TempResource) -> int:
-    """How many of ``temp``'s last deletes were refused for now (dependency_unavailable), newest first: the backoff's
-    attempt number, so a remote that stays down is asked later and later."""
+def _unavailable_in_a_row(temp: TempResource, op: Operation) -> int:
+    """How many of ``temp``'s deletes before ``op`` were refused for now (dependency_unavailable) in a row: with
+    ``op``'s refusal, the backoff's attempt number, so a remote that stays down is asked later and later."""
     run = 0
-    for status, failure in _deletes_of(temp).order_by("-pk").values_list("status", "failure_class"):
+    earlier = _deletes_of(temp).filter(pk__lt=op.pk).order_by("-pk")
+    for status, failure in earlier.values_list("status", "failure_class"):
         if status != OperationStatus.REJECTED or failure != FailureClass.DEPENDENCY_UNAVAILABLE:
             break
         run += 1
@@ -364,7 +377,9 @@ def _record(
         event = "cleanup_rejected"
         fields["failure_detail"] = outcome.detail[:500]
         if outcome.failure_class == FailureClass.DEPENDENCY_UNAVAILABLE:
-            wait = backoff(now=task.updated_at, attempt=_unavailable_in_a_row(temp) + 1, seed=f"{task.uid}:{temp.pk}")
+            wait = backoff(
+                now=task.updated_at, attempt=_unavailable_in_a_row(temp, op) + 1, seed=f"{task.uid}:{temp.pk}"
+            )
 
             def back_off(_task: Task, now: datetime) -> None:
                 TempResource.objects.filter(pk=temp.pk).update(not_before=now + wait.delay)

@@ -31,6 +31,7 @@ from tasks.decide import approval_binding, decisions
 from tasks.decide.change import Snapshot
 from tasks.decide.decisions import Directive, resolved_input
 from tasks.engine.cas import compare_and_set, project
+from tasks.engine.cleanup import CLEANABLE, CleanupWork, cleanup_work
 from tasks.engine.snapshot import task_snapshot
 from tasks.engine.verification import approval_binding_verified, operation_request_verified
 from tasks.models import Node, Operation, Task
@@ -38,6 +39,7 @@ from tasks.models import Node, Operation, Task
 __all__ = [
     "Directive",
     "Step",
+    "agent_directive",
     "inputs_confirm",
     "next_directive",
     "operation_start",
@@ -77,6 +79,19 @@ def next_directive(*, task_id: int, lease: LeaseRef, snapshot: Snapshot | None =
     return replace(
         d, task_version=compare_and_set(snap.task.pk, snap.version, asked, lease=lease, snapshot=snap).version
     )
+
+
+def agent_directive(
+    *, task_id: int, lease: LeaseRef, snapshot: Snapshot | None = None
+) -> tuple[Directive, CleanupWork | None]:
+    """What an agent over the API does next: ``next_directive``, and once it says the task has ended (done, or stop
+    with the end status) the cleanup of its temp resources (tasks.engine.cleanup.cleanup_work: a delete registered
+    and marked sent under the lease before the answer, a lookup of one in flight, or a wait for a backoff). The
+    directive's version is the one read; the cleanup's writes, if any, move the task on."""
+    d = next_directive(task_id=task_id, lease=lease, snapshot=snapshot)
+    if d.kind not in ("done", "stop") or d.reason not in ("", *CLEANABLE):
+        return d, None
+    return d, cleanup_work(task_id=task_id, lease=lease, expected_version=d.task_version)
 
 
 @dataclass(frozen=True)
