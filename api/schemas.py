@@ -413,8 +413,8 @@ def temp_resource_out(temp: TempResource) -> TempResourceOut:
 
 
 def cleanup_directive_out(work: CleanupWork, snap: Snapshot) -> DirectiveOut:
-    """The directive of an ended task with cleanup work: ``cleanup`` (delete or look up), or ``wait`` until a
-    temporary refusal's backoff ends (reason ``cleanup_backoff``)."""
+    """The directive of an ended task with cleanup work: ``cleanup`` (delete or look up; ``reason``: the task's end
+    status), or ``wait`` until a temporary refusal's backoff ends (reason ``cleanup_backoff``)."""
     temp = work.temp
     node = temp.node.key if temp.node is not None else ""
     waits = work.ask == "wait"
@@ -424,7 +424,7 @@ def cleanup_directive_out(work: CleanupWork, snap: Snapshot) -> DirectiveOut:
         node_key=node,
         op_key=work.op_key,
         until=work.until,
-        reason="cleanup_backoff" if waits else "",
+        reason="cleanup_backoff" if waits else snap.task.status,  # cleanup: how the task ended
         fence=False,
         asked_at=snap.now,
         operation=None,

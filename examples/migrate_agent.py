@@ -5,9 +5,11 @@
 
 It plans (prepare the target, copy in batches sized by the store's transaction boundary, verify every digest,
 switch the project's reference) and runs the plan with reckon_client; leases, directives, op keys and
-reconciliation are the client's. Killed anywhere and started again with the same arguments, it finds its task
-again (the create is keyed by project and source version) and finishes it without writing anything twice: the
-client reconciles by op key before it sends anything new.
+reconciliation are the client's. Each copy leaves a staging object its receipt names; once the task has ended,
+Reckon tells the agent to delete each one (``delete``), so a finished migration leaves nothing in ``tmp/``.
+Killed anywhere and started again with the same arguments, it finds its task again (the create is keyed by project
+and source version) and finishes it without writing anything twice: the client reconciles by op key before it sends
+anything new.
 """
 
 import argparse
@@ -77,6 +79,11 @@ class ObjectStore:
         if failure is None:
             failure = "invalid_params" if response.status_code < 500 else "connection_interrupted"
         return Failed(failure, f"HTTP {response.status_code}: {response.text[:200]}")
+
+    def delete(self, op_key: str, locator: str) -> Outcome:
+        """Delete exactly the staging object ``locator`` (a temp resource a copy's receipt named) under ``op_key``:
+        Reckon asks for it once the task has ended; the store dedupes the delete by op key like any write."""
+        return self.submit(op_key, {"action": "delete", "input": {"locator": locator}})
 
     def lookup(self, op_key: str) -> Outcome:
         try:

@@ -27,9 +27,10 @@ from api.tokens import api_token_issue
 from examples.bench_http import bench
 from examples.migrate_agent import KIND, ObjectStore, _outcome, plan
 from harness.killmatrix import database_url
+from harness.simulator import STAGING_PREFIX
 from leases.models import Lease
-from tasks.core.lifecycle import NodeStatus, OperationStatus, TaskStatus
-from tasks.models import Node, Operation, Task
+from tasks.core.lifecycle import NodeStatus, OperationStatus, TaskStatus, TempResourceStatus
+from tasks.models import Node, Operation, Task, TempResource
 from tasks.people.takeover import takeover_claim, takeover_submit
 from tests.conftest import person
 from tests.simulator_fixture import ROOT, Simulator
@@ -136,6 +137,23 @@ def assert_migrated_once(task: Task, store: Simulator) -> None:
     assert stats["by_action"]["copy_batch"] == 3 and stats["by_action"]["switch_reference"] == 1
     reference = store.snapshot()["references"]["projects/acme"]
     assert reference["version"] == "7" and reference["target"].startswith("tgt-acme-")
+    assert_cleaned_up(task, store)
+
+
+def staging(store: Simulator) -> list[str]:
+    """The staging objects the store holds (``<target>/tmp/…``): what a task's copies left behind."""
+    return sorted(key for key in store.snapshot()["objects"] if f"/{STAGING_PREFIX}" in key)
+
+
+def assert_cleaned_up(task: Task, store: Simulator) -> None:
+    """Every temp resource the task's receipts named is deleted, each by one delete under its own op key with its
+    receipt, and the store holds no staging object any more."""
+    temps = list(TempResource.objects.filter(task=task))
+    assert temps and {t.status for t in temps} == {TempResourceStatus.DELETED}, [(t.locator, t.status) for t in temps]
+    assert all(t.cleanup_receipt_id for t in temps)
+    deletes = Operation.objects.filter(task=task, purpose="cleanup", status=OperationStatus.COMMITTED)
+    assert {store.stats()["by_op_key"][op.op_key] for op in deletes} == {1}
+    assert staging(store) == []
 
 
 def test_the_reference_agent_runs_its_task_to_completion_over_http(live: Live, store: Simulator) -> None:
@@ -168,7 +186,7 @@ def test_an_agent_killed_mid_copy_is_finished_by_another_with_no_duplicate_side_
     first.communicate(timeout=10)
     task = the_task()
     assert task.status == TaskStatus.RUNNING
-    in_flight = Operation.objects.get(task=task, node__key="copy-batch-2")
+    in_flight = Operation.objects.get(task=task, node__key="copy-batch-2", purpose="effect")
     assert in_flight.status == OperationStatus.DISPATCHED  # nobody settled it: the killed agent never answered
 
     # A second agent process, the same command: it waits for the dead agent's lease to lapse, reconciles the copy
@@ -227,6 +245,9 @@ class AsyncStore:
         response = await self.http.get(f"/versions/{quote(locator, safe='')}")
         return str(response.raise_for_status().json()["version"])
 
+    async def delete(self, op_key: str, locator: str) -> Outcome:
+        return await self.submit(op_key, {"action": "delete", "input": {"locator": locator}})
+
 
 def test_an_asyncio_agent_runs_a_task_to_completion(live: Live, store: Simulator) -> None:
     source = {"source": "store", "locator": "projects/acme", "version": "7", "digest": "sha256:" + "ab" * 32}
@@ -244,8 +265,37 @@ def test_an_asyncio_agent_runs_a_task_to_completion(live: Live, store: Simulator
     task = Task.objects.get(pk=task_id)
     assert task.status == TaskStatus.COMPLETED
     ops = Operation.objects.filter(task=task)
-    assert ops.count() == 5  # prepare, 2 copies, verify, switch
+    assert ops.filter(purpose="effect").count() == 5  # prepare, 2 copies, verify, switch
     assert {store.stats()["by_op_key"][op.op_key] for op in ops} == {1}
+    assert_cleaned_up(task, store)  # and the 2 copies' staging objects, deleted
+
+
+def test_an_agent_killed_mid_cleanup_is_finished_by_the_next_with_each_delete_sent_once(
+    live: Live, store: Simulator
+) -> None:
+    """The task has completed and its agent is deleting the staging objects: the second delete hangs in the store
+    and the agent is SIGKILLed. The next agent process (the same command) looks that delete up by its op key before
+    anything else, finishes the cleanup, and the store ends with no staging object, each delete applied once."""
+    store.fault("latency", ms=4000, action="delete", every=2)
+    first = agent(live, store)
+    deadline = time.monotonic() + 60
+    while Operation.objects.filter(purpose="cleanup", status=OperationStatus.COMMITTED).count() < 1 or not (
+        Operation.objects.filter(purpose="cleanup", status=OperationStatus.DISPATCHED).exists()
+    ):
+        assert first.poll() is None, first.communicate()[0]
+        assert time.monotonic() < deadline, "the agent never sent the second delete"
+        time.sleep(0.05)
+    time.sleep(0.5)
+    os.kill(first.pid, signal.SIGKILL)
+    first.communicate(timeout=10)
+    task = the_task()
+    assert task.status == TaskStatus.COMPLETED and staging(store) != []
+    in_flight = Operation.objects.get(task=task, purpose="cleanup", status=OperationStatus.DISPATCHED)
+    output = finished(agent(live, store, "--lease-wait", "60"))
+    assert f"task {task.pk}: done" in output
+    assert_migrated_once(task, store)
+    in_flight.refresh_from_db()
+    assert in_flight.status == OperationStatus.COMMITTED and in_flight.dispatch_count == 1  # looked up, not re-sent
 
 
 def source_ref() -> dict[str, Any]:
@@ -287,9 +337,10 @@ def test_a_cancel_during_a_call_lets_it_settle_and_starts_nothing_after(live: Li
     assert results[0].reason in ("cancel_requested", TaskStatus.STOPPED), results
     assert Task.objects.get(pk=task.id).status == TaskStatus.STOPPED
     actions = store.stats()["by_action"]
-    assert actions == {"prepare_target": 1, "copy_batch": 1}
-    copy = Operation.objects.get(task_id=task.id, node__key="copy-batch-1")
+    assert actions == {"prepare_target": 1, "copy_batch": 1, "delete": 1}  # the copy's staging object, once stopped
+    copy = Operation.objects.get(task_id=task.id, node__key="copy-batch-1", purpose="effect")
     assert copy.status == OperationStatus.COMMITTED  # settled as it truly ended
+    assert_cleaned_up(Task.objects.get(pk=task.id), store)
     assert not Operation.objects.filter(task_id=task.id, node__key="copy-batch-2").exists()
 
 
@@ -353,7 +404,7 @@ def test_an_operation_the_store_still_runs_is_observed_within_the_same_run(live:
         result = reckon.run(task.id, ObjectStore(store.url), ttl_seconds=LEASE_TTL)
     assert result.done, result
     assert Lease.objects.filter(task_id=task.id).count() == 1
-    copy = Operation.objects.get(task_id=task.id, node__key="copy-batch-1")
+    copy = Operation.objects.get(task_id=task.id, node__key="copy-batch-1", purpose="effect")
     assert copy.status == OperationStatus.COMMITTED and copy.dispatch_count == 1
     assert store.stats()["by_op_key"][copy.op_key] == 1
 

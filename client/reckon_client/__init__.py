@@ -11,7 +11,7 @@ keys, If-Match and reconciliation are the client's.
 """
 
 from reckon_client.aio import AsyncReckon
-from reckon_client.connector import Actions, AsyncConnector, Connector, Fencing
+from reckon_client.connector import Actions, AsyncConnector, Connector, Deleting, Fencing
 from reckon_client.errors import ApiError
 from reckon_client.outcomes import (
     Accepted,
@@ -34,6 +34,7 @@ __all__ = [
     "AsyncReckon",
     "Committed",
     "Connector",
+    "Deleting",
     "Failed",
     "FailureClass",
     "Fenced",

@@ -94,7 +94,8 @@ class AsyncReckon:
         try:
             compensate = callable(getattr(connector, "compensate", None))
             fences = callable(getattr(connector, "fence", None))
-            steps = protocol.steps(acquired, max_wait=max_wait, compensate=compensate, fences=fences)
+            deletes = callable(getattr(connector, "delete", None))
+            steps = protocol.steps(acquired, max_wait=max_wait, compensate=compensate, fences=fences, deletes=deletes)
             return await self._drive(steps, connector)
         finally:
             renewer.cancel()

@@ -1,4 +1,5 @@
-"""What an agent author writes: one connector per external system, three calls (``compensate`` optional).
+"""What an agent author writes: one connector per external system, three calls (``compensate``, ``fence`` and
+``delete`` optional).
 
     class Store:                                      # satisfies Connector
         def submit(self, op_key, request): ...        # send request["input"] for request["action"], keyed by op_key
@@ -14,6 +15,11 @@ A final "not found" (docs/api.md): ``request["not_after"]`` is the request's dea
 database clock); a remote that cannot fence must refuse a request that reaches it later. A connector whose remote can
 fence adds ``fence(op_key)``: what became of op_key, and if nothing, refuse it from now on (``Fenced``) — asked
 instead of ``lookup`` once a cancel is recorded, so the cancel need not wait for the deadline.
+
+Temp resources (docs/api.md, "Cleanup"): a receipt may name what the write left behind (``data={"temp":
+[locator, …]}``, a staging copy). Once the task has ended, Reckon tells the agent to delete each under an op key of
+its own; a connector with ``delete(op_key, locator)`` (``Deleting``) does it. Without one the client stops at that
+directive (``cleanup_unsupported``) and the temp resources are listed for a person.
 """
 
 from collections.abc import Callable, Mapping
@@ -32,6 +38,16 @@ class Connector(Protocol):
 @runtime_checkable
 class Fencing(Protocol):
     def fence(self, op_key: str) -> Outcome: ...
+
+
+@runtime_checkable
+class Deleting(Protocol):
+    """Delete exactly ``locator`` (a temp resource a receipt named in ``data["temp"]``) under ``op_key``, the
+    remote's idempotency key: a second delete under the same op key deletes nothing more. Answers like ``submit``
+    (``Committed`` with the remote's id is the cleanup receipt; a remote that cannot do it now,
+    ``Failed("dependency_unavailable")``: Reckon backs off and spends no attempt)."""
+
+    def delete(self, op_key: str, locator: str) -> Outcome: ...
 
 
 @runtime_checkable

@@ -49,7 +49,7 @@ class Remote:
     """A call to the connector (or, for ``recreate``, to the caller's Recreator). An exception it raises is thrown
     back into the generator."""
 
-    name: Literal["submit", "compensate", "lookup", "fence", "current_version", "recreate"]
+    name: Literal["submit", "compensate", "lookup", "fence", "delete", "current_version", "recreate"]
     args: tuple[Any, ...]
 
 
@@ -95,7 +95,8 @@ class Task:
 
 @dataclass(frozen=True)
 class RunResult:
-    """How a run ended. ``done``: the task completed. ``stopped``: ``reason`` says why (a directive's reason —
+    """How a run ended. ``done``: the task completed (``reason`` ``cleanup_unsupported``: its temp resources are
+    left, the connector has no ``delete``). ``stopped``: ``reason`` says why (a directive's reason —
     cancel_requested, takeover_requested, awaiting_approval, budget_exhausted, a pause — or a refusal's code:
     lease_held, lease_lost, …). ``waiting``: run again at ``until`` (a backoff longer than the run's ``max_wait``,
     a remote that could not be asked, an operation the remote still runs)."""
@@ -380,9 +381,13 @@ def release(state: LeaseState) -> Steps[None]:
         raise ApiError.of(reply.status, reply.body)
 
 
-def steps(state: LeaseState, *, max_wait: float, compensate: bool, fences: bool = False) -> Steps[RunResult]:
+def steps(
+    state: LeaseState, *, max_wait: float, compensate: bool, fences: bool = False, deletes: bool = False
+) -> Steps[RunResult]:
     """Follow the directive until done, stop, or a wait longer than ``max_wait`` seconds. ``fences``: the connector
-    has ``fence``, asked instead of ``lookup`` when the directive says so (a cancel is recorded)."""
+    has ``fence``, asked instead of ``lookup`` when the directive says so (a cancel is recorded). ``deletes``: the
+    connector has ``delete(op_key, locator)``, called when the ended task's temp resources are to be deleted (the
+    directive ``cleanup``); without it the run stops there (``cleanup_unsupported``) and they wait for a person."""
     base = f"/tasks/{state.task_id}"
     done = conflicts = 0
     while True:
@@ -411,6 +416,15 @@ def steps(state: LeaseState, *, max_wait: float, compensate: bool, fences: bool 
                     return RunResult(ended.status, ended.reason, ended.until, done, ended.detail)
             elif kind == "reconcile":
                 yield from _recheck_inputs(state, base, d.get("input_refs") or {}, version)
+            elif kind == "cleanup":
+                if not deletes:  # the task has ended (reason: how); its temp resources are left for a person
+                    detail = "the connector has no delete(op_key, locator): the task's temp resources are left"
+                    ended_as: Literal["done", "stopped"] = "done" if reason == "completed" else "stopped"
+                    return RunResult(ended_as, "cleanup_unsupported", steps=done, detail=detail)
+                ended = yield from _cleanup(state, base, d.get("cleanup") or {}, version)
+                done += 1
+                if ended is not None:
+                    return RunResult(ended.status, ended.reason, ended.until, done, ended.detail)
             elif kind == "execute":
                 if state.stop_reason:  # cancel or takeover asked: start no side effect
                     return RunResult("stopped", state.stop_reason, steps=done)
@@ -480,6 +494,31 @@ def _reconcile(
         return None
     task = answer.get("task") or {}
     if int(task.get("version", version + 1)) == version:  # nothing new to record (still unprovable)
+        return RunResult("waiting", "inconclusive", until=_now() + timedelta(seconds=OBSERVE_EVERY))
+    return None
+
+
+def _cleanup(state: LeaseState, base: str, work: Mapping[str, Any], version: int) -> Steps[RunResult | None]:
+    """Delete exactly the temp resource's locator under the op key Reckon registered (``ask: delete``), or ask the
+    remote what became of a delete that may have been sent (``ask: lookup``: never sent again blindly); report the
+    answer. A remote that cannot be asked ends the run (nothing was written); the next one asks again."""
+    op_key, locator, temp_id = str(work["op_key"]), str(work["locator"]), int(work["temp_id"])
+    ask: Literal["delete", "lookup"] = "delete" if work.get("ask") == "delete" else "lookup"
+    try:
+        outcome = _checked((yield Remote(ask, (op_key, locator) if ask == "delete" else (op_key,))))
+    except OSError as exc:  # a connector that raised instead of answering
+        if ask == "delete":  # it may have reached the remote: report it unknown, the next directive asks
+            outcome = Failed("connection_interrupted", f"delete of {locator}: {exc}")
+        else:
+            raise _Unreachable(f"lookup of {op_key}: {exc}") from exc
+    if ask == "lookup" and isinstance(outcome, Failed) and outcome.failure_class == "connection_interrupted":
+        raise _Unreachable(outcome.detail or f"lookup of {op_key} failed")
+    body = outcome_json(outcome) | {"op_key": op_key}
+    path = f"{base}/temp-resources/{temp_id}/cleanup"
+    answer = ok((yield Call("POST", path, body, _lease_headers(state, version=version, body=[path, body]))))
+    if isinstance(outcome, Accepted):  # the remote still deletes it: ask again a little later
+        return RunResult("waiting", "observing", until=_now() + timedelta(seconds=OBSERVE_EVERY))
+    if int((answer.get("task") or {}).get("version", version + 1)) == version:  # nothing new (still unprovable)
         return RunResult("waiting", "inconclusive", until=_now() + timedelta(seconds=OBSERVE_EVERY))
     return None
 
