@@ -131,6 +131,13 @@ ATTENTION: dict[Attention, Presentation] = {
         "A temporary resource could not be deleted: a person must reset or remove it.",
         "attention",
     ),
+    _A.TEMP_RESOURCE_LEFT: Presentation(
+        "temp resources left",
+        "▢",
+        "The task has ended with temp resources still to delete, and nobody will: no connector for its kind on this "
+        "server, and no agent holds it. Its agent must come back for them, or a person removes them.",
+        "attention",
+    ),
     _A.TAKEOVER_REQUESTED: Presentation(
         "takeover requested", "⚑", "A person asked to take over: the agent hands over at its next step.", "attention"
     ),

@@ -48,6 +48,7 @@ from tasks.core.lifecycle import (
     TempResourceStatus,
     permitted,
 )
+from tasks.engine.registry import known_kinds
 
 if TYPE_CHECKING:
     from django.db.models.sql.compiler import _AsSqlType
@@ -76,6 +77,7 @@ class Attention(models.TextChoices):
     UNPROVABLE_OPERATION = "unprovable_operation", "operation unprovable"
     BUDGET_EXHAUSTED = "budget_exhausted", "attempt budget exhausted"
     TEMP_RESOURCE_STUCK = "temp_resource_stuck", "temp resource stuck"
+    TEMP_RESOURCE_LEFT = "temp_resource_left", "temp resources left"
     TAKEOVER_REQUESTED = "takeover_requested", "takeover requested"
 
 
@@ -200,8 +202,22 @@ def _attention_conditions() -> dict[Attention, Q]:
         | (paused_unprovable & exists(unknown)),
         Attention.BUDGET_EXHAUSTED: budget_exhausted,
         Attention.TEMP_RESOURCE_STUCK: exists(_rows("TempResource").filter(status=TempResourceStatus.STUCK.value)),
+        Attention.TEMP_RESOURCE_LEFT: _temp_resources_left(),
         Attention.TAKEOVER_REQUESTED: exists(LeaseReservation.objects.all()),
     }
+
+
+def _temp_resources_left() -> Q:
+    """An ended task's temp resources wait to be deleted and nobody will: its kind has no connector on this server
+    (tasks.engine.registry: no worker of ours can delete them; its agent over the API must) and no agent holds a
+    live lease on it now (its agent never came back). Where cleanup may run (the permit table's statuses: never a
+    quarantined task's); a kind with a connector here is cleaned by the recovery scan's workers instead."""
+    ended = sorted(s.value for s in permitted(ChangeKind.CLEANUP, Actor.AGENT))
+    undone = _rows("TempResource").filter(
+        task_id=OuterRef("pk"), status__in=[TempResourceStatus.ACTIVE, TempResourceStatus.CLEANING]
+    )
+    live = Lease.objects.filter(task_id=OuterRef("pk"), released_at__isnull=True, expires_at__gt=ClockNow())
+    return Q(status__in=ended) & ~Q(kind__in=known_kinds()) & Q(Exists(undone)) & ~Q(Exists(live))
 
 
 def _awaiting_approval() -> Q:

@@ -539,3 +539,35 @@ def test_the_pages_follow_the_permit_table_when_it_changes(client, make_task, ag
     after = offered_on_pages(client, task, temp)
     assert (after["cancel"], after["take_over"], after["reset"]) == (False, False, True)
     assert after == allowed_by_permits(ann, task)
+
+
+def test_the_settle_form_is_pre_filled_with_the_staging_objects_the_remote_names_and_records_them(
+    client, make_task, agent_lease, clock, remote
+) -> None:
+    task, ann, op = taken_over(make_task, agent_lease)
+    remote.holds[op.op_key] = Committed(remote_id="batch-1", data={"temp": ["tgt-ginkgo-1/tmp/batch-2"]})
+    client.force_login(ann.user)
+    before = snapshot()
+    page = client.get(reverse("operation-settle", args=[task.pk, op.op_key])).content.decode()
+    assert snapshot() == before  # asking the remote to pre-fill the form records nothing
+    assert re.search(r"<textarea[^>]*temp_locators[^>]*>\s*tgt-ginkgo-1/tmp/batch-2</textarea>", page), page
+    # A "not done" with staging objects is refused by the form, writing nothing.
+    refused = settle(client, task, op, resolution="not_done", remote_id="", temp_locators="tgt-ginkgo-1/tmp/batch-2")
+    assert refused.status_code == 400 and "Not done left nothing behind" in refused.content.decode()
+    assert snapshot() == before
+    response = settle(client, task, op, temp_locators="tgt-ginkgo-1/tmp/batch-2\n\n  tgt-ginkgo-1/tmp/extra  \n")
+    assert response.status_code == 303, response.content.decode()[:2000]
+    temps = TempResource.objects.filter(task=task).order_by("pk")
+    assert [(t.locator, t.node_id, t.status) for t in temps] == [
+        ("tgt-ginkgo-1/tmp/batch-2", op.node_id, TempResourceStatus.ACTIVE),
+        ("tgt-ginkgo-1/tmp/extra", op.node_id, TempResourceStatus.ACTIVE),
+    ]
+    logged = Event.objects.filter(task=task, type="node_succeeded").latest("seq")
+    assert logged.payload["data"]["temp"] == ["tgt-ginkgo-1/tmp/batch-2", "tgt-ginkgo-1/tmp/extra"]
+
+
+def test_the_settle_form_is_empty_when_the_remote_cannot_be_asked(client, make_task, agent_lease, clock) -> None:
+    task, ann, op = taken_over(make_task, agent_lease)  # KIND has no connector registered here
+    client.force_login(ann.user)
+    page = client.get(reverse("operation-settle", args=[task.pk, op.op_key])).content.decode()
+    assert re.search(r"<textarea[^>]*temp_locators[^>]*>\s*</textarea>", page), page

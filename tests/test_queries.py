@@ -185,7 +185,8 @@ def test_a_stuck_temp_resource_is_named_once_the_task_has_ended(make_task, clock
         task=task, locator="staging/1", status=TempResourceStatus.STUCK, created_at=now, retention_until=now
     )
     TempResource.objects.create(task=task, locator="staging/2", created_at=now, retention_until=now)
-    assert reasons(task) == [A.TEMP_RESOURCE_STUCK]
+    # staging/2 is still to delete, and its kind has no connector here and no agent holds the task: left.
+    assert reasons(task) == [A.TEMP_RESOURCE_STUCK, A.TEMP_RESOURCE_LEFT]
 
 
 def test_needs_attention_lists_every_named_task_and_no_other(make_task, clock) -> None:

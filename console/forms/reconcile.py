@@ -76,10 +76,19 @@ class SettleForm(DangerForm):
 
     reason_label = "What you checked"
     reason_help = "The evidence: where you looked and what it showed."
-    field_order = ["version", "resolution", *RECEIPT_FIELDS, "reason", "confirm"]
+    field_order = ["version", "resolution", *RECEIPT_FIELDS, "temp_locators", "reason", "confirm"]
 
     # Chosen by the link the person followed (each shows its own consequences), carried as a hidden field.
     resolution = forms.ChoiceField(choices=RESOLUTIONS, widget=forms.HiddenInput)
+    # What the operation left at the remote, one locator a line: recorded as the task's temp resources, deleted by
+    # the cleanup once the task has ended (pre-filled from the remote's answer when it can be asked).
+    temp_locators = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
+        required=False,
+        max_length=20_000,
+        label="Staging objects it created",
+        help_text="One locator a line (e.g. tgt-acme-…/tmp/batch-2): each is deleted once the task has ended.",
+    )
 
     def __init__(self, *args: Any, can_compensate: bool, **kwargs: Any) -> None:
         super().__init__(*args, reason_min=MIN_NOTE, **kwargs)
@@ -96,7 +105,13 @@ class SettleForm(DangerForm):
             self.add_error("remote_id", "It happened: give the remote id the external system gave it.")
         if resolution == "not_done" and receipt_given:
             self.add_error("remote_id", "Not done comes without a receipt: clear the receipt fields.")
+        if resolution == "not_done" and data.get("temp_locators"):
+            self.add_error("temp_locators", "Not done left nothing behind: clear the staging objects.")
         return data
+
+    def clean_temp_locators(self) -> list[str]:
+        text: str = self.cleaned_data.get("temp_locators") or ""
+        return [line.strip() for line in text.splitlines() if line.strip()]
 
     def receipt(self) -> Committed | None:
         data = self.cleaned_data

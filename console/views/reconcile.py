@@ -55,7 +55,7 @@ from tasks.engine.cleanup import cleanup_tries, temp_resource_reset
 from tasks.models import Operation, Task, TempResource
 from tasks.people.cancel import task_request_cancel
 from tasks.people.forced_release import lease_force_release
-from tasks.people.settlement import RemoteAnswer, operation_query_remote, operation_settle_by_hand
+from tasks.people.settlement import RemoteAnswer, operation_query_remote, operation_settle_by_hand, settle_prefill
 from tasks.reads import consequences
 from tasks.reads.consequences import plural
 
@@ -311,11 +311,14 @@ def operation_settle(request: HttpRequest, task_id: int, op_key: str) -> HttpRes
     op = _operation(task, op_key)
     chosen = request.POST.get("resolution") or request.GET.get("resolution") or "done"
     resolution = chosen if chosen in ("done", "not_done", "compensate") else "done"
+    initial: dict[str, Any] = {"version": task.version, "resolution": resolution}
+    if request.method != "POST" and resolution != "not_done":  # what the remote says it left, when it can be asked
+        initial["temp_locators"] = "\n".join(settle_prefill(kind=task.kind, op_key=op.op_key))
     form = SettleForm(
         request.POST or None,
         expected=str(task.pk),
         can_compensate=bool(op.node.compensation),
-        initial={"version": task.version, "resolution": resolution},
+        initial=initial,
     )
     outcome = _confirmed(
         request,
@@ -329,6 +332,7 @@ def operation_settle(request: HttpRequest, task_id: int, op_key: str) -> HttpRes
             resolution=data["resolution"],
             receipt=form.receipt(),
             note=data["reason"],
+            temp_locators=data["temp_locators"],
         ),
         f"Operation {op.op_key} settled by hand ({resolution}).",
     )

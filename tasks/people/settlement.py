@@ -2,7 +2,8 @@
 it happened (with the receipt that proves it), it never took effect, or it happened and is to be compensated (a new
 operation with its own op key, sent like any other). Each is audited in the transaction of the change."""
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -34,7 +35,7 @@ from tasks.core.lifecycle import (
 from tasks.core.outcomes import Accepted, Committed, Failed, Fenced, Outcome, Unprovable
 from tasks.decide import decisions
 from tasks.decide.change import Change
-from tasks.decide.receipts import receipt_summary
+from tasks.decide.receipts import receipt_summary, temp_locators
 from tasks.engine.cas import compare_and_set
 from tasks.engine.connectors import Fencing, reconcile
 from tasks.engine.protocol import record_outcome
@@ -55,6 +56,7 @@ def operation_settle_by_hand(
     resolution: Resolution,
     receipt: Committed | None = None,
     note: str,
+    temp_locators: Sequence[str] = (),
 ) -> Operation:
     """A person holding the takeover lease on ``task_id`` settles an operation the remote could not settle, with a
     note of what they checked (at least MIN_NOTE characters: the evidence of a not-done, the context of a receipt).
@@ -65,6 +67,11 @@ def operation_settle_by_hand(
     the clock skew must have passed (decisions.settle_not_done; NotFoundNotFinal before then).
     ``compensate``: it happened (``receipt``), and a compensation is registered as a new operation with its
     own op key, to be sent like any other. Audited in the transaction of the change.
+
+    ``temp_locators``: what the operation left behind at the remote (its staging objects, exactly as a receipt's
+    ``data["temp"]`` names them; ``settle_prefill`` reads them from the remote when it can be asked). They are
+    recorded with the receipt as the task's temp resources, so the cleanup deletes them once the task has ended. A
+    "not done" left nothing behind: locators with it are refused, as is anything a receipt could not name.
     """
     op = _operation_of(task_id, op_key)
     require_operate(actor, op.task)
@@ -82,6 +89,10 @@ def operation_settle_by_hand(
         raise InvalidTransition(f"{op_key} confirmed not done cannot come with a receipt of a commit")
     if resolution == "compensate" and not op.node.compensation:
         raise InvalidTransition(f"node {op.node.key} has no compensation action")
+    if temp_locators and resolution == "not_done":
+        raise InvalidTransition(f"{op_key} confirmed not done left nothing behind: it comes without temp resources")
+    if temp_locators and receipt is not None:
+        receipt = _with_temps(receipt, temp_locators)
     # The note before its audit row, which follows the settle's compare-and-set (whose observers report it).
     check_payload({"note": note}, what="settlement")
     lease = held_takeover(actor, task_id)
@@ -123,6 +134,41 @@ def operation_settle_by_hand(
             | ({"fenced": fenced} if resolution == "not_done" else {}),
         )
     return Operation.objects.get(pk=op.pk)
+
+
+def _with_temps(receipt: Committed, locators: Sequence[str]) -> Committed:
+    """The receipt with the staging objects a person recorded, beside any it named itself — held to the rule every
+    receipt's temp resources are (tasks.decide.receipts.temp_locators: a list of locators, each at most 500
+    characters), and to the checkpoints' hygiene: EvidenceInsufficient / a hygiene refusal, before anything is
+    written."""
+    named = [str(locator).strip() for locator in locators]
+    merged = Committed(
+        remote_id=receipt.remote_id,
+        remote_version=receipt.remote_version,
+        count=receipt.count,
+        digest=receipt.digest,
+        data=receipt.data | {"temp": [*receipt.data.get("temp", []), *named]},
+    )
+    temps = temp_locators(merged)
+    check_payload({"temp": temps}, what="settlement")
+    return replace(merged, data=merged.data | {"temp": temps})
+
+
+def settle_prefill(*, kind: str, op_key: str) -> list[str]:
+    """The staging objects the remote says ``op_key`` left, to pre-fill a person's settlement: asked by op key with
+    the connector of the task's ``kind`` (I/O, outside any transaction; nothing is read or recorded here). Empty
+    when the kind has no connector here, the remote cannot be asked, or its answer names none."""
+    try:
+        connector = connector_for(kind)
+    except UnknownTaskKind:
+        return []
+    answer = connector.lookup(op_key)
+    if not isinstance(answer, Committed):
+        return []
+    try:
+        return temp_locators(answer)
+    except EvidenceInsufficient:
+        return []
 
 
 def _register_compensation(op: Operation, expected_version: int, lease: Lease, actor: Principal) -> None:

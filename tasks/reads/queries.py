@@ -17,6 +17,7 @@ from leases.models import HolderKind, Lease
 from tasks.core.actions import approval_actions
 from tasks.core.errors import TaskError
 from tasks.core.lifecycle import TERMINAL_TASK_STATUSES, TaskStatus
+from tasks.engine.registry import known_kinds
 from tasks.models import Task
 from tasks.querysets import Attention, attention_field
 
@@ -79,19 +80,20 @@ class TaskFilter:
 def task_overview() -> "TaskQuerySet[WithAnnotations[Task, Overview]]":
     """Tasks, newest change first, with progress on their current plan, their open operations, their lease holder
     and what needs a person (attention_reasons). Page it with page()."""
-    approvals = approval_actions()
-    built = _overviews.get(approvals)
+    inputs = (approval_actions(), tuple(known_kinds()))
+    built = _overviews.get(inputs)
     if built is None:
         built = Task.objects.with_progress().with_holder().with_attention().order_by(*RECENT_FIRST)
         _overviews.clear()
-        _overviews[approvals] = built
+        _overviews[inputs] = built
     # A clone: the built queryset is never evaluated, only copied, so every caller gets a fresh one.
     return built.all()
 
 
 # Building the overview's expressions costs more than running its query on a page (tens of correlated
-# subqueries): it is built once per process and set of approval actions (the only input it is built from).
-_overviews: dict[tuple[str, ...], "TaskQuerySet[WithAnnotations[Task, Overview]]"] = {}
+# subqueries): it is built once per process, set of approval actions and set of kinds with a connector here (the
+# inputs it is built from).
+_overviews: dict[tuple[tuple[str, ...], tuple[str, ...]], "TaskQuerySet[WithAnnotations[Task, Overview]]"] = {}
 
 
 def task_queue(task_filter: TaskFilter) -> "TaskQuerySet[WithAnnotations[Task, Overview]]":
