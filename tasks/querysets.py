@@ -122,11 +122,14 @@ class TaskQuerySet(models.QuerySet[_Task]):
         ended = sorted(s.value for s in permitted(ChangeKind.CLEANUP, Actor.AGENT))
         # A UNION of two index range reads (task_status_idx; temp_resource_status_idx): an OR with an EXISTS would
         # read every task row, finished ones included, and the scan would slow as history grows (bench scan).
+        undone = [TempResourceStatus.ACTIVE, TempResourceStatus.CLEANING]
+        # A delete the remote refused for now waits out its backoff, and the task's cleanup with it (it stops at
+        # the first: tasks.engine.cleanup): not woken before.
+        backing_off = _rows("TempResource").filter(task_id=OuterRef("task_id"), status__in=undone, not_before__gt=now)
         litter = (
             _rows("TempResource")
-            .filter(status__in=[TempResourceStatus.ACTIVE, TempResourceStatus.CLEANING], task__status__in=ended)
-            # A delete the remote refused for now waits out its backoff (tasks.engine.cleanup): not woken before.
-            .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
+            .filter(status__in=undone, task__status__in=ended)
+            .exclude(Exists(backing_off))
             .values("task_id")
         )
         candidates = _rows("Task").filter(status__in=WORKABLE).values("pk").union(litter)
