@@ -91,6 +91,7 @@ def test_a_store_outage_during_cleanup_backs_off_spends_no_attempt_and_the_stagi
     for _ in range(MAX_CLEANUP_ATTEMPTS):
         wake = run_task_once(task_id=task.pk, holder_id="worker", connector=ObjectStoreConnector(store.url))
         temp = TempResource.objects.filter(task=task, not_before__isnull=False).get()
+        assert temp.not_before is not None
         assert wake.wake_at == temp.not_before and temp.not_before > clock.now(), wake.summary
         assert temp.status == TempResourceStatus.CLEANING and cleanup_attempts_spent(temp) == 0
         waits.append(temp.not_before - clock.now())
@@ -143,7 +144,7 @@ def test_an_operation_settled_by_hand_records_its_staging_object_and_the_cleanup
     note = "the store's console shows batch 2 copied"
 
     def settle(**extra: Any) -> None:
-        fields = {"resolution": "done", "receipt": receipt} | extra
+        fields: dict[str, Any] = {"resolution": "done", "receipt": receipt} | extra
         operation_settle_by_hand(
             actor=olga, task_id=task.pk, op_key=lost.op_key, expected_version=version, note=note, **fields
         )
