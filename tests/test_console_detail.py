@@ -4,7 +4,7 @@ clock that stops polling once the task has ended, and a query count that does no
 
 import re
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from django.conf import settings
@@ -501,3 +501,29 @@ def test_a_receipt_short_of_the_evidence_says_what_it_lacks(admin, make_task, ag
     assert "does not satisfy it: receipt count is 99, the node expects 100" in nodes
     assert "<dt>count</dt><dd><code>99</code></dd>" in nodes
     assert "satisfies the evidence spec" not in nodes
+
+
+def test_the_cleanup_sentence_is_derived_from_the_temp_resource_rows(make_task, clock) -> None:
+    from datetime import timedelta
+
+    from tasks.core.lifecycle import TempResourceStatus as S
+    from tasks.models import TempResource
+    from tasks.reads.detail import cleanup_sentence
+
+    task, now = make_task(chain_plan("a")), clock.now()
+
+    def temp(locator: str, status: str, **extra: Any) -> TempResource:
+        return TempResource(task=task, locator=locator, status=status, created_at=now, retention_until=now, **extra)
+
+    assert cleanup_sentence([]) == "This task recorded no temp resource: nothing to clean up."
+    gone = [temp("t/1", S.DELETED), temp("t/2", S.DELETED)]
+    assert cleanup_sentence(gone) == "No temp resource is left to clean up: 2 deleted, each with its cleanup receipt."
+    later = now + timedelta(seconds=3)
+    mixed = [*gone, temp("t/3", S.ACTIVE), temp("t/4", S.CLEANING, not_before=later), temp("t/5", S.STUCK)]
+    assert cleanup_sentence(mixed) == (
+        "Temp resource cleanup is still pending: 3 temp resources to delete (1 being deleted; the remote refused for "
+        f"now; asked again from {later:%Y-%m-%d %H:%M:%S %Z}; 1 stuck: every delete was refused, a person must "
+        "decide; 2 deleted, each with its cleanup receipt)."
+    )
+    # A deleted row's stale backoff says nothing: only the undone ones wait.
+    assert "refused for now" not in cleanup_sentence([temp("t/6", S.DELETED, not_before=later), temp("t/7", S.ACTIVE)])

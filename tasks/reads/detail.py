@@ -13,6 +13,8 @@ events (tests/test_detail_reads.py pins them). Reads only: nothing here writes.
 import base64
 import binascii
 import json
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -52,6 +54,7 @@ _OPERATION_RANK = {
 }
 _IN_FLIGHT = (OperationStatus.DISPATCHED.value, OperationStatus.ACCEPTED.value)
 _NOT_CLEANED = (TempResourceStatus.ACTIVE.value, TempResourceStatus.CLEANING.value, TempResourceStatus.STUCK.value)
+_UNDONE = (TempResourceStatus.ACTIVE.value, TempResourceStatus.CLEANING.value)
 
 
 class InvalidTimelineCursor(TaskError):
@@ -116,6 +119,8 @@ class Waiting:
     temp_to_clean: list[TempResource]
     failed_nodes: list[NodeRow]
     backing_off_until: datetime | None
+    # The page's sentence on the task's temp resources (cleanup_sentence, from their rows).
+    cleanup: str = ""
 
 
 @dataclass(frozen=True)
@@ -250,7 +255,33 @@ def _waiting(nodes: list[NodeRow], ops: list[OperationRow], temps: list[TempReso
         temp_to_clean=[temp for temp in temps if temp.status in _NOT_CLEANED],
         failed_nodes=[row for row in nodes if row.node.status == NodeStatus.FAILED],
         backing_off_until=min(not_before) if not_before else None,
+        cleanup=cleanup_sentence(temps),
     )
+
+
+def cleanup_sentence(temps: Sequence[TempResource]) -> str:
+    """What the task's temp resources (all its rows) say of its cleanup, in one sentence: how many are still to
+    delete — being deleted, refused for now and when they are asked again, stuck for a person — and how many are
+    deleted with their cleanup receipt. It states only what the rows hold: a task shown as done does not mean its
+    temp resources are gone, and "nothing left" is said only when every row is deleted."""
+    if not temps:
+        return "This task recorded no temp resource: nothing to clean up."
+    count = Counter(str(temp.status) for temp in temps)
+    deleted, stuck = count[TempResourceStatus.DELETED.value], count[TempResourceStatus.STUCK.value]
+    cleaning = count[TempResourceStatus.CLEANING.value]
+    left = count[TempResourceStatus.ACTIVE.value] + cleaning + stuck
+    gone = f"{deleted} deleted, each with its cleanup receipt"
+    if not left:
+        return f"No temp resource is left to clean up: {gone}."
+    waits = [t.not_before for t in temps if t.not_before is not None and t.status in _UNDONE]
+    details = [f"{cleaning} being deleted"] if cleaning else []
+    if waits:
+        details.append(f"the remote refused for now; asked again from {min(waits):%Y-%m-%d %H:%M:%S %Z}")
+    if stuck:
+        details.append(f"{stuck} stuck: every delete was refused, a person must decide")
+    details.append(gone)
+    noun = "temp resource" if left == 1 else "temp resources"
+    return f"Temp resource cleanup is still pending: {left} {noun} to delete ({'; '.join(details)})."
 
 
 # --- the lease panel ---------------------------------------------------------------------------------------------
