@@ -33,6 +33,7 @@ from leases import clock
 from leases.models import Lease, LeaseReservation
 from leases.state import held_q
 from tasks.core.actions import approval_actions
+from tasks.core.kinds import served_kinds
 from tasks.core.lifecycle import (
     ENDED_TASK_STATUSES,
     NOT_ENDED,
@@ -48,7 +49,6 @@ from tasks.core.lifecycle import (
     TempResourceStatus,
     permitted,
 )
-from tasks.engine.registry import known_kinds
 
 if TYPE_CHECKING:
     from django.db.models.sql.compiler import _AsSqlType
@@ -220,7 +220,7 @@ def _temp_resources_left() -> Q:
         task_id=OuterRef("pk"), status__in=[TempResourceStatus.ACTIVE, TempResourceStatus.CLEANING]
     )
     live = Lease.objects.filter(task_id=OuterRef("pk"), released_at__isnull=True, expires_at__gt=ClockNow())
-    return Q(status__in=ended) & ~Q(kind__in=known_kinds()) & Q(Exists(undone)) & ~Q(Exists(live))
+    return Q(status__in=ended) & ~Q(kind__in=served_kinds()) & Q(Exists(undone)) & ~Q(Exists(live))
 
 
 def _awaiting_approval() -> Q:

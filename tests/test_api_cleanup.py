@@ -5,6 +5,7 @@ op key, another task's temp resource, a stale If-Match, a token out of scope, a 
 an attempt, a delete sent twice after a crash — and checks the database: a refusal changes nothing."""
 
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from django.test import Client
 
 from api.tokens import api_token_issue
 from leases.clock import ControllableClock
+from leases.models import Lease
 from tasks.core.lifecycle import OperationStatus, TempResourceStatus
 from tasks.engine.cleanup import MAX_CLEANUP_ATTEMPTS
 from tasks.engine.verification import find_problems
@@ -141,7 +143,13 @@ def test_a_temporary_refusal_backs_off_on_the_database_clock_and_spends_no_attem
         assert (wait["kind"], wait["reason"]) == ("wait", "cleanup_backoff")
         assert wait["until"] is not None and temp.not_before > clock.now()
         waits.append(temp.not_before - clock.now())
-        clock.set(temp.not_before)
+        # The agent waits holding its lease: the client's renewer renews it every ttl/3 meanwhile.
+        while clock.now() < temp.not_before:
+            seq = Lease.objects.get(pk=lease).renewal_seq
+            path = f"/tasks/{task['id']}/lease/renew"
+            renewed = agent.call("post", path, {"renewal_seq": seq}, Reckon_Lease=str(lease))
+            assert renewed.status_code == 200, renewed.content
+            clock.set(min(temp.not_before, clock.now() + timedelta(seconds=10)))
     assert waits[-1] > waits[0], "a remote that stays refused is asked later and later"
     d = agent.directive(task["id"], lease)
     ok = report(agent, task["id"], lease, d["cleanup"]["temp_id"], d["task_version"], deleted(d["op_key"], "x"))

@@ -5,8 +5,14 @@ intent is registered before the call, the call goes through ``connector.delete(o
 resource is marked deleted only together with the cleanup receipt. A crash anywhere is finished by the next run: a
 dispatched or unknown cleanup is first looked up by its op key, never sent again blindly. Only the task's own temp
 resources are ever named, one exact locator at a time; receipts of the effects are evidence and are never touched.
-A cleanup the remote keeps refusing stops after ``MAX_CLEANUP_ATTEMPTS`` op keys: the temp resource is marked
-``stuck`` (an event records it) and waits for a person; no scan wakes the task for it again.
+A cleanup the remote refuses definitely ``MAX_CLEANUP_ATTEMPTS`` times (each under its own op key) stops: the temp
+resource is marked ``stuck`` (an event records it) and waits for a person; no scan wakes the task for it again. A
+temporary refusal (``dependency_unavailable``) spends no attempt: the temp resource backs off (``not_before``, the
+node retry's backoff of ``tasks.core.failures.backoff`` on the database clock) and the next delete waits for it.
+
+Who sends the deletes: a server worker (``cleanup_temp_resources``, from the runner's wake-up) for a kind with a
+connector here, or the task's agent over the API (``cleanup_work`` tells it, ``cleanup_record`` records its answer).
+``cleanup_next`` is the one rule both follow.
 
 When: the permit table allows cleanup (``PERMITS``, change ``cleanup``) once the task completed, failed or stopped —
 not while it runs, and never once it is quarantined. A quarantined task has ended (nothing runs on it again), but its

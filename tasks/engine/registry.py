@@ -10,6 +10,7 @@ The actions a plan may name are registered the same way, with ``tasks.core.actio
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tasks.core import kinds
 from tasks.core.errors import UnknownTaskKind
 from tasks.engine.connectors import Connector
 
@@ -20,7 +21,7 @@ class KindSpec:
     connector: Callable[[], Connector]  # a factory: called once per wake-up, so settings are read when it runs
 
 
-_KINDS: dict[str, KindSpec] = {}
+_KINDS: dict[str, KindSpec] = kinds.SERVED  # one table: tasks.core.kinds reads its names
 
 
 def register_kind(kind: str, *, connector: Callable[[], Connector]) -> KindSpec:

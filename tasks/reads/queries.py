@@ -16,8 +16,8 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from leases.models import HolderKind, Lease
 from tasks.core.actions import approval_actions
 from tasks.core.errors import TaskError
+from tasks.core.kinds import served_kinds
 from tasks.core.lifecycle import TERMINAL_TASK_STATUSES, TaskStatus
-from tasks.engine.registry import known_kinds
 from tasks.models import Task
 from tasks.querysets import Attention, attention_field
 
@@ -80,7 +80,7 @@ class TaskFilter:
 def task_overview() -> "TaskQuerySet[WithAnnotations[Task, Overview]]":
     """Tasks, newest change first, with progress on their current plan, their open operations, their lease holder
     and what needs a person (attention_reasons). Page it with page()."""
-    inputs = (approval_actions(), tuple(known_kinds()))
+    inputs = (approval_actions(), tuple(served_kinds()))
     built = _overviews.get(inputs)
     if built is None:
         built = Task.objects.with_progress().with_holder().with_attention().order_by(*RECENT_FIRST)
