@@ -492,3 +492,79 @@ def test_the_async_renewer_raises_the_stop_flag_before_the_call() -> None:
     result = asyncio.run(main())
     assert (result.status, result.reason) == ("stopped", "takeover_requested")
     assert store.sent == [] and fake.released
+
+
+# --- cleanup work -------------------------------------------------------------------------------------------------
+
+
+def _drive_cleanup(ask: str, connector: Any, *, deletes: bool = True) -> tuple[Any, list[Any]]:
+    """protocol.steps against scripted answers: one cleanup directive, then done. Returns the result and every
+    effect the client asked for (calls to Reckon, calls to the connector)."""
+    from reckon_client import protocol
+
+    state = LeaseState(task_id=TASK, lease_id="9", epoch=1, ttl_seconds=30, renewal_seq=0)
+    work = {"temp_id": 4, "locator": "tgt/tmp/batch-1", "node": "a", "op_key": "rk-x-cleanup-4-0", "ask": ask}
+    directives = [
+        {"kind": "cleanup", "task_version": 7, "reason": "completed", "cleanup": work, "op_key": work["op_key"]},
+        {"kind": "done", "task_version": 8},
+    ]
+    effects: list[Any] = []
+    gen = protocol.steps(state, max_wait=1, compensate=False, deletes=deletes)
+    reply: Any = None
+    try:
+        while True:
+            effect = gen.send(reply)
+            effects.append(effect)
+            if isinstance(effect, protocol.Remote):
+                reply = getattr(connector, effect.name)(*effect.args)
+            elif isinstance(effect, protocol.Call) and effect.path.endswith("/directive"):
+                reply = protocol.Reply(200, {"etag": '"7"'}, directives.pop(0))
+            else:
+                reply = protocol.Reply(200, {"etag": '"8"'}, {"task": {"version": 8}, "temp_resource": {}})
+    except StopIteration as stop:
+        return stop.value, effects
+
+
+class _Deleter:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+
+    def delete(self, op_key: str, locator: str) -> Outcome:
+        self.calls.append(("delete", op_key, locator))
+        return Committed(remote_id=locator, count=1)
+
+    def lookup(self, op_key: str) -> Outcome:
+        self.calls.append(("lookup", op_key))
+        return NotFound()
+
+
+def test_cleanup_work_deletes_exactly_the_locator_under_the_op_key_and_reports_the_receipt() -> None:
+    from reckon_client import protocol
+
+    store = _Deleter()
+    result, effects = _drive_cleanup("delete", store)
+    assert result.done and store.calls == [("delete", "rk-x-cleanup-4-0", "tgt/tmp/batch-1")]
+    posted = [e for e in effects if isinstance(e, protocol.Call) and e.method == "POST"]
+    assert [e.path for e in posted] == [f"/tasks/{TASK}/temp-resources/4/cleanup"]
+    assert posted[0].body == {
+        "result": "committed",
+        "remote_id": "tgt/tmp/batch-1",
+        "count": 1,
+        "op_key": "rk-x-cleanup-4-0",
+    }
+    assert posted[0].headers["If-Match"] == '"7"' and posted[0].headers["Reckon-Lease"] == "9"
+
+
+def test_a_delete_that_may_have_been_sent_is_looked_up_never_sent_again() -> None:
+    store = _Deleter()
+    result, effects = _drive_cleanup("lookup", store)
+    assert result.done and store.calls == [("lookup", "rk-x-cleanup-4-0")]
+    assert [e.body for e in effects if getattr(e, "method", "") == "POST"] == [
+        {"result": "not_found", "op_key": "rk-x-cleanup-4-0"}
+    ]
+
+
+def test_a_connector_without_delete_ends_the_run_at_the_cleanup_and_sends_nothing() -> None:
+    result, effects = _drive_cleanup("delete", _Deleter(), deletes=False)
+    assert (result.status, result.reason) == ("done", "cleanup_unsupported")
+    assert not [e for e in effects if getattr(e, "method", "") == "POST" or getattr(e, "name", "")]
