@@ -12,9 +12,9 @@ one asks again.
 
 A final "not found" (docs/api.md): ``request["not_after"]`` is the request's deadline (ISO 8601, the server's
 database clock); a remote that cannot fence must refuse a request that reaches it later — return that refusal as
-``Failed("dependency_unavailable")`` (no effect, retried on the budget), never ``NotFound``. A connector whose remote can
-fence adds ``fence(op_key)``: what became of op_key, and if nothing, refuse it from now on (``Fenced``) — asked
-instead of ``lookup`` once a cancel is recorded, so the cancel need not wait for the deadline.
+``Failed("dependency_unavailable")`` (no effect, retried on the budget), never ``NotFound``. A connector whose
+remote can fence adds ``fence(op_key)``: what became of op_key, and if nothing, refuse it from now on (``Fenced``)
+— asked instead of ``lookup`` once a cancel is recorded, so the cancel need not wait for the deadline.
 """
 
 from collections.abc import Callable, Mapping
