@@ -24,7 +24,7 @@ from audit.errors import Refused
 from audit.principals import Principal
 from console import present
 from console.access import operable_task, principal, require_admin_role, viewable_task
-from console.errors import message_for
+from console.errors import message_for, status_for
 from console.forms.reconcile import (
     RESOLUTIONS,
     CancelForm,
@@ -39,9 +39,7 @@ from leases import clock
 from leases.errors import LeaseError
 from leases.models import HolderKind, Lease
 from leases.state import lease_state
-from tasks.access.permissions import PermissionDenied as ServiceDenied
 from tasks.access.permits import permits
-from tasks.core.errors import TaskNotFound, VersionConflict
 from tasks.core.lifecycle import (
     OPEN_OPERATION_STATUSES,
     ChangeKind,
@@ -66,14 +64,6 @@ def _htmx(request: HttpRequest) -> bool:
 
 
 type Refusal = Refused | LeaseError
-
-
-def _refusal_status(error: Refusal) -> int:
-    if isinstance(error, ServiceDenied):
-        return 403
-    if isinstance(error, TaskNotFound):
-        return 404
-    return 409 if isinstance(error, VersionConflict | LeaseError) else 400
 
 
 def _actions_url(task: Task) -> str:
@@ -223,7 +213,7 @@ def _confirmed(
         try:
             act(form.cleaned_data)
         except (Refused, LeaseError) as refused:
-            outcome = _Outcome(error=message_for(refused), status=_refusal_status(refused))
+            outcome = _Outcome(error=message_for(refused), status=status_for(refused))
         else:
             return _Outcome(response=_done(request, task, done))
     task.refresh_from_db()
@@ -363,7 +353,7 @@ def operation_query(request: HttpRequest, task_id: int, op_key: str) -> HttpResp
                 expected_version=form.cleaned_data["version"],
             )
         except (Refused, LeaseError) as refused:
-            error, status = message_for(refused), _refusal_status(refused)
+            error, status = message_for(refused), status_for(refused)
     task.refresh_from_db()
     context = _actions_context(request, task, answer=answer, answer_error=error, asked=op.op_key)
     return _page(request, "console/reconcile/actions.html", context, status)
