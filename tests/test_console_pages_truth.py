@@ -331,3 +331,15 @@ def test_a_lapsed_takeover_lease_is_said_on_the_task_and_actions_pages(
         page = text(client.get(reverse(name, args=[copied.pk])))
         assert "Taken over by operator ann, whose lease lapsed 44 s ago" in page, name
         assert "that is you" not in page
+
+
+def test_the_queue_names_who_let_go_of_a_task_taken_over_never_nobody(
+    client: Client, copied: Task, ann: Principal
+) -> None:
+    lease = claimed(ann, copied)
+    takeover_release(actor=ann, lease=lease, reason="going home, someone else decides")
+    client.force_login(ann.user)
+    page = client.get(reverse("task-list")).content.decode()
+    row = page[page.index(f'<tr data-task="{copied.pk}">') :].split("</tr>")[0]
+    assert "taken over" in row and "person ann" in row and "let go" in row
+    assert "nobody" not in row
