@@ -17,6 +17,7 @@ from tasks.decide.approval_binding import Awaited, awaited, person_may_submit
 from tasks.decide.receipts import receipt_summary
 from tasks.engine.plans import superseding
 from tasks.models import Event, Node, Operation, PlanRevision, ProposalStatus, Receipt, Task
+from tasks.reads.state import task_state_sentence
 from tasks.rows import get_task as _task
 from tasks.rows import node_ref
 
@@ -115,6 +116,16 @@ class TakeoverState:
     @property
     def acceptable_proposals(self) -> list[PlanRevision]:
         return [r for r in self.proposals if r.pk not in self.superseded]
+
+    @cached_property
+    def sentence(self) -> str:
+        """The task's state in the one sentence every page shows (tasks.reads.state), read only by the page's head
+        (not the polled lease panel): its open operations, and the newest lease when none is open."""
+        operations = Operation.objects.filter(
+            task=self.task, status__in=[s.value for s in OPEN_OPERATION_STATUSES]
+        ).select_related("node")
+        newest = self.lease or Lease.objects.filter(task=self.task).order_by("-epoch").first()
+        return task_state_sentence(self.task, nodes=self.nodes, operations=operations, lease=newest, now=self.now)
 
     @cached_property
     def paused_before(self) -> Pause | None:
