@@ -54,7 +54,7 @@ CASES: list[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]]] = [
     (
         "pending, approval expired",
         {"status": "pending", "nodes_done": 7, "nodes_total": 8, "approval_waits": [APPROVAL_EXPIRED]},
-        ("approval again (approval expired) of approve-cleanup",),
+        ("delete-temp-copies waits for a person's new approval of approve-cleanup (the last one expired)",),
         ("first step",),
     ),
     (

@@ -87,14 +87,25 @@ def _at(moment: datetime) -> str:
     return f"{moment:%Y-%m-%d %H:%M:%S} UTC"
 
 
+# Why an approval given before is asked for again (the approval rule's refusal codes).
+_AGAIN = {
+    "approval_expired": "the last one expired",
+    "approval_plan_moved": "the last one was given under an earlier plan",
+    "approval_request_changed": "the last one permits another request",
+}
+
+
 def _approvals(waits: Sequence[ApprovalWait]) -> str:
     """'delete-temp-copies waits for a person's approval (approve-cleanup)', for each wait."""
     parts = []
     for wait in waits:
         what = ", ".join(wait.gated) if wait.gated else "the steps after it"
         verb = "waits" if len(wait.gated) == 1 else "wait"
-        again = "" if wait.code == "approval_missing" else f" again ({wait.code.replace('_', ' ')})"
-        parts.append(f"{what} {verb} for a person's approval{again} of {wait.approval}")
+        if wait.code == "approval_missing":
+            parts.append(f"{what} {verb} for a person's approval of {wait.approval}")
+        else:
+            why = _AGAIN.get(wait.code, "the last one no longer holds")
+            parts.append(f"{what} {verb} for a person's new approval of {wait.approval} ({why})")
     return "; ".join(parts)
 
 
