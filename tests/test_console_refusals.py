@@ -209,3 +209,32 @@ def test_with_a_lapsed_lease_no_action_is_a_server_error_and_none_writes_under_i
         if any(part in url for part in under_the_lease):
             assert snapshot() == before, f"{url} wrote under a lapsed lease"
             assert response.status_code in (303, 400, 403, 409), (url, response.status_code)
+
+
+def test_a_named_refusal_on_any_console_page_read_is_a_4xx_with_its_sentence(
+    client: Client, scene, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same net under every page a person reads (GET), for a refusal of each status."""
+    task, _ann, op = scene
+    client.force_login(person("ada", "admin").user)
+    urls = [console_url(p, task, op) for p in _patterns(get_resolver().url_patterns)]
+    modules = [importlib.import_module(m.name) for m in pkgutil.iter_modules(console.views.__path__, "console.views.")]
+    samples = {cls.__name__: cls for cls in every_refusal()}
+    chosen = [samples[name] for name in ("PermissionDenied", "TaskNotFound", "PayloadTooLarge", "LeaseExpired")]
+    raising: list[Exception] = []
+
+    def refuse(_request: Any) -> Any:
+        raise raising[0]
+
+    for module in [access, *modules]:
+        if hasattr(module, "principal"):
+            monkeypatch.setattr(module, "principal", refuse)
+    for cls in chosen:
+        error = instance(cls)
+        raising[:] = [error]
+        for url in urls:
+            response = client.get(url, headers={"HX-Request": "true"} if url.endswith("/lease/") else {})
+            assert response.status_code < 500, (cls.__name__, url, response.status_code)
+            if response.status_code >= 400 and response.status_code != 405:  # 405: an action, posted above
+                assert response.status_code == status_for(error), (cls.__name__, url)
+                assert message_for(error) in text(response), (cls.__name__, url)
