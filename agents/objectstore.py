@@ -11,8 +11,9 @@ Either way a store that cannot be queried (501) makes an unknown operation Unpro
 
 A final "not found": ``fence(op_key)`` (POST /fence/<op_key>) asks the store to refuse op_key from now on unless it
 already took effect; every write carries its deadline as the header ``Reckon-Not-After``, and the store refuses a
-write that reaches it later. A write refused as fenced answers ``Fenced``; one refused for its deadline ``NotFound``
-(it took no effect; a later send under the same op key carries a new deadline).
+write that reaches it later. A write refused as fenced answers ``Fenced``; one refused for its deadline is a
+``dependency_unavailable`` failure: it took no effect, and it is retried on the budget, not sent again for free — a
+store whose clock runs ahead of the database's by more than the deadline refuses every copy, and must not loop.
 """
 
 import http.client
@@ -40,6 +41,11 @@ _SUBMIT_FAILURES = {
     429: FailureClass.DEPENDENCY_UNAVAILABLE,
     503: FailureClass.DEPENDENCY_UNAVAILABLE,
 }
+_LATE = (
+    "HTTP 409 deadline_passed: the store refused the write as arriving after its deadline (Reckon-Not-After), with no "
+    "effect: it was held in flight, or the store's clock runs ahead of the database's by more than "
+    "RECKON_REQUEST_DEADLINE_SECONDS"
+)
 
 
 class _Interrupted(Exception):
@@ -151,7 +157,9 @@ class ObjectStoreConnector:
         if status == 409 and answer.get("error") == "fenced":
             return Fenced()  # refused for ever: op_key never takes effect
         if status == 409 and answer.get("error") == "deadline_passed":
-            return NotFound()  # it came too late and took no effect
+            # It took no effect. Not a "not found" to send again for free: a store whose clock runs ahead of the
+            # database's by more than the deadline refuses every copy, so each one is a retry on the budget.
+            return Failed(FailureClass.DEPENDENCY_UNAVAILABLE, _LATE)
         detail = f"HTTP {status}: {answer.get('detail') or answer.get('error') or ''}".rstrip(": ")
         failure = _SUBMIT_FAILURES.get(status)
         if failure is None:

@@ -8,6 +8,7 @@ detail (which node, which operation, which holder). A refusal always means nothi
 
 from typing import Any
 
+from audit.errors import Refused
 from leases.errors import LeaseError
 
 # code → what happened, and what to do. Every named refusal has one (tests/test_console_takeover.py checks).
@@ -48,6 +49,10 @@ SENTENCES: dict[str, str] = {
     "approval_plan_moved": "The approval was given under an earlier plan: the new plan's requests must be approved "
     "again.",
     "approval_expired": "The approval has expired: the step waits for a new approval.",
+    "approval_not_given": "That step waits for an approval that is not given (or no longer holds): a result for it "
+    "cannot be recorded before a person approves it. Approve it first, then submit.",
+    "proposal_superseded": "That plan was superseded by a newer proposal (or the plan accepted since): only the newest "
+    "proposal can be accepted. Read the re-plan page again.",
     "approval_ttl_invalid": "That validity is not allowed: leave it empty for the default, or choose a shorter one.",
     "invalid_cursor": "This link to a page is not valid any more: start again from the first page.",
     "takeover_required": "Take the task over before settling its operations by hand.",
@@ -81,6 +86,33 @@ SENTENCES: dict[str, str] = {
     "retention_extension_beyond_bound": "Retention cannot be extended that far (30 days from creation at most).",
     "retention_extension_limit_reached": "Retention was already extended the most times allowed.",
 }
+
+
+# code → the HTTP status a refused action answers with, once for every view (and console.middleware for a refusal
+# no view caught). Who may not: 403; what does not exist: 404; what was sent cannot be stored: 400; every other named
+# refusal — the task's state, its version, its lease, a rule — is a conflict: 409 (read the page again, decide).
+STATUS_OF: dict[str, int] = {
+    "permission_denied": 403,
+    "task_not_found": 404,
+    "retention_not_found": 404,
+    "payload_rejected": 400,
+    "payload_too_large": 400,
+    "secret_in_payload": 400,
+    "invalid_cursor": 400,
+    "note_refused": 400,
+    "bulk_refused": 400,
+    "retention_extension_reason_missing": 400,
+}
+CONFLICT = 409
+
+# A refusal as the console catches it: a service's named error (audit.errors.Refused: TaskError, PermissionDenied,
+# the retention and hygiene errors) or a lease's (leases.errors.LeaseError).
+REFUSALS: tuple[type[Exception], ...] = (Refused, LeaseError)
+
+
+def status_for(error: Exception) -> int:
+    """The HTTP status of a refused action: by its code (STATUS_OF), a conflict otherwise. Never a 5xx."""
+    return STATUS_OF.get(str(getattr(error, "code", "")), CONFLICT)
 
 
 def message_for(error: Exception) -> str:

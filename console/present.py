@@ -21,8 +21,10 @@ class Presentation:
 
 _S = TaskStatus
 STATUSES: dict[TaskStatus, Presentation] = {
-    _S.PENDING: Presentation("pending", "○", "Waiting for a worker to start its first step.", "moving"),
-    _S.RUNNING: Presentation("running", "▶", "An agent is working through its steps.", "moving"),
+    _S.PENDING: Presentation(
+        "pending", "○", "Not running now: a worker takes its next step once that step may start.", "moving"
+    ),
+    _S.RUNNING: Presentation("running", "▶", "Handed to agents: they take its steps as each may start.", "moving"),
     _S.OBSERVING: Presentation(
         "observing", "◎", "A remote operation was accepted and is still running; waiting for its result.", "moving"
     ),

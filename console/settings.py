@@ -160,6 +160,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # A named refusal no view caught becomes the refusal page with its sentence and a 4xx, never a 500.
+    "console.middleware.RefusalMiddleware",
     # Last: turns a login refused for throttling into a 429 page.
     "axes.middleware.AxesMiddleware",
 ]

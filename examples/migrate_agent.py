@@ -74,7 +74,9 @@ class ObjectStore:
         if response.status_code == 409 and _error(response) == "fenced":
             return Fenced()  # the op key is refused for ever: it never takes effect
         if response.status_code == 409 and _error(response) == "deadline_passed":
-            return NotFound()  # it came after its deadline and took no effect
+            # It took no effect; a store whose clock runs ahead by more than the deadline refuses every copy, so
+            # each one is a retry on the budget, not a free re-send.
+            return Failed("dependency_unavailable", f"HTTP 409 deadline_passed: {response.text[:200]}")
         failure = REFUSALS.get(response.status_code)
         if failure is None:
             failure = "invalid_params" if response.status_code < 500 else "connection_interrupted"

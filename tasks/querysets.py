@@ -90,10 +90,12 @@ class Progress(TypedDict):
 
 
 class Holding(TypedDict):
-    """What with_holder() annotates: the open lease's holder, None when no lease is open."""
+    """What with_holder() annotates: the open lease's holder, None when no lease is open; the newest lease's."""
 
     holder_kind: str | None
     holder_id: str | None
+    last_holder_kind: str | None  # the newest lease's, open or closed
+    last_holder_id: str | None
 
 
 class Overview(Progress, Holding):
@@ -152,9 +154,13 @@ class TaskQuerySet(models.QuerySet[_Task]):
         """Annotates ``holder_kind`` (agent or operator) and ``holder_id`` of the task's open lease (at most one:
         a partial unique index), None when nobody holds it; correlated subqueries, no JOIN."""
         held = Lease.objects.open().filter(task_id=OuterRef("pk"))
+        last = Lease.objects.filter(task_id=OuterRef("pk")).order_by("-epoch")
         return self.annotate(
             holder_kind=Subquery(held.values("holder_kind")[:1]),
             holder_id=Subquery(held.values("holder_id")[:1]),
+            # Who held it last, once nobody does: a task a person has is never shown as held by "nobody".
+            last_holder_kind=Subquery(last.values("holder_kind")[:1]),
+            last_holder_id=Subquery(last.values("holder_id")[:1]),
         )
 
     def with_attention(self) -> Self:

@@ -121,7 +121,7 @@ def test_a_free_task_has_nothing_to_release_and_the_refusal_writes_nothing(clien
     assert "nothing to release" in client.get(url(task)).content.decode()
     before = snapshot()
     response = client.post(url(task), form(task))
-    assert response.status_code == 400
+    assert response.status_code == 409  # a rule refused (console/errors.py: STATUS_OF)
     assert snapshot() == before
 
 

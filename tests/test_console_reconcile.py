@@ -256,7 +256,7 @@ def test_query_the_remote_needs_the_takeover_lease(client, make_task, agent_leas
     client.force_login(operator_of(task).user)
     before = snapshot()
     response = client.post(reverse("operation-query", args=[task.pk, op.op_key]), {"version": version(task)})
-    assert response.status_code == 400
+    assert response.status_code == 409  # takeover_required: a rule refused (console/errors.py: STATUS_OF)
     assert re.search(r"take (the )?task( \d+)? over", response.content.decode(), re.IGNORECASE)
     assert remote.asked == [] and snapshot() == before
 
@@ -381,7 +381,7 @@ def test_reset_refusals_write_nothing(client, make_task, agent_lease, clock, rem
 
 # -- what the pages cost -----------------------------------------------------------------------------------------
 
-ACTIONS_QUERIES = 9
+ACTIONS_QUERIES = 10  # with the current plan's nodes, for the state sentence (tasks/reads/state.py)
 
 
 @pytest.mark.parametrize("rows", [1, 12])

@@ -134,7 +134,10 @@ def test_a_request_that_reaches_the_store_after_its_deadline_takes_no_effect(sim
     store = ObjectStoreConnector(simulator.url)
     request = {"action": "store.prepare_target", "input": {"project": "acme"}}
     past = "2020-01-01T00:00:00+00:00"
-    assert store.submit("op-past", request | {"not_after": past}) == NotFound()
+    late = store.submit("op-past", request | {"not_after": past})
+    # No effect, and not a free re-send: a refusal retried on the budget (see the test below).
+    assert isinstance(late, Failed) and late.failure_class == FailureClass.DEPENDENCY_UNAVAILABLE, late
+    assert "deadline_passed" in late.detail
     assert (simulator.stats()["refused_late"], effects_of(simulator, "op-past")) == (1, 0)
     # The same op key sent again with a deadline ahead takes effect once.
     assert isinstance(store.submit("op-past", request | {"not_after": "2999-01-01T00:00:00+00:00"}), Committed)
@@ -198,6 +201,34 @@ def test_without_a_fence_a_cancel_waits_for_the_deadline_and_the_late_request_is
     stats = wait_for(simulator, "refused_late", 1)
     assert stats["refused_late"] == 1 and effects_of(simulator, op.op_key) == 0
     assert find_log_problem(Task.objects.get(pk=task.pk)) is None
+
+
+def test_a_store_whose_clock_runs_past_every_deadline_ends_the_task_on_its_budget_not_in_a_loop(
+    simulator: Simulator, make_task: Any, agent_lease: Any, settings: SettingsWrapper
+) -> None:
+    """A remote whose clock runs ahead of the database's by more than the deadline refuses every send as late (here
+    the deadline is set in the past, the same to the store). Each refusal took no effect, but it must not count as
+    "not found, send again for free": that loops for ever. Each is a dependency_unavailable retry on the budget, so
+    the task stops, saying so, after as many sends as its budget allows — and the store counts no effect."""
+    settings.RECKON_REQUEST_DEADLINE = timedelta(seconds=-60)
+    settings.RECKON_BACKOFF_BASE = timedelta(0)
+    store = ObjectStoreConnector(simulator.url)
+    with kind_registered(KIND, connector=lambda: store):
+        task = make_task(plan(), kind=KIND)
+        lease = agent_lease(task)
+        for _ in range(10):  # each run takes a step or more; the budget ends it well before
+            report = run_steps(task_id=task.pk, lease=lease, connector=store)
+            if report.directive is not None and report.directive.kind == "stop":
+                break
+    task = Task.objects.get(pk=task.pk)
+    sends = Operation.objects.filter(task=task).count()
+    assert task.status_reason == "budget_exhausted", (task.status, task.status_reason)
+    assert sends == settings.RECKON_DEFAULT_NODE_ATTEMPTS
+    assert simulator.stats()["refused_late"] == sends and effects_of(simulator, "") == 0
+    assert sum(simulator.stats()["by_op_key"].values()) == 0
+    failures = set(Operation.objects.filter(task=task).values_list("failure_class", flat=True))
+    assert failures == {FailureClass.DEPENDENCY_UNAVAILABLE.value}
+    assert find_log_problem(task) is None
 
 
 def test_a_store_that_ignores_its_fence_lets_the_late_request_land_and_the_count_shows_it(

@@ -12,9 +12,10 @@ resolved. The op key is the remote's idempotency key: sending the same op key tw
 one asks again.
 
 A final "not found" (docs/api.md): ``request["not_after"]`` is the request's deadline (ISO 8601, the server's
-database clock); a remote that cannot fence must refuse a request that reaches it later. A connector whose remote can
-fence adds ``fence(op_key)``: what became of op_key, and if nothing, refuse it from now on (``Fenced``) — asked
-instead of ``lookup`` once a cancel is recorded, so the cancel need not wait for the deadline.
+database clock); a remote that cannot fence must refuse a request that reaches it later — return that refusal as
+``Failed("dependency_unavailable")`` (no effect, retried on the budget), never ``NotFound``. A connector whose
+remote can fence adds ``fence(op_key)``: what became of op_key, and if nothing, refuse it from now on (``Fenced``)
+— asked instead of ``lookup`` once a cancel is recorded, so the cancel need not wait for the deadline.
 
 Temp resources (docs/api.md, "Cleanup"): a receipt may name what the write left behind (``data={"temp":
 [locator, …]}``, a staging copy). Once the task has ended, Reckon tells the agent to delete each under an op key of

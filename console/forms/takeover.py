@@ -108,9 +108,15 @@ class ResultForm(VersionedForm, LeaseForm):
     )
     note = forms.CharField(max_length=4000, required=False, label="Note", widget=forms.Textarea(attrs={"rows": 3}))
 
-    def __init__(self, *args: Any, nodes: list[Node], all_nodes: list[Node], **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, nodes: list[Node], all_nodes: list[Node], offered: list[Node] | None = None, **kwargs: Any
+    ) -> None:
+        """``nodes``: every step a result could name; ``offered``: those the page shows (all of them unless given).
+        A result posted for a step not offered — a page from before its approval lapsed, a forged one — is still
+        read, so the service refuses it by name instead of the form dropping it unseen."""
         super().__init__(*args, **kwargs)
         self.node_fields = [self._add_node(node, all_nodes) for node in nodes]
+        self.offered = {n.key for n in (nodes if offered is None else offered)}
 
     def _add_node(self, node: Node, all_nodes: list[Node]) -> NodeFields:
         try:
@@ -146,7 +152,9 @@ class ResultForm(VersionedForm, LeaseForm):
 
     def node_rows(self) -> list[tuple[NodeFields, list[forms.BoundField]]]:
         """Each node's fields, bound, in the order the template shows them."""
-        return [(nf, [self[name] for name in nf.names.values()]) for nf in self.node_fields]
+        return [
+            (nf, [self[name] for name in nf.names.values()]) for nf in self.node_fields if nf.node.key in self.offered
+        ]
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}

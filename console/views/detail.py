@@ -85,6 +85,7 @@ def _page_context(request: HttpRequest, task: Task, *, force_check: bool = False
             plan_version=task.plan_version, nodes=[row.node for row in shown.detail.nodes], now=shown.lease.now
         ),
         "remote": shown.remote,
+        "state_sentence": shown.sentence,
         "remote_wait_seconds": shown.remote.wait_seconds(shown.lease.now) if shown.remote else None,
     }
 

@@ -24,7 +24,7 @@ from audit.errors import Refused
 from audit.principals import Principal
 from console import present
 from console.access import operable_task, principal, require_admin_role, viewable_task
-from console.errors import message_for
+from console.errors import message_for, status_for
 from console.forms.reconcile import (
     RESOLUTIONS,
     CancelForm,
@@ -38,26 +38,22 @@ from console.forms.reconcile import (
 from leases import clock
 from leases.errors import LeaseError
 from leases.models import HolderKind, Lease
-from leases.services import lease_open
 from leases.state import lease_state
-from tasks.access.permissions import PermissionDenied as ServiceDenied
 from tasks.access.permits import permits
-from tasks.core.errors import TaskNotFound, VersionConflict
 from tasks.core.lifecycle import (
     OPEN_OPERATION_STATUSES,
     ChangeKind,
     OperationStatus,
-    TaskStatus,
     TempResourceStatus,
     task_ended,
 )
 from tasks.engine.cleanup import cleanup_tries, temp_resource_reset
-from tasks.models import Operation, Task, TempResource
+from tasks.models import Node, Operation, Task, TempResource
 from tasks.people.cancel import task_request_cancel
 from tasks.people.forced_release import lease_force_release
 from tasks.people.settlement import RemoteAnswer, operation_query_remote, operation_settle_by_hand, settle_prefill
 from tasks.reads import consequences
-from tasks.reads.consequences import plural
+from tasks.reads.state import read_state_sentence, task_state_sentence
 
 POLL_SECONDS = 2
 _SHOWN_TEMPS = [TempResourceStatus.STUCK.value, TempResourceStatus.ACTIVE.value, TempResourceStatus.CLEANING.value]
@@ -68,14 +64,6 @@ def _htmx(request: HttpRequest) -> bool:
 
 
 type Refusal = Refused | LeaseError
-
-
-def _refusal_status(error: Refusal) -> int:
-    if isinstance(error, ServiceDenied):
-        return 403
-    if isinstance(error, TaskNotFound):
-        return 404
-    return 409 if isinstance(error, VersionConflict | LeaseError) else 400
 
 
 def _actions_url(task: Task) -> str:
@@ -109,36 +97,29 @@ class Shown:
     waits: str
 
 
-def shown_status(task: Task) -> Shown:
-    """The task's status as console/present.py shows it everywhere; stopping and stopped with pending
-    reconciliation also say what they wait for, counted now."""
+def shown_status(task: Task, sentence: str | None = None) -> Shown:
+    """The task's status as console/present.py labels it everywhere, and what it waits for in the one sentence every
+    page takes from tasks/reads/state.py (``sentence``, or read from the rows now)."""
     presented = present.status(task.status)
-    waits = task.status_detail or presented.meaning
-    if task.status == TaskStatus.STOPPING:
-        c = consequences.cancel_counts(task)
-        waits = f"Cancel recorded; nothing new starts. Waiting for {plural(c.in_flight, 'operation')} in flight"
-        waits = f"{waits}: {', '.join(c.in_flight_keys)}." if c.in_flight else waits + "."
-    elif task.status == TaskStatus.STOPPED_PENDING:
-        c = consequences.cancel_counts(task)
-        waits = (
-            f"Nothing runs. {plural(c.unknown, 'operation')} of unknown outcome to reconcile by op key: "
-            f"{', '.join(c.in_flight_keys)}."
-        )
-    return Shown(presented.icon, presented.label, waits)
+    return Shown(presented.icon, presented.label, read_state_sentence(task) if sentence is None else sentence)
 
 
 def _actions_context(request: HttpRequest, task: Task, **extra: Any) -> dict[str, Any]:
     now = clock.now()  # the lease is shown as it stands at this reading of the database clock
-    lease = lease_open(task.pk)
+    newest = Lease.objects.filter(task=task).order_by("-epoch").first()
+    lease = newest if newest is not None and newest.released_at is None else None
     state = None if lease is None else lease_state(expires_at=lease.expires_at, now=now)
     who = principal(request)
     mine = lease is not None and lease.holder_kind == HolderKind.OPERATOR and lease.holder_id == who.id
     holds = mine and state is not None and state.live  # only a live lease writes
+    operations = _open_operations(task)
+    nodes = list(Node.objects.filter(task=task, plan_version=task.plan_version))
+    sentence = task_state_sentence(task, nodes=nodes, operations=operations, lease=newest, now=now)
     return {
         "task": task,
-        "shown": shown_status(task),
+        "shown": shown_status(task, sentence),
         **_offered(who, task, lease if holds else None),
-        "operations": _open_operations(task),
+        "operations": operations,
         "temps": _temp_resources(task),
         "lease": lease,
         "lease_state": state,
@@ -232,7 +213,7 @@ def _confirmed(
         try:
             act(form.cleaned_data)
         except (Refused, LeaseError) as refused:
-            outcome = _Outcome(error=message_for(refused), status=_refusal_status(refused))
+            outcome = _Outcome(error=message_for(refused), status=status_for(refused))
         else:
             return _Outcome(response=_done(request, task, done))
     task.refresh_from_db()
@@ -376,7 +357,7 @@ def operation_query(request: HttpRequest, task_id: int, op_key: str) -> HttpResp
                 expected_version=form.cleaned_data["version"],
             )
         except (Refused, LeaseError) as refused:
-            error, status = message_for(refused), _refusal_status(refused)
+            error, status = message_for(refused), status_for(refused)
     task.refresh_from_db()
     context = _actions_context(request, task, answer=answer, answer_error=error, asked=op.op_key)
     return _page(request, "console/reconcile/actions.html", context, status)

@@ -22,7 +22,7 @@ from django_htmx.middleware import HtmxDetails
 from audit.errors import Refused
 from audit.principals import Principal
 from console.access import operable_task, principal
-from console.errors import message_for
+from console.errors import message_for, status_for
 from console.forms.takeover import (
     ApproveForm,
     ReleaseForm,
@@ -63,10 +63,6 @@ class HtmxHttpRequest(HttpRequest):
     htmx: HtmxDetails
 
 
-def _status_of(error: Refusal) -> int:
-    return 403 if isinstance(error, PermissionDenied) else 409
-
-
 def _page_url(task: Task) -> str:
     return reverse("takeover", args=[task.pk])
 
@@ -94,7 +90,9 @@ def _render_page(
 
 def _result_form(state: TakeoverState, data: Any = None, files: Any = None) -> ResultForm:
     initial = {"expected_version": state.task.version, "epoch": state.lease.epoch if state.lease else 1}
-    return ResultForm(data, files, initial=initial, nodes=state.to_submit, all_nodes=state.nodes)
+    return ResultForm(
+        data, files, initial=initial, nodes=state.resultable, all_nodes=state.nodes, offered=state.to_submit
+    )
 
 
 def _after_action(request: HtmxHttpRequest, task: Task, message: str, *, error: Refusal | None = None) -> HttpResponse:
@@ -138,7 +136,7 @@ def claim(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
         if request.htmx and request.htmx.target == "lease-panel":
             if task.status not in NOT_ENDED:  # nothing to wait for any more
                 return _vary(HttpResponseStopPolling())
-            return _render_page(request, task, who, status=_status_of(error), panel_error=message_for(error))
+            return _render_page(request, task, who, status=status_for(error), panel_error=message_for(error))
         return _after_action(request, task, message_for(error), error=error)
     if request.htmx and request.htmx.target == "lease-panel":
         if not result.granted:  # still waiting: the panel polls on
@@ -174,7 +172,7 @@ def renew(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
         lease = takeover_lease_of(actor=who, task_id=task.pk, epoch=form.cleaned_data["epoch"])
         takeover_renew(actor=who, lease=lease, expected_renewal_seq=form.cleaned_data["renewal_seq"])
     except (Refused, LeaseError) as error:
-        return _render_page(request, task, who, status=_status_of(error), panel_error=message_for(error))
+        return _render_page(request, task, who, status=status_for(error), panel_error=message_for(error))
     return _render_page(request, task, who)
 
 
@@ -227,7 +225,7 @@ def submit(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
     except (Refused, LeaseError) as error:
         if isinstance(error, VersionConflict):  # the form is based on the version now, for a new review
             form = _rebased(state, request, error)
-        return _render_page(request, task, who, status=_status_of(error), result_form=form, error=message_for(error))
+        return _render_page(request, task, who, status=status_for(error), result_form=form, error=message_for(error))
     return _after_action(request, task, _submitted(data["decision"]))
 
 
@@ -284,7 +282,7 @@ def approve(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
             note=data["note"],
         )
     except (Refused, LeaseError) as error:
-        return _render_page(request, task, who, status=_status_of(error), error=message_for(error))
+        return _render_page(request, task, who, status=status_for(error), error=message_for(error))
     if data["resume"]:
         return _after_action(request, task, f"Approved {data['node_key']} and handed the task back: the agent goes on.")
     return _after_action(request, task, f"Approved {data['node_key']}. Hand the task back to let the agent go on.")
@@ -316,7 +314,7 @@ def replan(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
             reason=data["reason"],
         )
     except (Refused, LeaseError) as error:
-        return _render_replan(request, task, who, form, draft=draft, status=_status_of(error), error=message_for(error))
+        return _render_replan(request, task, who, form, draft=draft, status=status_for(error), error=message_for(error))
     messages.success(request, "Plan proposed. Review what it keeps and redoes, then accept it.")
     return _vary(HttpResponseRedirect(reverse("takeover-replan", args=[task.pk]), status=303))
 
@@ -327,13 +325,15 @@ def _render_replan(
     state = takeover_state(actor=who, task=task)
     proposals = []
     for revision in state.proposals[:3]:
-        try:
-            effect = plan_effect(task.pk, revision.document)
-        except Refused as error:
-            effect = None
-            extra.setdefault("error", message_for(error))
+        superseded_by = state.superseded.get(revision.pk)
+        effect = None
+        if superseded_by is None:  # a superseded proposal cannot be accepted: nothing to review
+            try:
+                effect = plan_effect(task.pk, revision.document)
+            except Refused as error:
+                extra.setdefault("error", message_for(error))
         accept = ReplanAcceptForm(initial={"expected_version": task.version, "revision_id": revision.pk})
-        proposals.append({"revision": revision, "effect": effect, "form": accept})
+        proposals.append({"revision": revision, "effect": effect, "form": accept, "superseded_by": superseded_by})
     context = {"state": state, "task": task, "form": form, "proposals": proposals, **extra}
     return _vary(render(request, REPLAN, context, status=status))
 

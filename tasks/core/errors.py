@@ -131,3 +131,18 @@ class ApprovalTtlInvalid(ApprovalRefused):
     """The validity asked for an approval is not within the deployment's bounds (RECKON_APPROVAL_TTL_MAX)."""
 
     code = "approval_ttl_invalid"
+
+
+class ProposalSuperseded(InvalidTransition):
+    """A proposed plan that a later proposal (or the plan accepted since) replaced: only the newest proposal may be
+    accepted (tasks.engine.plans.superseded_by, the one rule)."""
+
+    code = "proposal_superseded"
+
+
+class ApprovalNotGiven(ApprovalRefused):
+    """A person's result for a step that an approval gates, while the approval does not bind that step's request
+    (not given, expired, given under another plan or for another request): typing the result would do the gated
+    work without the approval. Nothing is written; the approval is given first."""
+
+    code = "approval_not_given"

@@ -31,6 +31,7 @@ from tasks.core.actions import is_approval
 from tasks.core.errors import (
     ApprovalExpired,
     ApprovalMissing,
+    ApprovalNotGiven,
     ApprovalPlanMoved,
     ApprovalRefused,
     ApprovalRequestChanged,
@@ -152,6 +153,37 @@ def judged(
                 expires_at=binding.expires_at.isoformat(),
             )
     return None
+
+
+def person_refusal(
+    *, plan_version: int, nodes: tuple[Node, ...] | list[Node], now: datetime, node: Node, request: dict[str, Any]
+) -> ApprovalNotGiven | None:
+    """May a person type a result for ``node``, recorded as an operation sending ``request``? The same rule as a
+    start (``judged``, on the request's call digest): a result for a gated step does the gated work, so without an
+    approval that binds it the answer is ApprovalNotGiven, naming the approval and why (the rule's own code)."""
+    if not gates_of(nodes, node):
+        return None
+    refused = judged(plan_version=plan_version, nodes=nodes, now=now, node=node, digest=call_digest(request))
+    if refused is None:
+        return None
+    return ApprovalNotGiven(
+        f"step {node.key} waits for approval {refused.details.get('approval')}: a result for it cannot be recorded "
+        f"before that approval is given ({refused})",
+        **refused.details,
+        why=refused.code,
+    )
+
+
+def person_may_submit(*, plan_version: int, nodes: tuple[Node, ...] | list[Node], now: datetime, node: Node) -> bool:
+    """Whether the result form offers ``node``: not while an approval it depends on does not bind its request (the
+    request it would record is the one its start would send; one whose input is not produced yet is not bound)."""
+    if not gates_of(nodes, node):
+        return True
+    try:
+        request = {"action": node.action, "input": resolved_input(nodes, node)}
+    except NodeNotReady:
+        return False
+    return person_refusal(plan_version=plan_version, nodes=nodes, now=now, node=node, request=request) is None
 
 
 # ------------------------------------------------------------------------------------------------ awaited

@@ -12,7 +12,7 @@ from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
 from leases.models import Lease
-from tasks.core.errors import InvalidTransition, OperationsOpen, PlanInvalid, TaskNotFound
+from tasks.core.errors import InvalidTransition, OperationsOpen, PlanInvalid, ProposalSuperseded, TaskNotFound
 from tasks.core.lifecycle import OPEN_OPERATION_STATUSES, Actor, ChangeKind, NodeStatus, TaskStatus
 from tasks.core.plan import NodeSpec, collect_input_refs, validate_plan
 from tasks.decide.approval_binding import BINDING_FIELDS
@@ -179,11 +179,40 @@ def acceptable_revision(revision_id: int) -> PlanRevision:
         raise TaskNotFound(f"plan revision {revision_id} does not exist")
     if revision.status != ProposalStatus.PROPOSED:
         raise InvalidTransition(f"plan revision {revision.number} is already {revision.status}")
-    if revision.number <= revision.task.plan_version:
-        raise InvalidTransition(
-            f"plan revision {revision.number} is older than the task's plan {revision.task.plan_version}: propose again"
+    newer = superseded_by(revision)
+    if newer is not None:
+        raise ProposalSuperseded(
+            f"plan revision {revision.number} is superseded by plan revision {newer}: only the newest proposal may "
+            "be accepted",
+            revision=revision.number,
+            superseded_by=newer,
         )
     return revision
+
+
+def superseded_by(revision: PlanRevision) -> int | None:
+    """Whether ``revision`` is superseded (the number of the revision that supersedes it) or may still be accepted
+    (None), reading the task's newest revision. The accept's compare-and-set on the task version keeps the answer
+    true until the write: proposing moves the version."""
+    newest = (
+        PlanRevision.objects.filter(task_id=revision.task_id)
+        .order_by("-number")
+        .values_list("number", flat=True)
+        .first()
+    )
+    return superseding(revision.number, newest=newest or revision.number, plan_version=revision.task.plan_version)
+
+
+def superseding(number: int, *, newest: int, plan_version: int) -> int | None:
+    """THE rule of which proposal may be accepted: only the task's newest revision, and only while it is newer than
+    the task's plan. A proposal ``number`` is superseded by a later proposal (``newest``, the task's highest revision
+    number) or by the plan accepted since (``plan_version``): that number is returned, else None. Pages ask it too,
+    so they offer to accept exactly what the service accepts."""
+    if newest > number:
+        return newest
+    if plan_version >= number:
+        return plan_version
+    return None
 
 
 def accept_revision(

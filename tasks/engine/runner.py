@@ -121,6 +121,9 @@ def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: in
             # was written. Read it again and follow the new directive — an answer in hand is asked again by op key
             # (fenced, if a cancel came), never written on the old version.
             conflicts += 1
+            version = snap.version if snap is not None else None
+            extra = {"task_id": task_id, "task_version": version, "op_key": in_hand or None, "refusal": conflict.code}
+            log.info("write refused: %s; reading the task again", conflict.code, extra=extra)
             if conflicts > MAX_CONFLICTS:
                 return RunReport(step, directive, lease, stopped_by=conflict.code)
             snap = None

@@ -6,6 +6,7 @@ After a write the compare-and-set returns the snapshot of the new version, built
 next step of the same holder reads nothing again.
 """
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
@@ -180,13 +181,20 @@ def after_write(
 ) -> Snapshot:
     """The snapshot of the version a write produced, from the rows it wrote: ``task`` and ``operations`` as the write
     left them (inserted or updated), the changed fields of ``nodes`` (copies: the old snapshot stays as it was)."""
+    # An operation the write rejected is one more of its node's retries: its next op key is a new one.
+    was_unsettled = {op.id for op in snap.unsettled}
+    rejected = Counter(
+        op.node_id for op in operations if op.status == OperationStatus.REJECTED and op.id in was_unsettled
+    )
     new_nodes = []
     for node in snap.nodes:  # ``id``, not ``pk``: the property costs a lookup of the primary key's name per read
         changed = nodes.get(node.id)
-        if changed is not None:
+        if changed is not None or node.id in rejected:
             node = rows.clone(node)
-            for name, value in changed.items():
+            for name, value in (changed or {}).items():
                 setattr(node, name, value)
+            if node.id in rejected:
+                node.retries = getattr(node, "retries", 0) + rejected[node.id]  # type: ignore[attr-defined]
         new_nodes.append(node)
     by_pk = {n.id: n for n in new_nodes}
     written = {op.id: op for op in operations}

@@ -57,6 +57,7 @@ from tasks.core.lifecycle import (
     PauseReason,
     TaskStatus,
 )
+from tasks.decide.approval_binding import person_refusal
 from tasks.decide.change import Change
 from tasks.decide.evidence import evidence_problems
 from tasks.decide.receipts import receipt_summary, succeeded_fields
@@ -417,6 +418,7 @@ def _planned_results(
     """Validate every node result against its node's evidence spec, before anything is written."""
     planned = []
     seen: set[str] = set()
+    now = clock.now()  # an approval's expiry is judged on the database clock
     for result in results:
         node = nodes.get(result.node_key)
         if node is None or result.node_key in seen:
@@ -435,6 +437,12 @@ def _planned_results(
         receipt = Receipt(**receipt_summary(result), data={"evidence": result.evidence})
         op.request = {"action": node.action, "input": resolve_input(task, node), "performed_by": "person"}
         op.request_digest = digest_of(op.request)
+        # A result for a step an approval gates does the gated work: only under that approval (the start's rule).
+        refused = person_refusal(
+            plan_version=task.plan_version, nodes=list(nodes.values()), now=now, node=node, request=op.request
+        )
+        if refused is not None:
+            raise refused
         problems = evidence_problems(node, op, receipt) if result.remote_id else ["no remote id"]
         if problems:
             raise EvidenceInsufficient(

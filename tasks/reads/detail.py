@@ -37,6 +37,7 @@ from tasks.decide.receipts import receipt_summary
 from tasks.engine.verification import task_verify_log
 from tasks.models import Event, Node, Operation, OperationPurpose, Receipt, Task, TaskWakeUp, TempResource
 from tasks.querysets import UNPROVABLE
+from tasks.reads.state import task_state_sentence
 from tasks.reads.takeover import takeover_package
 
 # Above this many events the page does not verify the chain on open (task_verify_log reads the whole log five
@@ -556,15 +557,25 @@ class DetailPage:
     check: ChainCheck
     package: dict[str, Any] | None
     remote: RemoteDown | None = None
+    sentence: str = ""  # the task's state in one sentence (tasks.reads.state), from the rows read here
 
 
 def detail_page(task: Task, *, force_check: bool = False) -> DetailPage:
     """task_detail, lease_view, chain_check, remote_down and, when a person is needed, the takeover package: a fixed
     number of queries (tests/test_console_detail.py pins the page's)."""
     lease = lease_view(task)
+    detail = task_detail(task)
+    sentence = task_state_sentence(
+        task,
+        nodes=[row.node for row in detail.nodes],
+        operations=[row.op for row in detail.operations],
+        lease=lease.lease,
+        now=lease.now,
+    )
     return DetailPage(
-        detail=task_detail(task),
+        detail=detail,
         lease=lease,
+        sentence=sentence,
         check=chain_check(task, force=force_check),
         package=takeover_package(task.pk) if shows_takeover_package(task, lease) else None,
         remote=remote_down(task),

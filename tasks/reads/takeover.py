@@ -13,9 +13,11 @@ from leases.services import lease_open, lease_reservation, operator_ttl
 from leases.state import LeaseState, lease_state
 from tasks.core.actions import is_approval
 from tasks.core.lifecycle import NOT_ENDED, OPEN_OPERATION_STATUSES, NodeStatus, TaskStatus
-from tasks.decide.approval_binding import Awaited, awaited
+from tasks.decide.approval_binding import Awaited, awaited, person_may_submit
 from tasks.decide.receipts import receipt_summary
+from tasks.engine.plans import superseding
 from tasks.models import Event, Node, Operation, PlanRevision, ProposalStatus, Receipt, Task
+from tasks.reads.state import task_state_sentence
 from tasks.rows import get_task as _task
 from tasks.rows import node_ref
 
@@ -96,9 +98,34 @@ class TakeoverState:
     nodes: list[Node]
     approvable: list[Node]  # approval nodes the holder may approve now
     awaited: list[Awaited]  # the same, each with the requests it would permit and why it is asked for
-    to_submit: list[Node]  # nodes a result may be submitted for (not succeeded, not approvals)
+    resultable: list[Node]  # nodes a result could name (not succeeded, not approvals): the form reads them all
+    to_submit: list[Node]  # those the form offers: none an approval not given holds back
     proposals: list[PlanRevision]  # proposed plans newer than the task's plan, waiting for acceptance
     ended: bool
+
+    @cached_property
+    def superseded(self) -> dict[int, int]:
+        """Proposal (by primary key) → the revision that supersedes it (tasks.engine.plans.superseding: the one rule
+        the accept obeys); a proposal not in it may be accepted."""
+        newest = max((r.number for r in self.proposals), default=self.task.plan_version)
+        found = {
+            r.pk: superseding(r.number, newest=newest, plan_version=self.task.plan_version) for r in self.proposals
+        }
+        return {pk: number for pk, number in found.items() if number is not None}
+
+    @property
+    def acceptable_proposals(self) -> list[PlanRevision]:
+        return [r for r in self.proposals if r.pk not in self.superseded]
+
+    @cached_property
+    def sentence(self) -> str:
+        """The task's state in the one sentence every page shows (tasks.reads.state), read only by the page's head
+        (not the polled lease panel): its open operations, and the newest lease when none is open."""
+        operations = Operation.objects.filter(
+            task=self.task, status__in=[s.value for s in OPEN_OPERATION_STATUSES]
+        ).select_related("node")
+        newest = self.lease or Lease.objects.filter(task=self.task).order_by("-epoch").first()
+        return task_state_sentence(self.task, nodes=self.nodes, operations=operations, lease=newest, now=self.now)
 
     @cached_property
     def paused_before(self) -> Pause | None:
@@ -160,6 +187,7 @@ def takeover_state(*, actor: Principal, task: Task) -> TakeoverState:
     )
     mine = lease is not None and lease.holder_kind == HolderKind.OPERATOR and lease.holder_id == actor.id
     asked = awaited(plan_version=task.plan_version, nodes=nodes, now=now)
+    resultable = [n for n in nodes if n.status != NodeStatus.SUCCEEDED and not is_approval(n.action)]
     return TakeoverState(
         task=task,
         now=now,
@@ -170,7 +198,10 @@ def takeover_state(*, actor: Principal, task: Task) -> TakeoverState:
         nodes=nodes,
         approvable=[a.approval for a in asked],
         awaited=asked,
-        to_submit=[n for n in nodes if n.status != NodeStatus.SUCCEEDED and not is_approval(n.action)],
+        resultable=resultable,
+        to_submit=[
+            n for n in resultable if person_may_submit(plan_version=task.plan_version, nodes=nodes, now=now, node=n)
+        ],
         proposals=proposals,
         ended=task.status not in NOT_ENDED,
     )
