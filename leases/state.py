@@ -26,6 +26,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 from django.db.models import Q
+from django.db.models.expressions import Combinable
 
 _ZERO = timedelta(0)
 
@@ -43,10 +44,20 @@ def lease_grace() -> timedelta:
     return grace
 
 
+# A reading of the clock: a datetime, or an expression the statement reads it with (tasks.querysets.ClockNow: a
+# queryset built once and compiled with each query).
+type Now = datetime | Combinable
+
+
 def _cutoff(now: datetime, offset: timedelta) -> datetime:
     """The expiry a phase that lasts ``offset`` past expiry has just ended for at ``now``: a lease is inside the
     phase while its ``expires_at`` is later than this, strictly."""
     return now - offset
+
+
+def _cutoff_q(now: Now, offset: timedelta) -> Any:
+    """``_cutoff`` for a condition: on a datetime, or on the statement's own reading of the clock."""
+    return now if offset == _ZERO else now - offset  # an expression: the database subtracts
 
 
 def _grace(grace: timedelta | None) -> timedelta:
@@ -140,24 +151,24 @@ def lease_state(
 _OPEN = Q(released_at__isnull=True)
 
 
-def live_q(now: datetime) -> Q:
+def live_q(now: Now) -> Q:
     """Lease rows live at ``now``."""
-    return _OPEN & Q(expires_at__gt=_cutoff(now, _ZERO))
+    return _OPEN & Q(expires_at__gt=_cutoff_q(now, _ZERO))
 
 
-def held_q(now: datetime, grace: timedelta | None = None) -> Q:
+def held_q(now: Now, grace: timedelta | None = None) -> Q:
     """Lease rows that keep everybody but their holder out at ``now``: live or in their grace."""
-    return _OPEN & Q(expires_at__gt=_cutoff(now, _grace(grace)))
+    return _OPEN & Q(expires_at__gt=_cutoff_q(now, _grace(grace)))
 
 
-def grace_q(now: datetime, grace: timedelta | None = None) -> Q:
+def grace_q(now: Now, grace: timedelta | None = None) -> Q:
     """Lease rows in their grace at ``now``: held, not live."""
-    return _OPEN & Q(expires_at__gt=_cutoff(now, _grace(grace))) & ~Q(expires_at__gt=_cutoff(now, _ZERO))
+    return _OPEN & Q(expires_at__gt=_cutoff_q(now, _grace(grace))) & ~Q(expires_at__gt=_cutoff_q(now, _ZERO))
 
 
-def lapsed_q(now: datetime, grace: timedelta | None = None) -> Q:
+def lapsed_q(now: Now, grace: timedelta | None = None) -> Q:
     """Open lease rows past their expiry and grace at ``now``: the next grant closes them."""
-    return _OPEN & ~Q(expires_at__gt=_cutoff(now, _grace(grace)))
+    return _OPEN & ~Q(expires_at__gt=_cutoff_q(now, _grace(grace)))
 
 
 def _column(alias: str, name: str) -> str:

@@ -218,15 +218,16 @@ def _attention_conditions() -> dict[Attention, Q]:
 
 def _temp_resources_left() -> Q:
     """An ended task's temp resources wait to be deleted and nobody will: its kind has no connector on this server
-    (tasks.engine.registry: no worker of ours can delete them; its agent over the API must) and no agent holds a
-    live lease on it now (its agent never came back). Where cleanup may run (the permit table's statuses: never a
-    quarantined task's); a kind with a connector here is cleaned by the recovery scan's workers instead."""
+    (tasks.engine.registry: no worker of ours can delete them; its agent over the API must) and nobody holds a
+    lease on it now, its grace included (its agent never came back). Where cleanup may run (the permit table's
+    statuses: never a quarantined task's); a kind with a connector here is cleaned by the recovery scan's workers
+    instead."""
     ended = sorted(s.value for s in permitted(ChangeKind.CLEANUP, Actor.AGENT))
     undone = _rows("TempResource").filter(
         task_id=OuterRef("pk"), status__in=[TempResourceStatus.ACTIVE, TempResourceStatus.CLEANING]
     )
-    live = Lease.objects.filter(task_id=OuterRef("pk"), released_at__isnull=True, expires_at__gt=ClockNow())
-    return Q(status__in=ended) & ~Q(kind__in=served_kinds()) & Q(Exists(undone)) & ~Q(Exists(live))
+    held = Lease.objects.filter(held_q(ClockNow()), task_id=OuterRef("pk"))
+    return Q(status__in=ended) & ~Q(kind__in=served_kinds()) & Q(Exists(undone)) & ~Q(Exists(held))
 
 
 def _awaiting_approval() -> Q:

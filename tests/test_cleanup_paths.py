@@ -198,7 +198,9 @@ def test_a_dead_agent_s_temp_resources_are_listed_for_people_when_no_connector_h
 ) -> None:
     task = api_task_left(store)
     assert Attention.TEMP_RESOURCE_LEFT not in reasons(task)  # its agent still holds it: it may come back now
-    clock.advance(_lapse())
+    clock.advance(settings.RECKON_LEASE_TTL + timedelta(seconds=1))
+    assert Attention.TEMP_RESOURCE_LEFT not in reasons(task)  # expired, in its grace: only its agent may renew
+    clock.advance(_lapse() - settings.RECKON_LEASE_TTL - timedelta(seconds=1))
     assert reasons(task) == [Attention.TEMP_RESOURCE_LEFT]
     assert task.pk in set(Task.objects.needs_attention().values_list("pk", flat=True))
     # The scan wakes no worker for a kind with no connector here: nothing is deleted behind the agent's back.

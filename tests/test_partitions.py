@@ -9,6 +9,7 @@ from its database needs a database reached over TCP.
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -78,7 +79,13 @@ def test_every_partition_scenario_ends_clean() -> None:
     assert f"{TASKS} unknown operations reconciled by op key after the heal" in run.stdout, run.stdout
     assert f"{TASKS} tasks whose worker lost every database connection after a dispatch commit" in run.stdout
     assert "taken over after a SIGKILL by a worker whose clock differs from the dead one's by minutes" in run.stdout
-    assert "(lost with it); no worker restarted" in run.stdout, run.stdout
+    # A worker that exits on kombu's restore race is started again as a supervisor would; the row judges that only
+    # such exits (explained by the worker's own log) are forgiven (test_the_broker_row_forgives_only_…).
+    assert re.search(
+        r"\(lost with it\); (no worker restarted|\d+ worker\(s\) exited on kombu's restore race and were "
+        r"started again)",
+        run.stdout,
+    ), run.stdout
 
 
 def test_a_skewed_process_reads_its_clock_minutes_off_and_its_monotonic_clock_true() -> None:
