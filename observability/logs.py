@@ -156,6 +156,7 @@ OUTCOME_EVENTS = frozenset(
         "compensation_rejected",
         "cleanup_committed",
         "cleanup_not_found",
+        "cleanup_fenced",
         "cleanup_unprovable",
         "cleanup_unknown",
         "cleanup_rejected",

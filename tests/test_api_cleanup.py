@@ -176,6 +176,30 @@ def test_definite_refusals_spend_the_attempts_and_leave_the_temp_resource_to_a_p
     assert find_problems(Task.objects.get(pk=task["id"])) == []
 
 
+def test_a_fenced_delete_is_a_definite_refusal_the_temp_resource_stays_and_the_next_try_has_a_new_op_key(
+    agent: Agent,
+) -> None:
+    """A delete the remote fenced never took effect and never will: the staging object is still there, so the temp
+    resource is not deleted; it spends an attempt, and the next try is a new delete under a new op key."""
+    task, lease = ended_with_temps(agent, {"a": ["tgt/tmp/batch-1"]})
+    d = agent.directive(task["id"], lease)
+    answer = report(
+        agent,
+        task["id"],
+        lease,
+        d["cleanup"]["temp_id"],
+        d["task_version"],
+        {"op_key": d["op_key"], "result": "fenced"},
+    )
+    assert answer.status_code == 200 and answer.json()["temp_resource"]["attempts_spent"] == 1
+    temp = TempResource.objects.get(task_id=task["id"])
+    assert temp.status != TempResourceStatus.DELETED and temp.cleanup_receipt_id is None
+    assert Event.objects.filter(task_id=task["id"], type="cleanup_fenced").count() == 1
+    again = agent.directive(task["id"], lease)
+    assert again["kind"] == "cleanup" and again["op_key"] != d["op_key"]
+    assert find_problems(Task.objects.get(pk=task["id"])) == []
+
+
 def test_a_report_that_breaks_a_rule_is_refused_by_name_and_writes_nothing(
     agent: Agent, issue: Callable[..., str], client: Client
 ) -> None:

@@ -47,7 +47,7 @@ from tasks.core.lifecycle import (
     TempResourceStatus,
     permitted,
 )
-from tasks.core.outcomes import Accepted, Committed, Failed, NotFound, Outcome, Unprovable, operation_after
+from tasks.core.outcomes import Accepted, Committed, Failed, Fenced, NotFound, Outcome, Unprovable, operation_after
 from tasks.decide.change import AtCommit, Change
 from tasks.decide.receipts import receipt_of, receipt_summary
 from tasks.engine.cas import Audit, audited_compare_and_set, compare_and_set
@@ -394,6 +394,9 @@ def _record(
             data |= {"not_before": AtCommit(wait.delay), "attempt_spent": False}
         else:
             data["attempt_spent"] = True
+    elif isinstance(outcome, Fenced):
+        event = "cleanup_fenced"  # the delete never took effect and never will: a definite refusal
+        data["attempt_spent"] = True
     elif isinstance(outcome, NotFound):
         event = "cleanup_not_found"  # never happened: send again
     elif isinstance(outcome, Unprovable):
