@@ -30,6 +30,7 @@ from harness.killmatrix import database_url
 from harness.simulator import STAGING_PREFIX
 from leases.models import Lease
 from tasks.core.lifecycle import NodeStatus, OperationStatus, TaskStatus, TempResourceStatus
+from tasks.engine.verification import find_problems
 from tasks.models import Node, Operation, Task, TempResource
 from tasks.people.takeover import takeover_claim, takeover_submit
 from tests.conftest import person
@@ -48,6 +49,7 @@ class Live:
     url: str
     token: str
     log: Path
+    web: int  # the gunicorn master's pid: its workers are its children
 
 
 def _free_port() -> int:
@@ -67,7 +69,7 @@ def _stop(process: subprocess.Popen[Any]) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, int]]:
     """Reckon's web process (gunicorn, 2 workers of 4 threads) on the test database, one for the module: each
     test's data is its own (transactional tests empty the tables after each), the process is shared."""
     port, log = _free_port(), tmp_path_factory.mktemp("web") / "web.log"
@@ -88,16 +90,16 @@ def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> I
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"Reckon did not start: {log.read_text()[-2000:]}") from None
                 time.sleep(0.2)
-        yield url, log
+        yield url, log, process.pid
     finally:
         _stop(process)
 
 
 @pytest.fixture
-def live(server: tuple[str, Path]) -> Live:
+def live(server: tuple[str, Path, int]) -> Live:
     """The server, and a token for the agent ``migrator`` scoped to the API kind."""
     _, token = api_token_issue(actor=person("root", "admin"), agent_id="migrator", kinds=[KIND], projects=[])
-    return Live(server[0], token, server[1])
+    return Live(server[0], token, server[1], server[2])
 
 
 def agent(live: Live, store: Simulator, *extra: str, objects: int = OBJECTS) -> subprocess.Popen[str]:
@@ -296,6 +298,54 @@ def test_an_agent_killed_mid_cleanup_is_finished_by_the_next_with_each_delete_se
     assert_migrated_once(task, store)
     in_flight.refresh_from_db()
     assert in_flight.status == OperationStatus.COMMITTED and in_flight.dispatch_count == 1  # looked up, not re-sent
+
+
+def web_workers(master: int) -> list[int]:
+    """The gunicorn master's children (its web workers), read from /proc."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended while we read
+            continue
+        if int(fields[1]) == master:
+            children.append(int(stat.parent.name))
+    return children
+
+
+def test_web_workers_sigkilled_during_the_cleanup_leave_no_staging_object_and_no_delete_twice(
+    live: Live, store: Simulator
+) -> None:
+    """The issue's crash run: over the API, with agents and web workers SIGKILLed, every temp resource stayed
+    active. Here each time the cleanup moves (a delete registered by the directive's read, or committed by its
+    report) a gunicorn worker is SIGKILLed — an answer in flight is lost, a request half-read — and the master starts
+    another; an agent that gives up is started again, as a supervisor would. The task ends completed, every staging
+    object deleted by one delete applied once, nothing left at the store."""
+    store.fault("latency", times=10, ms=600, action="delete")  # each delete waits at the store: the kill lands
+    kills, restarts, seen = 0, 0, (0, 0)
+    process = agent(live, store, "--lease-wait", "60")
+    deadline = time.monotonic() + 120
+    while True:
+        cleanup = Operation.objects.filter(purpose="cleanup")
+        now = (cleanup.count(), cleanup.filter(status=OperationStatus.COMMITTED).count())
+        if now != seen and kills < 6 and (workers := web_workers(live.web)):
+            os.kill(workers[kills % len(workers)], signal.SIGKILL)
+            kills, seen = kills + 1, now
+        if process.poll() is not None:
+            if process.returncode == 0:
+                break
+            restarts += 1
+            assert restarts <= 6, process.communicate()[0]
+            process = agent(live, store, "--lease-wait", "60")
+        assert time.monotonic() < deadline, "the agents never finished"
+        time.sleep(0.02)
+    output = process.communicate()[0]
+    task = the_task()
+    assert f"task {task.pk}: done" in output
+    assert kills >= 3, f"only {kills} web workers were killed during the cleanup"
+    print(f"\n[web workers killed in the cleanup] kills={kills} agent restarts={restarts}")
+    assert_migrated_once(task, store)  # its staging objects included: deleted, each by one delete applied once
+    assert find_problems(Task.objects.get(pk=task.pk)) == []
 
 
 def source_ref() -> dict[str, Any]:
