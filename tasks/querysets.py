@@ -31,7 +31,7 @@ from django.db.models.sql.compiler import SQLCompiler
 
 from leases import clock
 from leases.models import Lease, LeaseReservation
-from leases.state import held_q
+from leases.state import held_q, lapsed_q
 from tasks.core.actions import approval_actions
 from tasks.core.kinds import served_kinds
 from tasks.core.lifecycle import (
@@ -96,6 +96,7 @@ class Holding(TypedDict):
     holder_id: str | None
     last_holder_kind: str | None  # the newest lease's, open or closed
     last_holder_id: str | None
+    holder_lapsed: bool  # the open lease is past its expiry and grace at the statement's clock: it holds nothing
 
 
 class Overview(Progress, Holding):
@@ -152,7 +153,8 @@ class TaskQuerySet(models.QuerySet[_Task]):
 
     def with_holder(self) -> "TaskQuerySet[WithAnnotations[Task, Holding]]":
         """Annotates ``holder_kind`` (agent or operator) and ``holder_id`` of the task's open lease (at most one:
-        a partial unique index), None when nobody holds it; correlated subqueries, no JOIN."""
+        a partial unique index), None when nobody holds it, and ``holder_lapsed`` when that lease lapsed (open, but
+        past its grace: it can write nothing); correlated subqueries, no JOIN."""
         held = Lease.objects.open().filter(task_id=OuterRef("pk"))
         last = Lease.objects.filter(task_id=OuterRef("pk")).order_by("-epoch")
         return self.annotate(
@@ -161,6 +163,7 @@ class TaskQuerySet(models.QuerySet[_Task]):
             # Who held it last, once nobody does: a task a person has is never shown as held by "nobody".
             last_holder_kind=Subquery(last.values("holder_kind")[:1]),
             last_holder_id=Subquery(last.values("holder_id")[:1]),
+            holder_lapsed=Exists(Lease.objects.filter(lapsed_q(ClockNow()), task_id=OuterRef("pk"))),
         )
 
     def with_attention(self) -> Self:

@@ -343,3 +343,20 @@ def test_the_queue_names_who_let_go_of_a_task_taken_over_never_nobody(
     row = page[page.index(f'<tr data-task="{copied.pk}">') :].split("</tr>")[0]
     assert "taken over" in row and "person ann" in row and "let go" in row
     assert "nobody" not in row
+
+
+def test_the_queue_marks_a_holder_whose_lease_lapsed_and_only_then(
+    client: Client, copied: Task, ann: Principal, clock: Any
+) -> None:
+    lease = claimed(ann, copied)
+    client.force_login(ann.user)
+
+    def row() -> str:
+        page = client.get(reverse("task-list")).content.decode()
+        return page[page.index(f'<tr data-task="{copied.pk}">') :].split("</tr>")[0]
+
+    assert "person ann" in row() and "lapsed" not in row()
+    clock.set(lease.expires_at + timedelta(seconds=1))  # expired, in its grace: ann may still renew
+    assert "person ann" in row() and "lapsed" not in row()
+    clock.set(lease.expires_at + timedelta(seconds=44))
+    assert "person ann" in row() and "lapsed" in row()
