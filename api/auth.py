@@ -1,22 +1,37 @@
 """Who calls the agent API: ``Authorization: Bearer <token>`` and nothing else. A console session cookie is not
-looked at (a logged-in browser is anonymous here), so the API needs no CSRF protection: no ambient credential."""
+looked at (a logged-in browser is anonymous here), so the API needs no CSRF protection: no ambient credential.
+
+**Scope first.** The authentication of every operation is also where the token's scope is checked, once, for every
+route: a route whose path names a task (``{task_id}``) is answered ``404 task_not_found`` — exactly as for a task
+that does not exist — when that task is outside the token's scope, before the body is parsed, before any header
+is read, before an ``Idempotency-Key`` is looked up and before the handler runs. No handler checks the scope
+itself, so none can forget it (tests/test_api_scope.py walks every route of the OpenAPI document)."""
 
 from django.http import HttpRequest
 from ninja.security import HttpBearer
 
 from api.models import ApiToken
 from api.ratelimit import rate_limit
-from api.tokens import api_token_authenticate
+from api.tokens import api_token_authenticate, require_scope
 from audit.principals import Principal
+
+# The path parameter that names the task a route addresses (every task-addressed route is /tasks/{task_id}/…).
+TASK_PARAMETER = "task_id"
 
 
 class AgentToken(HttpBearer):
-    """Sets ``request.auth`` to the live ApiToken; an unknown or revoked token is refused (401)."""
+    """Sets ``request.auth`` to the live ApiToken; an unknown or revoked token is refused (401), a task outside the
+    token's scope is not found (404, api.tokens.require_scope)."""
 
     def authenticate(self, request: HttpRequest, token: str) -> ApiToken | None:
         row = api_token_authenticate(token)
-        if row is not None:
-            rate_limit(row.token_hash[:32])  # RateLimited (429) past the token's rate
+        if row is None:
+            return None
+        rate_limit(row.token_hash[:32])  # RateLimited (429) past the token's rate
+        match = request.resolver_match
+        raw = match.kwargs.get(TASK_PARAMETER) if match is not None else None
+        if raw is not None:
+            require_scope(row, str(raw))  # TaskNotFound (404): answered before anything else
         return row
 
 

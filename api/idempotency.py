@@ -4,7 +4,12 @@ restarted) gets the first answer again instead of a second task, a second propos
 The change and its record are one transaction: a refused request raises inside it, so it stores nothing and may be
 retried with the same key; a crash before the commit loses both. Two requests with the same key at once: the second
 one's insert of the record conflicts with the first's (the unique constraint), its own change is rolled back with
-it, and it answers the first one's response."""
+it, and it answers the first one's response.
+
+**A record is bound to the token that made it** (not only to its agent): a key is looked up for the request's token
+alone, so an answer — a lease id, an op key, a webhook's secret — is replayed to that token and to no other. The
+same key sent with another token, even one of the same agent, is a key that token has not used: its request runs
+as a new one (checked like any other, its scope first: api/auth.py) and gets its own record."""
 
 import hashlib
 from collections.abc import Callable
@@ -13,8 +18,9 @@ from datetime import timedelta
 from django.db import IntegrityError, transaction
 from django.http import HttpRequest, HttpResponse
 
+from api.auth import token_of
 from api.errors import problem
-from api.models import IdempotencyRecord
+from api.models import ApiToken, IdempotencyRecord
 from leases import clock
 
 HEADER = "Idempotency-Key"
@@ -28,7 +34,9 @@ REPLAYED_HEADERS = ("ETag", "Location")
 def idempotent(
     request: HttpRequest, agent_id: str, run: Callable[[], HttpResponse], *, atomic: bool = True
 ) -> HttpResponse:
-    """``run()`` once per (agent, key): its successful answer is recorded and replayed for the same request.
+    """``run()`` once per (token, key): its successful answer is recorded and replayed for the same request made
+    with the same token. ``agent_id`` is the request's token's agent (a handler's statement of whose key it is,
+    checked); the record is bound to the token itself.
 
     ``atomic=False`` is for a change that does I/O and commits on its own (``retention.services.retain`` writes its
     file outside any transaction): its record is written just after it. A crash between the two, or a concurrent
@@ -37,6 +45,9 @@ def idempotent(
     key = request.headers.get(HEADER)
     if key is None:
         return run()
+    token = token_of(request)
+    if token.agent_id != agent_id:  # a handler naming another agent's keys: a programming error, never a replay
+        raise RuntimeError(f"an Idempotency-Key of agent {agent_id!r} looked up with a token of {token.agent_id!r}")
     if not 1 <= len(key) <= KEY_MAX or not key.isprintable():
         return problem(
             request,
@@ -45,31 +56,32 @@ def idempotent(
             errors=[{"field": f"header.{HEADER}", "code": "invalid", "message": "1 to 200 printable characters"}],
         )
     fingerprint = _fingerprint(request)
-    replay = _replay(request, agent_id, key, fingerprint)
+    replay = _replay(request, token, key, fingerprint)
     if replay is not None:
         return replay
     try:
         if atomic:
             with transaction.atomic():
                 response = run()
-                _record(agent_id, key, fingerprint, response)
+                _record(token, key, fingerprint, response)
         else:
             response = run()
             with transaction.atomic():
-                _record(agent_id, key, fingerprint, response)
+                _record(token, key, fingerprint, response)
     except IntegrityError:
         # The same key committed meanwhile by a concurrent request: this one's change is rolled back (atomic).
-        replay = _replay(request, agent_id, key, fingerprint)
+        replay = _replay(request, token, key, fingerprint)
         if replay is None:
             raise
         return replay
     return response
 
 
-def _record(agent_id: str, key: str, fingerprint: str, response: HttpResponse) -> None:
+def _record(token: ApiToken, key: str, fingerprint: str, response: HttpResponse) -> None:
     if 200 <= response.status_code < 300:
         IdempotencyRecord.objects.create(
-            agent_id=agent_id,
+            token=token,
+            agent_id=token.agent_id,
             key=key,
             fingerprint=fingerprint,
             status=response.status_code,
@@ -88,8 +100,8 @@ def _fingerprint(request: HttpRequest) -> str:
     return digest.hexdigest()
 
 
-def _replay(request: HttpRequest, agent_id: str, key: str, fingerprint: str) -> HttpResponse | None:
-    record = IdempotencyRecord.objects.filter(agent_id=agent_id, key=key).first()
+def _replay(request: HttpRequest, token: ApiToken, key: str, fingerprint: str) -> HttpResponse | None:
+    record = IdempotencyRecord.objects.filter(token=token, key=key).first()
     if record is None:
         return None
     if record.created_at <= clock.now() - KEPT_FOR:

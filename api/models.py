@@ -38,11 +38,14 @@ class ApiToken(models.Model):
 
 
 class IdempotencyRecord(models.Model):
-    """The first successful answer to a POST that carried an ``Idempotency-Key``, per agent: the same key and
-    request again gets this answer again; the same key with another request is refused. Written in the transaction
-    of the change it answers (api/idempotency.py), so a change and its record commit or roll back together."""
+    """The first successful answer to a POST that carried an ``Idempotency-Key``, bound to the token that made it:
+    the same key and request again *with that token* gets this answer again; the same key with another request is
+    refused; the same key with another token — even one of the same agent — is a key that token has not used (its
+    request runs as a new one, and this answer is never shown to it). Written in the transaction of the change it
+    answers (api/idempotency.py), so a change and its record commit or roll back together."""
 
-    agent_id = models.CharField(max_length=200)
+    token = models.ForeignKey(ApiToken, on_delete=models.CASCADE, related_name="+")
+    agent_id = models.CharField(max_length=200)  # the token's agent, for a person reading the table
     key = models.CharField(max_length=200)
     # SHA-256 of the method, the path and the body: what "the same request" means.
     fingerprint = models.CharField(max_length=64)
@@ -53,10 +56,10 @@ class IdempotencyRecord(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["agent_id", "key"], name="idempotency_key_unique_per_agent"),
+            models.UniqueConstraint(fields=["token", "key"], name="idempotency_key_unique_per_token"),
             models.CheckConstraint(condition=models.Q(status__gte=200, status__lt=300), name="idempotency_success"),
         ]
         indexes = [models.Index(fields=["created_at"], name="idempotency_created_idx")]
 
     def __str__(self) -> str:
-        return f"idempotency key {self.key!r} of agent {self.agent_id}"
+        return f"idempotency key {self.key!r} of token {self.token_id} (agent {self.agent_id})"

@@ -1,6 +1,6 @@
 """/api/v1/tasks/{id}/retained: what an agent keeps of a task outside its checkpoints — a sensitive input, a debug
-artifact (minimal fields), temp material — sealed at rest and expiring (retention/services.py). Thin: the token's
-scope (a task outside it is not found, before anything else is read), one service, the answer.
+artifact (minimal fields), temp material — sealed at rest and expiring (retention/services.py). Thin: one service,
+the answer (the token's scope is checked before: a task outside it is not found, api/auth.py).
 
 A checkpoint keeps only what a retain answers, ``{"retained": id, "version": n}``. An object whose retention has
 ended answers 410 ``retention_expired`` with its kind and name (api/api.py): the agent re-creates the content from
@@ -20,7 +20,6 @@ from api.auth import token_of
 from api.http import IDEMPOTENCY, answer
 from api.idempotency import idempotent
 from api.schemas import Problem
-from api.tokens import scoped_task
 from retention.models import RetainedKind
 from retention.services import NAME_MAX, Ref, Retained, fetch, retain
 
@@ -109,7 +108,6 @@ def retained_new(request: HttpRequest, task_id: int, payload: RetainIn) -> HttpR
     422 secret_in_payload (a debug artifact or a name holding something credential-like), 422 retention_refused (a
     debug artifact that is not an object, bytes sent as an object, a ttl past the bound), 413 payload_too_large."""
     token = token_of(request)
-    scoped_task(token, task_id)
 
     def run() -> HttpResponse:
         ref = retain(
@@ -136,5 +134,4 @@ def retained_read(request: HttpRequest, task_id: int, retained_id: int, version:
     """The content, checked against its digest, while the object's retention lasts. 410 retention_expired once it
     has ended (purged or not yet): re-create it from external facts and retain it again; 404 retention_not_found
     (no such object of this task); 409 retention_corrupt (altered or missing: never re-create over it)."""
-    scoped_task(token_of(request), task_id)
     return retained_out(fetch(Ref(retained_id, version), task_id=task_id))

@@ -1,9 +1,10 @@
 """/api/v1/tasks/{id}/lease, …/directive, …/operations, …/inputs: the step protocol of tasks/engine/protocol.py over
 HTTP.
 
-Each handler reads the token, the headers (api/http.py), calls one service and answers; the rules — who may hold
-the lease, what the next step is, what a receipt proves — are the services'. Every write is the services'
-compare-and-set on ``If-Match`` and the lease's epoch, so a stale agent changes nothing."""
+The token's scope is checked before any handler runs (api/auth.py). Each handler reads the token, the headers
+(api/http.py), calls one service and answers; the rules — who may hold the lease, what the next step is, what a
+receipt proves — are the services'. Every write is the services' compare-and-set on ``If-Match`` and the lease's
+epoch, so a stale agent changes nothing."""
 
 from datetime import timedelta
 
@@ -22,7 +23,6 @@ from api.http import (
     held_lease,
 )
 from api.idempotency import idempotent
-from api.models import ApiToken
 from api.schemas import (
     CleanupOut,
     CleanupOutcomeIn,
@@ -44,30 +44,25 @@ from api.schemas import (
     task_summary,
     temp_resource_out,
 )
-from api.tokens import in_scope
 from leases.models import HolderKind, Lease
 from leases.services import lease_acquire, lease_release, lease_renew
-from tasks.core.errors import TaskNotFound
 from tasks.decide.change import Snapshot
 from tasks.engine.cleanup import cleanup_record
 from tasks.engine.protocol import agent_directive, inputs_confirm, operation_start, record_outcome, snapshot_at
 from tasks.engine.snapshot import task_snapshot
-from tasks.models import Operation, Task, TempResource
+from tasks.models import Operation, TempResource
 
 router = Router(tags=["steps"])
 
 PROBLEMS: dict[int, type[Problem]] = {code: Problem for code in (400, 401, 404, 409, 412, 413, 422, 423, 428, 429)}
 
 
-def _scoped_snapshot(token: ApiToken, task_id: int, lease: Lease, expected: int | None = None) -> Snapshot:
-    """The task's snapshot (at ``expected`` when given), if the task is in the token's scope; else not found."""
+def _snapshot(task_id: int, lease: Lease, expected: int | None = None) -> Snapshot:
+    """The task's snapshot (at ``expected`` when given). The task is in the token's scope: api/auth.py checked it
+    before the handler ran."""
     if expected is None:
-        snap = task_snapshot(task_id=task_id, lease=lease)
-    else:
-        snap = snapshot_at(task_id=task_id, lease=lease, expected_version=expected)
-    if not in_scope(token, snap.task):
-        raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
-    return snap
+        return task_snapshot(task_id=task_id, lease=lease)
+    return snapshot_at(task_id=task_id, lease=lease, expected_version=expected)
 
 
 def _lease_answer(lease: Lease, status: int) -> HttpResponse:
@@ -93,9 +88,6 @@ def lease_take(request: HttpRequest, task_id: int, payload: LeaseIn) -> HttpResp
     token = token_of(request)
 
     def run() -> HttpResponse:
-        task = Task.objects.filter(pk=task_id).first()
-        if task is None or not in_scope(token, task):
-            raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
         lease = lease_acquire(
             task_id=task_id, holder_kind=HolderKind.AGENT, holder_id=token.agent_id, ttl=_ttl(payload.ttl_seconds)
         )
@@ -145,7 +137,7 @@ def directive_read(request: HttpRequest, task_id: int) -> HttpResponse:
     done. Open operations always come first: an agent that restarts reconciles before it sends anything new."""
     token = token_of(request)
     lease = held_lease(request, token, task_id)
-    snap = _scoped_snapshot(token, task_id, lease)
+    snap = _snapshot(task_id, lease)
     d, cleanup = agent_directive(task_id=task_id, lease=lease, snapshot=snap)
     if cleanup is not None:  # the task has ended: its temp resources are this agent's to delete
         snap = task_snapshot(task_id=task_id, lease=lease)
@@ -169,7 +161,7 @@ def operation_register(request: HttpRequest, task_id: int, payload: OperationSta
     version = expected_version(request)
 
     def run() -> HttpResponse:
-        snap = _scoped_snapshot(token, task_id, lease, version)
+        snap = _snapshot(task_id, lease, version)
         begun = operation_start(snap, payload.node_key, lease=lease)
         op, new = begun.operation, begun.snapshot
         return answer(operation_detail(op, payload.node_key), 201, version=new.version)
@@ -191,7 +183,7 @@ def outcome_report(request: HttpRequest, task_id: int, op_key: str, payload: Out
     version = expected_version(request)
 
     def run() -> HttpResponse:
-        snap = _scoped_snapshot(token, task_id, lease, version)
+        snap = _snapshot(task_id, lease, version)
         if snap.operation(op_key) is None and not Operation.objects.filter(task_id=task_id, op_key=op_key).exists():
             raise OperationNotFound(f"task {task_id} has no operation {op_key!r}")
         # When the remote was asked, at the latest: after the directive the agent echoes (never later than now), or,
@@ -222,7 +214,7 @@ def cleanup_report(request: HttpRequest, task_id: int, temp_id: int, payload: Cl
     version = expected_version(request)
 
     def run() -> HttpResponse:
-        snap = _scoped_snapshot(token, task_id, lease, version)
+        snap = _snapshot(task_id, lease, version)
         if not TempResource.objects.filter(pk=temp_id, task_id=task_id).exists():
             raise TempResourceNotFound(f"task {task_id} has no temp resource {temp_id}")
         temp = cleanup_record(
@@ -254,7 +246,7 @@ def inputs_report(request: HttpRequest, task_id: int, payload: InputsIn) -> Http
     version = expected_version(request)
 
     def run() -> HttpResponse:
-        snap = _scoped_snapshot(token, task_id, lease, version)
+        snap = _snapshot(task_id, lease, version)
         new = inputs_confirm(snap, dict(payload.current_versions), lease=lease)
         return answer(task_summary(new.task), version=new.version)
 

@@ -137,23 +137,35 @@ def scope_condition(token: ApiToken) -> Q:
     return condition
 
 
-def in_scope(token: ApiToken, task: Task) -> bool:
-    return scope_covers(token.kinds, token.projects, task)
+# The largest task id a path can name: a longer number is no task's (and would not fit the column on any backend).
+TASK_ID_DIGITS = 18
 
 
-def scoped_task(token: ApiToken, task_id: int) -> Task:
-    """The task, if the token's scope covers it; a task outside the scope is answered as a missing one
-    (TaskNotFound), so a token learns nothing of tasks it may not see."""
-    task = Task.objects.filter(pk=task_id).first()
-    if task is None or not in_scope(token, task):
+def require_scope(token: ApiToken, raw_task_id: str) -> None:
+    """The scope rule of every task-addressed route (api/auth.py runs it before anything else): the task the path
+    names must be in the token's scope. A task outside it is answered exactly as a task that does not exist
+    (TaskNotFound, the same detail), so a token learns nothing of tasks it may not see. A path value that is not a
+    number is left to the route's own validation (the same answer for every token). One query, by primary key."""
+    if not raw_task_id.isascii() or not raw_task_id.isdigit():
+        return
+    task_id = int(raw_task_id)
+    row = None
+    if len(str(task_id)) <= TASK_ID_DIGITS:
+        row = Task.objects.filter(pk=task_id).values_list("kind", "project").first()
+    if row is None or not covers(token.kinds, token.projects, kind=row[0], project=row[1]):
         raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
-    return task
 
 
 def scope_covers(kinds: Sequence[str], projects: Sequence[str], task: Task) -> bool:
-    """Whether a scope of ``kinds`` and ``projects`` covers ``task`` (the rule ``in_scope`` and the webhook outbox,
-    which reads the scopes without the tokens, share)."""
-    return task.kind in kinds or (bool(task.project) and task.project in projects)
+    """Whether a scope of ``kinds`` and ``projects`` covers ``task`` (the webhook outbox reads the scopes without
+    the tokens)."""
+    return covers(kinds, projects, kind=task.kind, project=task.project)
+
+
+def covers(kinds: Sequence[str], projects: Sequence[str], *, kind: str, project: str) -> bool:
+    """The one definition of a scope: a task is in it by its kind, or by its project (a task without a project is
+    in no project's scope)."""
+    return kind in kinds or (bool(project) and project in projects)
 
 
 def _scope(names: Sequence[str]) -> list[str]:
