@@ -66,6 +66,7 @@ BOTH_PASSES: tuple[Group, ...] = (
             "test_recovery.py",
             "test_stateful_leases.py",
             "test_stateful_protocol.py",
+            "test_api_scope.py",
             *_in(
                 "test_plans.py",
                 "test_task_create_stores_plan_revision_1_proposed_by_the_creator_and_accepted",
