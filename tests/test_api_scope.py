@@ -332,3 +332,39 @@ def test_the_routes_without_a_task_keep_to_the_scope(world: World) -> None:
 def _no_rate_limit(settings: Any) -> Iterator[None]:
     settings.RECKON_API_RATE = 0
     yield
+
+
+# --- the migration that binds the records of before ----------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_binds_each_record_to_its_agents_only_token_and_forgets_the_ambiguous() -> None:
+    """api 0004: a record of an agent with one token is that token's; an agent with several cannot say which made
+    it, so its records are forgotten (never replayed to the wrong token)."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+    from django.utils import timezone
+
+    before, after = [("api", "0003_token_changes_captured")], [("api", "0004_idempotency_bound_to_token")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    try:
+        apps = executor.loader.project_state(before).apps
+        token_model, record_model = apps.get_model("api", "ApiToken"), apps.get_model("api", "IdempotencyRecord")
+        now = timezone.now()
+
+        def token(agent: str, n: int) -> Any:
+            return token_model.objects.create(agent_id=agent, token_hash=f"{agent}-{n}", created_by="t", created_at=now)
+
+        only = token("solo", 1)
+        for n in (1, 2):
+            token("pair", n)
+        for agent in ("solo", "pair"):
+            record_model.objects.create(
+                agent_id=agent, key="k", fingerprint="f", status=201, body="{}", headers={}, created_at=now
+            )
+        executor = MigrationExecutor(connection)
+        executor.migrate(after)
+        assert list(IdempotencyRecord.objects.values_list("agent_id", "token_id")) == [("solo", only.pk)]
+    finally:
+        MigrationExecutor(connection).migrate(executor.loader.graph.leaf_nodes())
