@@ -336,13 +336,15 @@ def test_a_replayed_create_answers_the_first_task_and_makes_no_second(agent: Age
     assert snapshot() == before
 
 
-def test_an_idempotency_key_is_per_agent(agent: Agent, client: Client, issue: Callable[..., str]) -> None:
+def test_an_idempotency_key_is_per_token(agent: Agent, client: Client, issue: Callable[..., str]) -> None:
+    """Another agent's token, and another token of the same agent, use the key as a new one (tests/test_api_scope.py
+    tries the binding on every route)."""
     body = {"kind": KIND, "title": "same key", "plan": chain_plan("a")}
     assert agent.call("post", "/tasks", body, Idempotency_Key="k").status_code == 201
-    other = Agent(client, issue(agent="agent-8"))
-    response = other.call("post", "/tasks", body, Idempotency_Key="k")
-    assert response.status_code == 201 and "Idempotent-Replayed" not in response
-    assert Task.objects.filter(title="same key").count() == 2
+    for other in (Agent(client, issue(agent="agent-8")), Agent(client, issue())):
+        response = other.call("post", "/tasks", body, Idempotency_Key="k")
+        assert response.status_code == 201 and "Idempotent-Replayed" not in response
+    assert Task.objects.filter(title="same key").count() == 3
 
 
 def test_a_refused_request_stores_no_key_so_a_corrected_retry_succeeds(agent: Agent) -> None:
