@@ -1,7 +1,6 @@
 """The agent API, /api/v1/: the NinjaAPI, its error handlers (everything answers problem+json, api/errors.py) and
 its operations. Handlers are thin: the token (api/auth.py), one read or one service, the response."""
 
-import json
 from typing import Any
 
 from django.http import Http404, HttpRequest, HttpResponse
@@ -21,15 +20,17 @@ from audit.errors import Refused
 from leases.errors import LeaseError, LeaseHeld, LeaseRefused, RenewalOutOfOrder
 from retention.errors import RetentionExpired
 from tasks.core.errors import VersionConflict
+from tasks.core.parsing import strict_json
 from tasks.models import Task
 
 
 class ObjectBody(Parser):
-    """Every request body of this API is one JSON object: ``true``, ``[]`` or ``"x"`` is malformed (400), never
-    read as an empty request."""
+    """Every request body of this API is one strict JSON object (tasks.core.parsing: no NaN or infinity, no lone
+    surrogate, nested at most MAX_JSON_DEPTH deep): ``true``, ``[]`` or ``"x"`` is malformed (400), never read as an
+    empty request."""
 
     def parse_body(self, request: HttpRequest) -> dict[str, Any]:
-        document = json.loads(request.body)
+        document = strict_json(request.body)  # UnreadableInput is a ValueError: malformed_body (400)
         if not isinstance(document, dict):
             raise ValueError(f"the body is a JSON {type(document).__name__}, not an object")
         return document

@@ -12,6 +12,7 @@ from django.core.files.uploadedfile import UploadedFile
 from console.forms.receipts import receipt_form_fields
 from tasks.core.errors import NodeNotReady
 from tasks.core.outcomes import RECEIPT_FIELDS
+from tasks.core.parsing import MAX_BIGINT
 from tasks.decide.decisions import resolved_input
 from tasks.decide.evidence import expected_values
 from tasks.models import Node
@@ -34,17 +35,17 @@ STAGES = [("review", "review"), ("confirm", "confirm")]
 
 
 class VersionedForm(forms.Form):
-    expected_version = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
+    expected_version = forms.IntegerField(max_value=MAX_BIGINT, min_value=1, widget=forms.HiddenInput)
 
 
 class LeaseForm(forms.Form):
     """Identifies the lease the page was rendered with (its epoch): a page from an older grant writes nothing."""
 
-    epoch = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
+    epoch = forms.IntegerField(max_value=MAX_BIGINT, min_value=1, widget=forms.HiddenInput)
 
 
 class RenewForm(LeaseForm):
-    renewal_seq = forms.IntegerField(min_value=0, widget=forms.HiddenInput)
+    renewal_seq = forms.IntegerField(max_value=MAX_BIGINT, min_value=0, widget=forms.HiddenInput)
 
 
 class ReleaseForm(LeaseForm):
@@ -79,7 +80,7 @@ class ReplanProposeForm(VersionedForm):
 
 
 class ReplanAcceptForm(VersionedForm):
-    revision_id = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
+    revision_id = forms.IntegerField(max_value=MAX_BIGINT, min_value=1, widget=forms.HiddenInput)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from console.forms.admin import (
 )
 from tasks.access.accounts import account_create, account_password_reset, role_grant, role_revoke
 from tasks.access.permissions import ADMIN, permission_grant, permission_revoke
+from tasks.core.parsing import ascii_int
 from tasks.jobs import verify_logs
 from tasks.models import Task
 from tasks.people.forced_release import forced_release_review
@@ -296,7 +297,7 @@ def _act(request: HttpRequest, action: Any, done: str) -> None:
 
 
 def _cursor(value: str | None) -> int | None:
-    return int(value) if value and value.isdigit() else None
+    return ascii_int(value)
 
 
 def _query(request: HttpRequest, *, before: int | None) -> str:
