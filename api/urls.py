@@ -14,7 +14,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from api.api import api
 from api.errors import CONTENT_TYPE, problem
-from tasks.core.parsing import UnreadableInput, holds, strict_json
+from tasks.core.parsing import MAX_BIGINT, UnreadableInput, holds, id_past_columns, strict_json
 
 # The largest request body the API reads (bytes): far above any plan or receipt, far below what hurts a worker.
 MAX_BODY = min(256 * 1024, settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 256 * 1024)
@@ -28,6 +28,12 @@ def guarded(view: View) -> View:
         too_large = _declared_length(request) > MAX_BODY
         if too_large:
             return problem(request, code="payload_too_large", detail=f"A request body holds at most {MAX_BODY} bytes.")
+        if (segment := id_past_columns(request.path)) is not None:
+            return problem(
+                request,
+                code="not_found",
+                detail=f"Nothing has the id {segment[:40]}: an id is at most {MAX_BIGINT}.",
+            )
         nul = _nul_in(request)
         if nul:
             return problem(

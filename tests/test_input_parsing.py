@@ -4,13 +4,14 @@ surrogate, an id or version past 64 bits, a console filter or cursor of superscr
 and a refused request changes no table."""
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from django.apps import apps
 from django.test import Client
-from django.urls import reverse
+from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -213,3 +214,58 @@ def test_an_audit_cursor_of_digits_no_id_holds_is_no_5xx(client: Client, cursor:
     client.force_login(person("root", "admin").user)
     answer = client.get(reverse("audit-log"), {"after": cursor, "before": cursor})
     assert answer.status_code < 500
+
+
+# -- ids past 64 bits, in every URL ------------------------------------------------------------------------------
+
+
+def _urls_with_ids() -> list[str]:
+    """Every console and API URL pattern with an id in it, the id set past 64 bits."""
+    found: list[str] = []
+
+    def walk(patterns: list[Any], prefix: str) -> None:
+        for p in patterns:
+            route = str(p.pattern)
+            if isinstance(p, URLResolver):
+                walk(p.url_patterns, prefix + route)
+            elif isinstance(p, URLPattern) and ("<id:" in route or "<int:" in route or "{" in route or "(?P<" in route):
+                found.append(prefix + route)
+
+    walk(get_resolver().url_patterns, "/")
+    return found
+
+
+BIG = "9" * 25
+
+
+def test_an_api_id_past_64_bits_is_a_named_404_on_every_route(agent: Agent) -> None:
+    task = created(agent)
+    before = table_counts()
+    for path in (
+        f"/tasks/{BIG}",
+        f"/tasks/{BIG}/directive",
+        f"/tasks/{2**63}/lease",
+        f"/tasks/{task['id']}/retained/{BIG}/versions/1",
+        f"/tasks/{task['id']}/temp-resources/{BIG}/cleanup",
+    ):
+        for method in ("get", "post"):
+            answer = agent.call(method, path, {} if method == "post" else None)
+            assert answer.status_code == 404, (method, path, answer.content)
+            assert answer.json()["code"] in ("not_found", "task_not_found"), answer.json()
+    assert table_counts() == before
+
+
+def test_a_console_id_past_64_bits_matches_no_route(client: Client) -> None:
+    client.force_login(person("root", "admin").user)
+    routes = [r for r in _urls_with_ids() if "<id:" in r]
+    assert len(routes) > 20  # every console page with an id
+    for route in routes:
+        path = re.sub(r"<id:\w+>", BIG, route)
+        path = re.sub(r"<(?:str|slug|path):\w+>|<\w+>", "x", path)
+        for method in ("get", "post"):
+            answer = getattr(client, method)(path)
+            assert answer.status_code == 404, (method, path, answer.status_code)
+
+
+def test_no_console_url_takes_an_unbounded_int() -> None:
+    assert [r for r in _urls_with_ids() if "<int:" in r] == []

@@ -110,3 +110,27 @@ def holds(value: Any, needle: str) -> bool:
         elif isinstance(item, list):
             pending.extend(item)
     return False
+
+
+class IdConverter:
+    """A URL's id (Django's path converter ``<id:…>``): ASCII digits that fit a 64-bit column. A longer one matches
+    no route (404), where ``<int:…>`` would hand the database a number it cannot bind (a 500 on SQLite)."""
+
+    regex = "[0-9]{1,19}"
+
+    def to_python(self, value: str) -> int:
+        number = ascii_int(value)
+        if number is None:
+            raise ValueError(f"{value} is past a 64-bit id")  # Django: no match
+        return number
+
+    def to_url(self, value: int) -> str:
+        return str(value)
+
+
+def id_past_columns(path: str) -> str | None:
+    """The first segment of ``path`` that is all ASCII digits but larger than any id a column can hold, or None."""
+    for segment in path.split("/"):
+        if segment.isascii() and segment.isdigit() and ascii_int(segment) is None:
+            return segment
+    return None
