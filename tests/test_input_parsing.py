@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.tokens import api_token_issue
+from console.forms.takeover import ReplanProposeForm
 from tasks.core.parsing import MAX_BIGINT, UnreadableInput, ascii_int, json_depth, lone_surrogate, strict_json
 from tasks.models import Task
 from tests.conftest import chain_plan, person
@@ -269,3 +270,24 @@ def test_a_console_id_past_64_bits_matches_no_route(client: Client) -> None:
 
 def test_no_console_url_takes_an_unbounded_int() -> None:
     assert [r for r in _urls_with_ids() if "<int:" in r] == []
+
+
+@pytest.mark.parametrize(
+    ("plan", "error"),
+    [
+        ('{"nodes": [{"key": "a", "max_attempts": NaN}]}', "NaN is not a JSON number"),
+        ('{"nodes": [], "title": "\\ud800"}', "lone surrogate"),
+        ('{"nodes": ' + "[" * 200 + "]" * 200 + "}", "deeper than"),
+        ('{"nodes": [', "not JSON"),
+    ],
+)
+def test_the_replan_form_refuses_a_plan_no_column_can_hold_by_name(plan: str, error: str) -> None:
+    form = ReplanProposeForm({"expected_version": "3", "plan": plan, "reason": "the copy must be split in two"})
+    assert not form.is_valid()
+    assert error in " ".join(form.errors["plan"]), form.errors
+
+
+@pytest.mark.parametrize("version", [str(MAX_BIGINT + 1), "9" * 30, "²"])
+def test_a_console_form_s_version_past_64_bits_is_a_form_error(version: str) -> None:
+    form = ReplanProposeForm({"expected_version": version, "plan": '{"nodes": []}', "reason": "a reason long enough"})
+    assert not form.is_valid() and "expected_version" in form.errors

@@ -2,7 +2,6 @@
 re-plan. Every form that changes a task carries the version the page showed (``expected_version``): the service
 refuses a stale one. Forms check shapes only; every rule is the services'."""
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +11,7 @@ from django.core.files.uploadedfile import UploadedFile
 from console.forms.receipts import receipt_form_fields
 from tasks.core.errors import NodeNotReady
 from tasks.core.outcomes import RECEIPT_FIELDS
-from tasks.core.parsing import MAX_BIGINT
+from tasks.core.parsing import MAX_BIGINT, UnreadableInput, strict_json
 from tasks.decide.decisions import resolved_input
 from tasks.decide.evidence import expected_values
 from tasks.models import Node
@@ -74,9 +73,9 @@ class ReplanProposeForm(VersionedForm):
 
     def clean_plan(self) -> Any:
         try:
-            return json.loads(self.cleaned_data["plan"])
-        except json.JSONDecodeError as error:
-            raise forms.ValidationError(f"not valid JSON: {error.msg} at line {error.lineno}") from None
+            return strict_json(self.cleaned_data["plan"])
+        except UnreadableInput as error:
+            raise forms.ValidationError(str(error)) from None
 
 
 class ReplanAcceptForm(VersionedForm):
