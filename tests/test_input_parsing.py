@@ -284,7 +284,7 @@ def test_no_console_url_takes_an_unbounded_int() -> None:
 def test_the_replan_form_refuses_a_plan_no_column_can_hold_by_name(plan: str, error: str) -> None:
     form = ReplanProposeForm({"expected_version": "3", "plan": plan, "reason": "the copy must be split in two"})
     assert not form.is_valid()
-    assert error in " ".join(form.errors["plan"]), form.errors
+    assert error in " ".join(str(message) for message in form.errors["plan"]), form.errors
 
 
 @pytest.mark.parametrize("version", [str(MAX_BIGINT + 1), "9" * 30, "²"])
