@@ -1,8 +1,10 @@
 """The agent API, /api/v1/: the NinjaAPI, its error handlers (everything answers problem+json, api/errors.py) and
 its operations. Handlers are thin: the token (api/auth.py), one read or one service, the response."""
 
+import logging
 from typing import Any
 
+from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -10,7 +12,7 @@ from ninja.openapi.docs import Swagger
 from ninja.parser import Parser
 
 from api.auth import AgentToken
-from api.errors import CONTENT_TYPE, problem, problem_of, validation_errors
+from api.errors import CONTENT_TYPE, database_unavailable, problem, problem_of, validation_errors
 from api.http import ApiError
 from api.ratelimit import RateLimited
 from api.retained import router as retained_router
@@ -22,6 +24,8 @@ from retention.errors import RetentionExpired
 from tasks.core.errors import VersionConflict
 from tasks.core.parsing import strict_json
 from tasks.models import Task
+
+log = logging.getLogger(__name__)
 
 
 class ObjectBody(Parser):
@@ -139,6 +143,18 @@ def _api_error(request: HttpRequest, error: ApiError) -> HttpResponse:
 @api.exception_handler(RateLimited)
 def _rate_limited(request: HttpRequest, error: RateLimited) -> HttpResponse:
     return problem(request, code="rate_limited", detail=str(error), headers={"Retry-After": str(error.retry_after)})
+
+
+@api.exception_handler(OperationalError)
+def _database_lost(request: HttpRequest, error: OperationalError) -> HttpResponse:
+    log.warning("database unavailable: %s", error, extra={"path": request.path})
+    return database_unavailable(request)
+
+
+@api.exception_handler(InterfaceError)
+def _database_closed(request: HttpRequest, error: InterfaceError) -> HttpResponse:
+    log.warning("database unavailable: %s", error, extra={"path": request.path})
+    return database_unavailable(request)
 
 
 @api.exception_handler(Http404)
