@@ -276,5 +276,5 @@ def pinned_addresses(host: Host, port: int, resolver: Resolver | None = None) ->
     for address in addresses:
         why = configured_refusal(address)
         if why:
-            raise TargetRefused(why if host.address is not None else f"{host.name} resolves to {why}")
+            raise TargetRefused(why if host.address is not None else f"{why} ({host.name} resolves to it)")
     return addresses
