@@ -4,7 +4,7 @@ A webhook URL is chosen by an agent, and the worker that sends it sits inside th
 inward (loopback, a private network, the cloud metadata service) would turn the worker into a proxy for whoever holds
 a token. So the host is read the way browsers and curl read it before anything is decided:
 
-- lower case, one trailing dot dropped (``localhost.`` is ``localhost``), Unicode mapped and IDNA-encoded (UTS 46:
+- lower case, one trailing dot dropped (``localhost.`` is ``localhost``), Unicode mapped and IDNA-encoded (nameprep:
   full-width letters spelling ``localhost`` are ``localhost``, full-width digits and the ideographic full stop
   spelling ``127.0.0.1`` are ``127.0.0.1``);
 - IPv4 in every spelling ``inet_aton`` accepts: ``2130706433``, ``0177.0.0.1``, ``0x7f.1``, ``127.1``;
@@ -29,7 +29,6 @@ import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import idna
 from django.conf import settings
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -106,8 +105,10 @@ def canonical_host(hostname: str) -> Host:
     name = hostname
     if not name.isascii():
         try:
-            name = idna.encode(name, uts46=True).decode("ascii")
-        except (idna.IDNAError, UnicodeError):
+            # The standard library's IDNA (nameprep: NFKC and case folding), the one socket.getaddrinfo itself applies
+            # to a Unicode name: the name checked and resolved here is the name the system would have resolved.
+            name = name.encode("idna").decode("ascii")
+        except UnicodeError:
             raise TargetRefused(f"not a valid host name (IDNA): {hostname[:100]}") from None
     name = name.lower()
     if name.endswith("."):

@@ -10,11 +10,16 @@ import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from unittest import mock
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 from django.db import IntegrityError, transaction
 from django.test import Client
+from hypothesis import given
+from hypothesis import settings as settings_of_hypothesis
+from hypothesis import strategies as st
 from pytest_django.fixtures import Settings
 
 from api.models import ApiToken
@@ -456,3 +461,22 @@ def test_the_networks_settings_are_refused_at_start_up_when_not_networks() -> No
         cwd=services.__file__.rsplit("/hooks/", 1)[0],
     )
     assert run.returncode != 0 and "RECKON_WEBHOOK_ALLOW_NETWORKS" in run.stderr
+
+
+HOSTISH = st.text(alphabet=st.sampled_from("0123456789abcdefxX.:[]%-_ \u3002\uff10\uff11\uff4c\u00fcffff"), max_size=40)
+
+
+@settings_of_hypothesis(max_examples=400, deadline=None)
+@given(scheme=st.sampled_from(["http", "HTTPS", "hTtP", "ftp"]), host=HOSTISH | st.text(max_size=30))
+def test_any_url_is_accepted_canonical_or_refused_by_name_never_an_error(scheme: str, host: str) -> None:
+    """Whatever the host, the check answers a stored URL or WebhookUrlInvalid (the API's 422), never another
+    exception (a 500); and a URL it accepts reads back as itself and is not inward."""
+    with mock.patch.object(targets, "resolve", lambda name, port: [PUBLIC]):
+        try:
+            url = services._valid_url(f"{scheme}://{host}/h")
+        except WebhookUrlInvalid:
+            return
+        assert url.startswith(("http://", "https://")) and services._valid_url(url) == url
+        hostname = urlsplit(url).hostname or ""
+        address = targets.canonical_host(hostname).address
+        assert address is None or targets.configured_refusal(address) == ""
