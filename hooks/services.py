@@ -9,6 +9,8 @@ these functions and nothing else.
   writes one delivery per matching live subscription, so a change that rolls back leaves no delivery and a
   committed one always has its delivery; the Celery job is asked for on commit only. A lost message costs latency
   (the sweep finds the row), never the delivery.
+- Where: a URL is stored canonical, and only a public address is ever sent to (hooks/targets.py): checked at
+  subscription, and at each send, where the name is resolved once and the connection pinned to the checked address.
 - Sending: ``deliver`` claims the delivery with one conditional UPDATE (two workers never send it at once), POSTs
   it signed, and records the answer: a 2xx delivers it; anything else is tried again after an exponential backoff
   with jitter, until RECKON_WEBHOOK_MAX_ATTEMPTS. A receiver may still see a delivery twice (its 2xx lost on the
@@ -411,14 +413,14 @@ def send(url: str, body: bytes, headers: dict[str, str], timeout: float) -> tupl
 
     Final: the URL itself can never be sent to (a literal refused address; a row from before these checks). A name
     refused, or not resolving, is tried again: what it resolves to may change."""
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
     try:
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
         port = parts.port or (443 if scheme == "https" else 80)
         host = targets.canonical_host(parts.hostname or "")
         addresses = targets.pinned_addresses(host, port)
     except targets.TargetRefused as refused:
-        return None, f"refused: {refused}", host_is_literal(parts.hostname)
+        return None, f"refused: {refused}", host_is_literal(urlsplit(url).hostname)
     except ValueError as invalid:
         return None, f"refused: not a valid URL ({invalid})", True
     except targets.Unresolved as unresolved:
