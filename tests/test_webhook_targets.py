@@ -480,3 +480,27 @@ def test_any_url_is_accepted_canonical_or_refused_by_name_never_an_error(scheme:
         hostname = urlsplit(url).hostname or ""
         address = targets.canonical_host(hostname).address
         assert address is None or targets.configured_refusal(address) == ""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_lower_cases_the_scheme_of_rows_stored_before_it(token: ApiToken) -> None:
+    """On SQLite the old CHECK (LIKE) let an upper-case scheme be stored; 0002 case-folds such rows before its exact
+    CHECK is added, so migrating an existing database cannot fail on them."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    if connection.vendor != "sqlite":
+        pytest.skip("PostgreSQL's old CHECK already refused an upper-case scheme: no such row exists there")
+    executor = MigrationExecutor(connection)
+    executor.migrate([("hooks", "0001_initial")])
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO hooks_webhooksubscription (token_id, url, events, secret, created_at)"
+                " VALUES (%s, 'HTTPS://Hooks.Agent.Example/Kept', '[\"cancel_requested\"]', 'whsec_x', %s)",
+                [token.pk, clock.now().isoformat()],
+            )
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())
+    assert list(WebhookSubscription.objects.values_list("url", flat=True)) == ["https://Hooks.Agent.Example/Kept"]
