@@ -1,9 +1,10 @@
 """The agent API, /api/v1/: the NinjaAPI, its error handlers (everything answers problem+json, api/errors.py) and
 its operations. Handlers are thin: the token (api/auth.py), one read or one service, the response."""
 
-import json
+import logging
 from typing import Any
 
+from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -11,7 +12,7 @@ from ninja.openapi.docs import Swagger
 from ninja.parser import Parser
 
 from api.auth import AgentToken
-from api.errors import CONTENT_TYPE, problem, problem_of, validation_errors
+from api.errors import CONTENT_TYPE, database_unavailable, problem, problem_of, validation_errors
 from api.http import ApiError
 from api.ratelimit import RateLimited
 from api.retained import router as retained_router
@@ -21,15 +22,19 @@ from audit.errors import Refused
 from leases.errors import LeaseError, LeaseHeld, LeaseRefused, RenewalOutOfOrder
 from retention.errors import RetentionExpired
 from tasks.core.errors import VersionConflict
+from tasks.core.parsing import strict_json
 from tasks.models import Task
+
+log = logging.getLogger(__name__)
 
 
 class ObjectBody(Parser):
-    """Every request body of this API is one JSON object: ``true``, ``[]`` or ``"x"`` is malformed (400), never
-    read as an empty request."""
+    """Every request body of this API is one strict JSON object (tasks.core.parsing: no NaN or infinity, no lone
+    surrogate, nested at most MAX_JSON_DEPTH deep): ``true``, ``[]`` or ``"x"`` is malformed (400), never read as an
+    empty request."""
 
     def parse_body(self, request: HttpRequest) -> dict[str, Any]:
-        document = json.loads(request.body)
+        document = strict_json(request.body)  # UnreadableInput is a ValueError: malformed_body (400)
         if not isinstance(document, dict):
             raise ValueError(f"the body is a JSON {type(document).__name__}, not an object")
         return document
@@ -138,6 +143,18 @@ def _api_error(request: HttpRequest, error: ApiError) -> HttpResponse:
 @api.exception_handler(RateLimited)
 def _rate_limited(request: HttpRequest, error: RateLimited) -> HttpResponse:
     return problem(request, code="rate_limited", detail=str(error), headers={"Retry-After": str(error.retry_after)})
+
+
+@api.exception_handler(OperationalError)
+def _database_lost(request: HttpRequest, error: OperationalError) -> HttpResponse:
+    log.warning("database unavailable: %s", error, extra={"path": request.path})
+    return database_unavailable(request)
+
+
+@api.exception_handler(InterfaceError)
+def _database_closed(request: HttpRequest, error: InterfaceError) -> HttpResponse:
+    log.warning("database unavailable: %s", error, extra={"path": request.path})
+    return database_unavailable(request)
 
 
 @api.exception_handler(Http404)

@@ -33,6 +33,7 @@ STATUS_OF: Mapping[str, int] = {
     "retention_expired": 410,
     "retention_corrupt": 409,
     "retention_key_mismatch": 409,
+    "database_unavailable": 503,
     "retention_key_invalid": 503,
     "retention_key_missing": 503,
     # Compare-and-set and leases
@@ -86,6 +87,7 @@ TITLE_OF: Mapping[str, str] = {
     "unauthenticated": "A valid agent token is required",
     "permission_denied": "Not allowed",
     "task_not_found": "No such task",
+    "database_unavailable": "The database did not answer: try again",
     "not_found": "Not found",
     "method_not_allowed": "Method not allowed",
     "version_conflict": "The task changed since you read it",
@@ -172,3 +174,23 @@ def validation_errors(errors: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
         }
         for e in errors
     ]
+
+
+# A lost connection, a deadlock or a statement timeout: the database, not the request, failed. How long a client waits
+# before it asks again (Retry-After, seconds).
+DATABASE_RETRY_AFTER = 1
+DATABASE_UNAVAILABLE_DETAIL = (
+    "The database did not answer (a lost connection, a deadlock or a statement timeout): send the request again. A "
+    "write is a compare-and-set on the task version: if it did commit, the retry is refused as version_conflict, "
+    "never applied twice."
+)
+
+
+def database_unavailable(request: HttpRequest | None) -> JsonResponse:
+    """503 with Retry-After for a database that did not answer (django.db's OperationalError or InterfaceError)."""
+    return problem(
+        request,
+        code="database_unavailable",
+        detail=DATABASE_UNAVAILABLE_DETAIL,
+        headers={"Retry-After": str(DATABASE_RETRY_AFTER)},
+    )

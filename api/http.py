@@ -8,6 +8,7 @@ from ninja import Schema
 
 from api.models import ApiToken
 from leases.models import HolderKind, Lease
+from tasks.core.parsing import ascii_int
 
 
 class ApiError(Exception):
@@ -58,10 +59,10 @@ def expected_version(request: HttpRequest, *, required: bool = True) -> int | No
         if required:
             raise PreconditionRequired("This write is a compare-and-set: send the task version as If-Match.")
         return None
-    value = raw.strip().removeprefix("W/").strip('"')
-    if not value.isdigit() or len(value) > 18:
+    value = ascii_int(raw.strip().removeprefix("W/").strip('"'))
+    if value is None:
         raise InvalidHeader(f"If-Match must be one task version (an ETag of this API), not {raw[:40]!r}.")
-    return int(value)
+    return value
 
 
 def held_lease(request: HttpRequest, token: ApiToken, task_id: int) -> Lease:
@@ -77,13 +78,14 @@ def optional_lease(request: HttpRequest, token: ApiToken, task_id: int) -> Lease
     raw = request.headers.get(LEASE_HEADER)
     if raw is None:
         return None
-    if not raw.strip().isdigit() or len(raw.strip()) > 18:
+    lease_id = ascii_int(raw.strip())
+    if lease_id is None:
         raise InvalidHeader(f"{LEASE_HEADER} is a lease id (a number), not {raw[:40]!r}.")
     lease = Lease.objects.filter(
-        pk=int(raw), task_id=task_id, holder_kind=HolderKind.AGENT, holder_id=token.agent_id
+        pk=lease_id, task_id=task_id, holder_kind=HolderKind.AGENT, holder_id=token.agent_id
     ).first()
     if lease is None:
-        raise LeaseNotHeld(f"Lease {int(raw)} is not a lease of agent {token.agent_id} on task {task_id}.")
+        raise LeaseNotHeld(f"Lease {lease_id} is not a lease of agent {token.agent_id} on task {task_id}.")
     return lease
 
 

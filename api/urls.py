@@ -2,7 +2,6 @@
 exempt from CSRF (no cookie authenticates), behind one guard: a body over the cap is refused before it is read,
 and every error ninja or Django would answer in HTML is answered as problem+json."""
 
-import json
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
@@ -15,6 +14,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from api.api import api
 from api.errors import CONTENT_TYPE, problem
+from tasks.core.parsing import MAX_BIGINT, UnreadableInput, holds, id_past_columns, strict_json
 
 # The largest request body the API reads (bytes): far above any plan or receipt, far below what hurts a worker.
 MAX_BODY = min(256 * 1024, settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 256 * 1024)
@@ -28,6 +28,12 @@ def guarded(view: View) -> View:
         too_large = _declared_length(request) > MAX_BODY
         if too_large:
             return problem(request, code="payload_too_large", detail=f"A request body holds at most {MAX_BODY} bytes.")
+        if (segment := id_past_columns(request.path)) is not None:
+            return problem(
+                request,
+                code="not_found",
+                detail=f"Nothing has the id {segment[:40]}: an id is at most {MAX_BIGINT}.",
+            )
         nul = _nul_in(request)
         if nul:
             return problem(
@@ -61,20 +67,10 @@ def _nul_in(request: HttpRequest) -> str:
     if b"\\u0000" not in body and b"\x00" not in body:  # the fast path: no escape of NUL at all
         return ""
     try:
-        document = json.loads(body)
-    except ValueError:
-        return ""  # not JSON: the parser answers malformed_body
-    return "body" if _holds_nul(document) else ""
-
-
-def _holds_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_holds_nul(item) for item in value)
-    return False
+        document = strict_json(body)
+    except UnreadableInput:
+        return ""  # not strict JSON: the parser answers malformed_body
+    return "body" if holds(document, "\x00") else ""
 
 
 def _declared_length(request: HttpRequest) -> int:

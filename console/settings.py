@@ -17,6 +17,7 @@ CELERY_BROKER_URL default: filesystem broker under data/broker (no server); redi
 
 import base64
 import binascii
+import ipaddress
 import os
 import sys
 from datetime import timedelta
@@ -388,10 +389,19 @@ CELERY_BEAT_SCHEDULE["webhook-sweep"] = {"task": "hooks.sweep", "schedule": RECK
 RECKON_WEBHOOK_QUEUE = os.environ.get("RECKON_WEBHOOK_QUEUE", "")
 # Webhook deliveries delivered or given up are deleted after this many days (the sweep does it).
 RECKON_WEBHOOK_KEEP_DAYS = int(os.environ.get("RECKON_WEBHOOK_KEEP_DAYS", "7"))
-# Addresses a delivery is never sent to (comma-separated networks): by default the link-local range, where cloud
-# metadata services answer, and "this network". Private and loopback addresses are allowed (agents often run
-# beside Reckon); list them here to refuse them too.
-RECKON_WEBHOOK_DENY_NETWORKS = os.environ.get("RECKON_WEBHOOK_DENY_NETWORKS", "169.254.0.0/16,fe80::/10,0.0.0.0/8")
+# Where deliveries may go (hooks/targets.py): only to globally routable addresses. Loopback, private, link-local (the
+# metadata service), CGNAT, multicast, reserved and unspecified addresses are refused, in every spelling, at
+# subscription and at every delivery. RECKON_WEBHOOK_ALLOW_NETWORKS (comma-separated networks, empty by default in
+# every mode) opens non-global ranges on purpose, e.g. 127.0.0.1/32 for a receiver on the same host in a demo; it
+# never opens 0.0.0.0, ::, multicast, broadcast or the metadata addresses. RECKON_WEBHOOK_DENY_NETWORKS refuses
+# more (public ranges of your own).
+RECKON_WEBHOOK_ALLOW_NETWORKS = os.environ.get("RECKON_WEBHOOK_ALLOW_NETWORKS", "")
+RECKON_WEBHOOK_DENY_NETWORKS = os.environ.get("RECKON_WEBHOOK_DENY_NETWORKS", "")
+for _networks in ("RECKON_WEBHOOK_ALLOW_NETWORKS", "RECKON_WEBHOOK_DENY_NETWORKS"):
+    try:
+        [ipaddress.ip_network(part.strip(), strict=False) for part in globals()[_networks].split(",") if part.strip()]
+    except ValueError as _invalid:
+        raise ImproperlyConfigured(f"{_networks}: comma-separated networks such as 127.0.0.1/32 ({_invalid})") from None
 
 # The agent API's Idempotency-Key records are kept 24 hours (api/idempotency.py); this forgets older ones.
 CELERY_BEAT_SCHEDULE["api-idempotency-expire"] = {"task": "api.expire_idempotency_keys", "schedule": 3600.0}

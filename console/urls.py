@@ -6,6 +6,9 @@ from django.urls import include, path
 from observability.health import healthz, readyz
 from observability.views import metrics
 
+# An exception nothing answered: a database that did not answer is a 503 to retry, anything else a 500.
+handler500 = "console.middleware.server_error"
+
 urlpatterns = [
     path("", include("console.views.auth")),
     path("", include("console.views.queue")),

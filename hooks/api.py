@@ -68,7 +68,8 @@ def subscription_out(subscription: WebhookSubscription) -> SubscriptionOut:
 )
 def webhook_create(request: HttpRequest, payload: SubscriptionIn) -> HttpResponse:
     """Deliveries of ``events`` for the tasks in this token's scope are POSTed to ``url``, signed with the
-    ``secret`` of this answer (the only time it is shown). 422 webhook_url_invalid / webhook_events_invalid."""
+    ``secret`` of this answer (the only time it is shown). 422 webhook_url_invalid (also: a host that is or
+    resolves to a loopback, private, link-local or other non-public address) / webhook_events_invalid."""
     token = token_of(request)
 
     def run() -> HttpResponse:

@@ -10,7 +10,8 @@ class WebhookError(Refused):
 
 class WebhookUrlInvalid(WebhookError):
     """Not an absolute http(s) URL with a host, too long, or carrying credentials (user:password, a token in the
-    query string): a URL is stored and shown, so it must not be a secret."""
+    query string): a URL is stored and shown, so it must not be a secret. Or its host is, in any spelling, or
+    resolves to an address deliveries never go to (loopback, private, link-local, metadata…: hooks/targets.py)."""
 
     code = "webhook_url_invalid"
 

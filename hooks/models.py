@@ -10,6 +10,8 @@ rolls back leaves no delivery, a committed one always has its delivery. Celery s
 far it got."""
 
 from django.db import models
+from django.db.models.functions import Left
+from django.db.models.lookups import Exact
 
 from api.models import ApiToken
 
@@ -37,9 +39,11 @@ class WebhookSubscription(models.Model):
         ordering = ("created_at", "pk")
         constraints = [
             models.CheckConstraint(condition=~models.Q(secret=""), name="webhook_subscription_has_secret"),
+            # Compared exactly (LIKE is case-insensitive on SQLite, startswith case-sensitive on PostgreSQL): the
+            # scheme is stored in lower case (hooks/services.py case-folds it), and both databases say so alike.
             models.CheckConstraint(
-                condition=models.Q(url__startswith="https://") | models.Q(url__startswith="http://"),
-                name="webhook_subscription_url_http",
+                condition=models.Q(Exact(Left("url", 8), "https://")) | models.Q(Exact(Left("url", 7), "http://")),
+                name="webhook_subscription_url_scheme",
             ),
         ]
         indexes = [models.Index(fields=["token"], condition=models.Q(deleted_at__isnull=True), name="hooks_live_idx")]

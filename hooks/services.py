@@ -9,6 +9,8 @@ these functions and nothing else.
   writes one delivery per matching live subscription, so a change that rolls back leaves no delivery and a
   committed one always has its delivery; the Celery job is asked for on commit only. A lost message costs latency
   (the sweep finds the row), never the delivery.
+- Where: a URL is stored canonical, and only a public address is ever sent to (hooks/targets.py): checked at
+  subscription, and at each send, where the name is resolved once and the connection pinned to the checked address.
 - Sending: ``deliver`` claims the delivery with one conditional UPDATE (two workers never send it at once), POSTs
   it signed, and records the answer: a 2xx delivers it; anything else is tried again after an exponential backoff
   with jitter, until RECKON_WEBHOOK_MAX_ATTEMPTS. A receiver may still see a delivery twice (its 2xx lost on the
@@ -16,19 +18,17 @@ these functions and nothing else.
 """
 
 import hashlib
-import ipaddress
 import json
 import logging
 import random
 import secrets
-import socket
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
 from typing import Any, Literal
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import httpx
 from django.conf import settings
@@ -40,7 +40,7 @@ from api.tokens import scope_covers
 from audit.hygiene import scan_payload
 from audit.principals import Principal
 from audit.services import audit_append
-from hooks import signing
+from hooks import signing, targets
 from hooks.errors import WebhookEventsInvalid, WebhookLimitReached, WebhookNotFound, WebhookUrlInvalid
 from hooks.models import URL_MAX, WEBHOOK_EVENTS, DeliveryStatus, WebhookDelivery, WebhookSubscription
 from leases import clock
@@ -124,20 +124,33 @@ def _valid_url(url: str) -> str:
         port = parts.port  # raises on a port that is not a number or out of range
     except ValueError:
         raise WebhookUrlInvalid("not a valid URL") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
         raise WebhookUrlInvalid("a webhook URL is an absolute http:// or https:// URL with a host")
     if parts.username is not None or parts.password is not None or "@" in parts.netloc:
         raise WebhookUrlInvalid("a webhook URL carries no credentials (user:password@): verify the signature instead")
-    del port
-    try:
-        literal = ipaddress.ip_address(parts.hostname)
-    except ValueError:
-        literal = None
-    if literal is not None and any(literal in network for network in deny_networks()):
-        raise WebhookUrlInvalid(f"webhook deliveries are never sent to {literal} (RECKON_WEBHOOK_DENY_NETWORKS)")
+    host = _checked_host(parts.hostname, port or (443 if parts.scheme == "https" else 80))
+    # Stored canonical: the scheme and host in lower case (what the CHECK constraint and every later reading expect),
+    # the host as it is connected to (IDNA-encoded, no trailing dot, an IPv4 address in its dotted form).
+    netloc = host.netloc_host + (f":{port}" if port is not None else "")
+    url = urlunsplit((parts.scheme.lower(), netloc, parts.path, parts.query, parts.fragment))
+    if len(url) > URL_MAX:
+        raise WebhookUrlInvalid(f"a webhook URL is 1 to {URL_MAX} characters")
     if list(scan_payload(url)) or list(scan_payload(dict(parse_qsl(parts.query, keep_blank_values=True)))):
         raise WebhookUrlInvalid("a webhook URL carries no credentials (a token in the query): verify the signature")
     return url
+
+
+def _checked_host(hostname: str, port: int) -> targets.Host:
+    """The URL's host, canonical, refused if it is (or its name resolves now to) an address deliveries never go to
+    (hooks/targets.py). A name that does not resolve yet is accepted: every delivery resolves and checks it again."""
+    try:
+        host = targets.canonical_host(hostname)
+        targets.pinned_addresses(host, port)
+    except targets.TargetRefused as refused:
+        raise WebhookUrlInvalid(f"webhook deliveries are never sent there: {refused}") from None
+    except targets.Unresolved:
+        pass
+    return host
 
 
 def _valid_events(events: Sequence[str]) -> list[str]:
@@ -339,23 +352,11 @@ def deliver(delivery_id: str | uuid.UUID) -> Attempt:
         return Attempt("dead")
     body = delivery_body(delivery)
     headers = delivery_headers(delivery, subscription.secret, body, int(clock.now().timestamp()))
-    status_code: int | None = None
-    error = _denied(subscription.url)
-    if not error:
-        try:
-            # Streamed and closed unread: only the status matters, and a receiver cannot make a worker read a
-            # large body.
-            with httpx.stream(
-                "POST", subscription.url, content=body, headers=headers, timeout=timeout, follow_redirects=False
-            ) as response:
-                status_code = response.status_code
-            error = "" if 200 <= status_code < 300 else f"answered HTTP {status_code}"
-        except httpx.HTTPError as failure:  # refused, timed out, reset, a bad TLS certificate, …
-            error = f"{type(failure).__name__}: {failure}"
+    status_code, error, final = send(subscription.url, body, headers, timeout)
     if not error:
         _record(delivery, status=DeliveryStatus.DELIVERED, status_code=status_code, error="")
         outcome = Attempt("delivered", status_code=status_code)
-    elif delivery.attempts >= settings.RECKON_WEBHOOK_MAX_ATTEMPTS:
+    elif final or delivery.attempts >= settings.RECKON_WEBHOOK_MAX_ATTEMPTS:
         _record(delivery, status=DeliveryStatus.DEAD, status_code=status_code, error=error)
         outcome = Attempt("dead", status_code=status_code)
     else:
@@ -404,28 +405,53 @@ def delivery_backoff(delivery_id: uuid.UUID | str, attempt: int) -> timedelta:
     return timedelta(seconds=raw * random.Random(seed).uniform(0.75, 1.25))  # noqa: S311 (spread, not secrecy)
 
 
-def _denied(url: str) -> str:
-    """Why ``url`` must not be called (its host is or resolves to an address in RECKON_WEBHOOK_DENY_NETWORKS), or
-    "". Checked before each send; the connection resolves the name again, so this keeps honest mistakes and casual
-    probing of the metadata service out, not a DNS server that answers differently the second time."""
-    networks = deny_networks()
-    if not networks:
-        return ""
-    host = urlsplit(url).hostname or ""
+def send(url: str, body: bytes, headers: dict[str, str], timeout: float) -> tuple[int | None, str, bool]:
+    """POST ``body`` to ``url``: (the status code, why it failed or "", whether that is final). The host is read as
+    at subscription, resolved once, every address checked (hooks/targets.py); the connection goes to the checked
+    address itself, the name carried in Host (and SNI, whose name the certificate is verified against), so nothing
+    resolves the name again between the check and the connect. A redirect is not followed: a failed attempt.
+
+    Final: the URL itself can never be sent to (a literal refused address; a row from before these checks). A name
+    refused, or not resolving, is tried again: what it resolves to may change."""
     try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except (OSError, UnicodeError):
-        return ""  # not resolvable: the send fails on its own, as a retryable attempt
-    for info in infos:
-        address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
-        if any(address in network for network in networks):
-            return f"refused: the host resolves to {address}, in RECKON_WEBHOOK_DENY_NETWORKS"
-    return ""
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        port = parts.port or (443 if scheme == "https" else 80)
+        host = targets.canonical_host(parts.hostname or "")
+        addresses = targets.pinned_addresses(host, port)
+    except targets.TargetRefused as refused:
+        return None, f"refused: {refused}", host_is_literal(urlsplit(url).hostname)
+    except ValueError as invalid:
+        return None, f"refused: not a valid URL ({invalid})", True
+    except targets.Unresolved as unresolved:
+        return None, f"ConnectError: {unresolved}", False
+    address = addresses[0]
+    connect_host = f"[{address}]" if address.version == 6 else str(address)
+    target = urlunsplit((scheme, f"{connect_host}:{port}", parts.path or "/", parts.query, ""))
+    default_port = parts.port is None or parts.port == (443 if scheme == "https" else 80)
+    sent_headers = {**headers, "Host": host.netloc_host + ("" if default_port else f":{port}")}
+    extensions = {"sni_hostname": host.name} if scheme == "https" and host.address is None else {}
+    try:
+        # Streamed and closed unread: only the status matters, and a receiver cannot make a worker read a large body.
+        with (
+            httpx.Client(timeout=timeout, follow_redirects=False) as client,
+            client.stream("POST", target, content=body, headers=sent_headers, extensions=extensions) as response,
+        ):
+            status_code = response.status_code
+    except httpx.HTTPError as failure:  # refused, timed out, reset, a bad TLS certificate, …
+        return None, f"{type(failure).__name__}: {failure}", False
+    if 200 <= status_code < 300:
+        return status_code, "", False
+    if 300 <= status_code < 400:
+        return status_code, f"answered HTTP {status_code}: a redirect, not followed", False
+    return status_code, f"answered HTTP {status_code}", False
 
 
-def deny_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    text: str = settings.RECKON_WEBHOOK_DENY_NETWORKS
-    return [ipaddress.ip_network(part.strip(), strict=False) for part in text.split(",") if part.strip()]
+def host_is_literal(hostname: str | None) -> bool:
+    try:
+        return targets.canonical_host(hostname or "").address is not None
+    except targets.TargetRefused:
+        return True
 
 
 def deliveries_due(*, limit: int = 500) -> list[str]:

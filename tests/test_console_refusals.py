@@ -30,6 +30,7 @@ from leases.clock import ControllableClock
 from leases.errors import LeaseError
 from leases.services import lease_open
 from tasks.core.errors import TaskError
+from tasks.core.parsing import IdConverter
 from tasks.models import Operation, Task
 from tests.conftest import person, snapshot
 from tests.test_console_reconcile import NOTE, taken_over, version
@@ -59,7 +60,7 @@ def console_url(pattern: URLPattern, task: Task, op: Operation) -> str:
         elif name == "op_key":
             kwargs[name] = op.op_key
         else:
-            kwargs[name] = 1 if isinstance(converter, IntConverter) else "x"
+            kwargs[name] = 1 if isinstance(converter, IntConverter | IdConverter) else "x"
     return reverse(str(pattern.name), kwargs=kwargs)
 
 

@@ -8,6 +8,7 @@ from django.contrib.auth.models import User
 
 from audit.queries import AuditFilter
 from tasks.access.permissions import ROLES
+from tasks.core.parsing import MAX_BIGINT
 
 ROLE_CHOICES = [(role, role) for role in ROLES]
 # The actions the domain audits today, offered as suggestions; any other action can still be typed.
@@ -38,7 +39,7 @@ class AuditFilterForm(forms.Form):
         required=False, max_length=210, help_text="user:ann, agent:worker-1, system:scheduler, or just the name"
     )
     action = forms.CharField(required=False, max_length=60, help_text="e.g. role_granted")
-    task = forms.IntegerField(required=False, min_value=1, label="Task id")
+    task = forms.IntegerField(max_value=MAX_BIGINT, required=False, min_value=1, label="Task id")
     forced = forms.BooleanField(required=False, label="Forced releases only")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -89,7 +90,7 @@ class ScopeForm(forms.Form):
 
 class TaskGrantForm(forms.Form):
     username = UserField(label="User name", widget=forms.TextInput)
-    task = forms.IntegerField(label="Task id", min_value=1)
+    task = forms.IntegerField(max_value=MAX_BIGINT, label="Task id", min_value=1)
 
 
 class ReviewForm(forms.Form):

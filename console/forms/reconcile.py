@@ -14,6 +14,7 @@ from django import forms
 
 from console.forms.receipts import receipt_form_fields
 from tasks.core.outcomes import RECEIPT_FIELDS, Committed
+from tasks.core.parsing import MAX_BIGINT
 from tasks.people.forced_release import MIN_FORCE_TEXT
 from tasks.people.settlement import MIN_NOTE
 from tasks.reads.consequences import Consequences
@@ -32,7 +33,7 @@ class DangerForm(forms.Form):
     reason_label = "Reason"
     reason_help = "Why, in words another person will read in the audit log."
 
-    version = forms.IntegerField(widget=forms.HiddenInput, min_value=1)
+    version = forms.IntegerField(max_value=MAX_BIGINT, widget=forms.HiddenInput, min_value=1)
     reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), required=False, max_length=2000)
     confirm = forms.CharField(max_length=40, strip=True, widget=forms.TextInput(attrs={"autocomplete": "off"}))
 
@@ -137,7 +138,7 @@ class ForceReleaseForm(DangerForm):
 class QueryForm(forms.Form):
     """Ask the remote by op key: only the version the page showed (a stale page is refused)."""
 
-    version = forms.IntegerField(widget=forms.HiddenInput, min_value=1)
+    version = forms.IntegerField(max_value=MAX_BIGINT, widget=forms.HiddenInput, min_value=1)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,6 @@
 re-plan. Every form that changes a task carries the version the page showed (``expected_version``): the service
 refuses a stale one. Forms check shapes only; every rule is the services'."""
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +11,7 @@ from django.core.files.uploadedfile import UploadedFile
 from console.forms.receipts import receipt_form_fields
 from tasks.core.errors import NodeNotReady
 from tasks.core.outcomes import RECEIPT_FIELDS
+from tasks.core.parsing import MAX_BIGINT, UnreadableInput, strict_json
 from tasks.decide.decisions import resolved_input
 from tasks.decide.evidence import expected_values
 from tasks.models import Node
@@ -34,17 +34,17 @@ STAGES = [("review", "review"), ("confirm", "confirm")]
 
 
 class VersionedForm(forms.Form):
-    expected_version = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
+    expected_version = forms.IntegerField(max_value=MAX_BIGINT, min_value=1, widget=forms.HiddenInput)
 
 
 class LeaseForm(forms.Form):
     """Identifies the lease the page was rendered with (its epoch): a page from an older grant writes nothing."""
 
-    epoch = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
+    epoch = forms.IntegerField(max_value=MAX_BIGINT, min_value=1, widget=forms.HiddenInput)
 
 
 class RenewForm(LeaseForm):
-    renewal_seq = forms.IntegerField(min_value=0, widget=forms.HiddenInput)
+    renewal_seq = forms.IntegerField(max_value=MAX_BIGINT, min_value=0, widget=forms.HiddenInput)
 
 
 class ReleaseForm(LeaseForm):
@@ -73,13 +73,13 @@ class ReplanProposeForm(VersionedForm):
 
     def clean_plan(self) -> Any:
         try:
-            return json.loads(self.cleaned_data["plan"])
-        except json.JSONDecodeError as error:
-            raise forms.ValidationError(f"not valid JSON: {error.msg} at line {error.lineno}") from None
+            return strict_json(self.cleaned_data["plan"])
+        except UnreadableInput as error:
+            raise forms.ValidationError(str(error)) from None
 
 
 class ReplanAcceptForm(VersionedForm):
-    revision_id = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
+    revision_id = forms.IntegerField(max_value=MAX_BIGINT, min_value=1, widget=forms.HiddenInput)
 
 
 @dataclass(frozen=True)

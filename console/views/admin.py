@@ -32,6 +32,7 @@ from console.forms.admin import (
 )
 from tasks.access.accounts import account_create, account_password_reset, role_grant, role_revoke
 from tasks.access.permissions import ADMIN, permission_grant, permission_revoke
+from tasks.core.parsing import ascii_int
 from tasks.jobs import verify_logs
 from tasks.models import Task
 from tasks.people.forced_release import forced_release_review
@@ -296,7 +297,7 @@ def _act(request: HttpRequest, action: Any, done: str) -> None:
 
 
 def _cursor(value: str | None) -> int | None:
-    return int(value) if value and value.isdigit() else None
+    return ascii_int(value)
 
 
 def _query(request: HttpRequest, *, before: int | None) -> str:
@@ -334,11 +335,11 @@ urlpatterns = [
     path("roles/tasks/grant/", task_grant_view, name="task-grant"),
     path("roles/tasks/revoke/", task_revoke_view, name="task-revoke"),
     path("roles/accounts/", account_create_view, name="account-create"),
-    path("roles/accounts/<int:user_id>/password/", password_reset_view, name="password-reset"),
+    path("roles/accounts/<id:user_id>/password/", password_reset_view, name="password-reset"),
     path("roles/scopes/grant/", scope_grant_view, name="scope-grant"),
     path("roles/scopes/revoke/", scope_revoke_view, name="scope-revoke"),
     path("reviews/", reviews, name="reviews"),
-    path("reviews/<int:forced_release_id>/", review, name="review"),
+    path("reviews/<id:forced_release_id>/", review, name="review"),
     path("audit/", audit_log, name="audit-log"),
     path("audit/export.csv", audit_log_csv, name="audit-log-csv"),
     path("audit/verify/", verify_now, name="verify-logs"),

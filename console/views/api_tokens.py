@@ -90,5 +90,5 @@ def _with_errors(request: HttpRequest, form: forms.Form) -> HttpResponse:
 urlpatterns = [
     path("api-tokens/", tokens, name="api-tokens"),
     path("api-tokens/issue/", token_issue_view, name="api-token-issue"),
-    path("api-tokens/<int:token_id>/revoke/", token_revoke_view, name="api-token-revoke"),
+    path("api-tokens/<id:token_id>/revoke/", token_revoke_view, name="api-token-revoke"),
 ]

@@ -191,6 +191,6 @@ def bulk_run_status(request: HttpRequest, run_id: int) -> HttpResponse:
 
 urlpatterns = [
     path("bulk/", bulk, name="bulk"),
-    path("bulk/runs/<int:run_id>/", bulk_run, name="bulk-run"),
-    path("bulk/runs/<int:run_id>/status/", bulk_run_status, name="bulk-run-status"),
+    path("bulk/runs/<id:run_id>/", bulk_run, name="bulk-run"),
+    path("bulk/runs/<id:run_id>/status/", bulk_run_status, name="bulk-run-status"),
 ]

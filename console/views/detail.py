@@ -91,7 +91,7 @@ def _page_context(request: HttpRequest, task: Task, *, force_check: bool = False
 
 
 urlpatterns = [
-    path("tasks/<int:task_id>/", task_detail_page, name="task-detail"),
-    path("tasks/<int:task_id>/lease/", task_lease_panel, name="task-lease-panel"),
-    path("tasks/<int:task_id>/chain-check/", task_chain_check, name="task-chain-check"),
+    path("tasks/<id:task_id>/", task_detail_page, name="task-detail"),
+    path("tasks/<id:task_id>/lease/", task_lease_panel, name="task-lease-panel"),
+    path("tasks/<id:task_id>/chain-check/", task_chain_check, name="task-chain-check"),
 ]

@@ -53,5 +53,5 @@ def task_notes_page(request: HttpRequest, task_id: int) -> HttpResponse:
 
 
 urlpatterns = [
-    path("tasks/<int:task_id>/notes/", task_notes_page, name="task-notes"),
+    path("tasks/<id:task_id>/notes/", task_notes_page, name="task-notes"),
 ]

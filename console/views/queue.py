@@ -184,6 +184,6 @@ urlpatterns = [
     path("", task_list, name="task-list"),
     path("attention/", attention, name="attention"),
     path("views/", saved_view_create, name="saved-view-create"),
-    path("views/<int:view_id>/", saved_view_open, name="saved-view-open"),
-    path("views/<int:view_id>/delete/", saved_view_remove, name="saved-view-delete"),
+    path("views/<id:view_id>/", saved_view_open, name="saved-view-open"),
+    path("views/<id:view_id>/delete/", saved_view_remove, name="saved-view-delete"),
 ]

@@ -398,11 +398,11 @@ def temp_reset(request: HttpRequest, task_id: int, temp_id: int) -> HttpResponse
 
 
 urlpatterns = [
-    path("tasks/<int:task_id>/actions/", task_actions, name="task-actions"),
-    path("tasks/<int:task_id>/actions/status/", task_actions_status, name="task-actions-status"),
-    path("tasks/<int:task_id>/cancel/", task_cancel, name="task-cancel"),
-    path("tasks/<int:task_id>/force-release/", force_release, name="force-release"),
-    path("tasks/<int:task_id>/operations/<str:op_key>/settle/", operation_settle, name="operation-settle"),
-    path("tasks/<int:task_id>/operations/<str:op_key>/query/", operation_query, name="operation-query"),
-    path("tasks/<int:task_id>/temp/<int:temp_id>/reset/", temp_reset, name="temp-reset"),
+    path("tasks/<id:task_id>/actions/", task_actions, name="task-actions"),
+    path("tasks/<id:task_id>/actions/status/", task_actions_status, name="task-actions-status"),
+    path("tasks/<id:task_id>/cancel/", task_cancel, name="task-cancel"),
+    path("tasks/<id:task_id>/force-release/", force_release, name="force-release"),
+    path("tasks/<id:task_id>/operations/<str:op_key>/settle/", operation_settle, name="operation-settle"),
+    path("tasks/<id:task_id>/operations/<str:op_key>/query/", operation_query, name="operation-query"),
+    path("tasks/<id:task_id>/temp/<id:temp_id>/reset/", temp_reset, name="temp-reset"),
 ]

@@ -65,5 +65,5 @@ def task_retained_page(request: HttpRequest, task_id: int) -> HttpResponse:
 
 
 urlpatterns = [
-    path("tasks/<int:task_id>/retained/", task_retained_page, name="task-retained"),
+    path("tasks/<id:task_id>/retained/", task_retained_page, name="task-retained"),
 ]

@@ -361,14 +361,14 @@ def replan_accept(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
 
 
 urlpatterns = [
-    path("tasks/<int:task_id>/takeover/", takeover_page, name="takeover"),
-    path("tasks/<int:task_id>/takeover/lease/", lease_panel, name="takeover-lease"),
-    path("tasks/<int:task_id>/takeover/claim/", claim, name="takeover-claim"),
-    path("tasks/<int:task_id>/takeover/withdraw/", withdraw, name="takeover-withdraw"),
-    path("tasks/<int:task_id>/takeover/renew/", renew, name="takeover-renew"),
-    path("tasks/<int:task_id>/takeover/release/", release, name="takeover-release"),
-    path("tasks/<int:task_id>/takeover/submit/", submit, name="takeover-submit"),
-    path("tasks/<int:task_id>/takeover/approve/", approve, name="takeover-approve"),
-    path("tasks/<int:task_id>/replan/", replan, name="takeover-replan"),
-    path("tasks/<int:task_id>/replan/accept/", replan_accept, name="takeover-replan-accept"),
+    path("tasks/<id:task_id>/takeover/", takeover_page, name="takeover"),
+    path("tasks/<id:task_id>/takeover/lease/", lease_panel, name="takeover-lease"),
+    path("tasks/<id:task_id>/takeover/claim/", claim, name="takeover-claim"),
+    path("tasks/<id:task_id>/takeover/withdraw/", withdraw, name="takeover-withdraw"),
+    path("tasks/<id:task_id>/takeover/renew/", renew, name="takeover-renew"),
+    path("tasks/<id:task_id>/takeover/release/", release, name="takeover-release"),
+    path("tasks/<id:task_id>/takeover/submit/", submit, name="takeover-submit"),
+    path("tasks/<id:task_id>/takeover/approve/", approve, name="takeover-approve"),
+    path("tasks/<id:task_id>/replan/", replan, name="takeover-replan"),
+    path("tasks/<id:task_id>/replan/accept/", replan_accept, name="takeover-replan-accept"),
 ]

@@ -18,6 +18,7 @@ from tasks.core.actions import approval_actions
 from tasks.core.errors import TaskError
 from tasks.core.kinds import served_kinds
 from tasks.core.lifecycle import TERMINAL_TASK_STATUSES, TaskStatus
+from tasks.core.parsing import ascii_int
 from tasks.models import Task
 from tasks.querysets import Attention, attention_field
 
@@ -157,9 +158,8 @@ def _attention_condition(attention: str) -> Q:
 
 def _text_condition(text: str) -> Q:
     words = Q(title__icontains=text) | Q(kind__icontains=text) | Q(project__icontains=text)
-    number = text.removeprefix("#")
-    if number.isdigit() and len(number) < 19:
-        words |= Q(pk=int(number))
+    if (number := ascii_int(text.removeprefix("#"))) is not None:
+        words |= Q(pk=number)
     return words
 
 
@@ -218,8 +218,8 @@ def _decode(cursor: str) -> tuple[datetime, int]:
         updated_at = datetime.fromisoformat(moment)
         if updated_at.tzinfo is None:
             raise ValueError("a cursor's time names its zone")
-        if not pk.isdigit() or len(pk) > 18:
+        if (number := ascii_int(pk)) is None:
             raise ValueError("a cursor's id is a positive number")
-        return updated_at, int(pk)
+        return updated_at, number
     except (binascii.Error, UnicodeDecodeError, ValueError) as error:
         raise InvalidCursor(f"not a cursor of this list: {cursor[:40]!r}") from error

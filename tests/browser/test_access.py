@@ -11,6 +11,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.urls.converters import IntConverter
 from playwright.sync_api import Page, expect
 
+from tasks.core.parsing import IdConverter
 from tasks.models import Task
 from tests.conftest import person
 
@@ -44,7 +45,7 @@ def console_urls(task: Task) -> list[str]:
             if name == "task_id":
                 kwargs[name] = task.pk
             else:
-                kwargs[name] = 1 if isinstance(converter, IntConverter) else SAMPLE_OP_KEY
+                kwargs[name] = 1 if isinstance(converter, IntConverter | IdConverter) else SAMPLE_OP_KEY
         urls.append(reverse(pattern.name, kwargs=kwargs))
     return urls
 
