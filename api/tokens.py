@@ -19,6 +19,7 @@ from audit.services import audit_append
 from leases import clock
 from tasks.access.permissions import require_admin
 from tasks.core.errors import TaskNotFound
+from tasks.core.parsing import ascii_int
 from tasks.models import Task
 
 TOKEN_PREFIX = "rk_"  # noqa: S105 (a prefix that marks a token, not a secret)
@@ -137,21 +138,16 @@ def scope_condition(token: ApiToken) -> Q:
     return condition
 
 
-# The largest task id a path can name: a longer number is no task's (and would not fit the column on any backend).
-TASK_ID_DIGITS = 18
-
-
 def require_scope(token: ApiToken, raw_task_id: str) -> None:
     """The scope rule of every task-addressed route (api/auth.py runs it before anything else): the task the path
     names must be in the token's scope. A task outside it is answered exactly as a task that does not exist
     (TaskNotFound, the same detail), so a token learns nothing of tasks it may not see. A path value that is not a
-    number is left to the route's own validation (the same answer for every token). One query, by primary key."""
-    if not raw_task_id.isascii() or not raw_task_id.isdigit():
+    number is left to the route's own validation, and one past any column to the guard every API request passes
+    (api/urls.py): the same answer for every token. One query, by primary key."""
+    task_id = ascii_int(raw_task_id)
+    if task_id is None:
         return
-    task_id = int(raw_task_id)
-    row = None
-    if len(str(task_id)) <= TASK_ID_DIGITS:
-        row = Task.objects.filter(pk=task_id).values_list("kind", "project").first()
+    row = Task.objects.filter(pk=task_id).values_list("kind", "project").first()
     if row is None or not covers(token.kinds, token.projects, kind=row[0], project=row[1]):
         raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
 
