@@ -142,10 +142,12 @@ def require_scope(token: ApiToken, raw_task_id: str) -> None:
     """The scope rule of every task-addressed route (api/auth.py runs it before anything else): the task the path
     names must be in the token's scope. A task outside it is answered exactly as a task that does not exist
     (TaskNotFound, the same detail), so a token learns nothing of tasks it may not see. A path value that is not a
-    number is left to the route's own validation, and one past any column to the guard every API request passes
-    (api/urls.py): the same answer for every token. One query, by primary key."""
+    number is left to the route's own validation, a negative one names no task, and one past any column is left to
+    the guard every API request passes (api/urls.py): the same answer for every token. One query, by primary key."""
     task_id = ascii_int(raw_task_id)
     if task_id is None:
+        if raw_task_id.startswith("-") and ascii_int(raw_task_id[1:]) is not None:  # a number no task has
+            raise TaskNotFound(f"task {raw_task_id} does not exist")
         return
     row = Task.objects.filter(pk=task_id).values_list("kind", "project").first()
     if row is None or not covers(token.kinds, token.projects, kind=row[0], project=row[1]):
