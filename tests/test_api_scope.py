@@ -25,6 +25,7 @@ from audit.principals import Principal
 from leases.models import Lease
 from tasks.models import Task
 from tests.conftest import chain_plan, person, snapshot
+from tests.test_api_steps import Agent
 
 pytestmark = pytest.mark.django_db
 
@@ -88,21 +89,10 @@ def data(settings: Any, tmp_path: Path) -> Path:
     return folder
 
 
-class Agent:
-    def __init__(self, client: Client, token: str) -> None:
-        self.client, self.token = client, token
-
-    def call(self, method: str, path: str, body: Any = None, **headers: str) -> Any:
-        extra = {"HTTP_AUTHORIZATION": f"Bearer {self.token}"}
-        extra.update({"HTTP_" + name.upper().replace("-", "_"): value for name, value in headers.items()})
-        data = json.dumps(body) if body is not None else None
-        return getattr(self.client, method)(path, data=data, content_type="application/json", **extra)
-
-
 class World:
     def __init__(self, client: Client, admin: Principal) -> None:
         def token(*kinds: str) -> Agent:
-            agent = Agent(client, api_token_issue(actor=admin, agent_id=AGENT, kinds=kinds, projects=[])[1])
+            agent = Agent(client, api_token_issue(actor=admin, agent_id=AGENT, kinds=kinds, projects=[])[1], prefix="")
             assert agent.call("get", PREFIX + "/tasks").status_code == 200  # its last-use hint: out of the snapshots
             return agent
 
@@ -284,7 +274,7 @@ def test_a_replay_goes_to_the_token_that_made_the_answer_and_to_no_other(world: 
     # A second in-scope token of the same agent: the key is one it has not used. Its request runs as a new one
     # (here refused: the agent already holds the lease) and it is never handed the stored answer.
     admin = person("root2", "admin")
-    twin = Agent(client, api_token_issue(actor=admin, agent_id=AGENT, kinds=[KIND], projects=[])[1])
+    twin = Agent(client, api_token_issue(actor=admin, agent_id=AGENT, kinds=[KIND], projects=[])[1], prefix="")
     assert twin.call("get", PREFIX + "/tasks").status_code == 200
     records = list(IdempotencyRecord.objects.values_list("token_id", "key", "body"))
     answered = twin.call("post", base, {}, Idempotency_Key="lease-1")
@@ -299,7 +289,9 @@ def test_a_replay_goes_to_the_token_that_made_the_answer_and_to_no_other(world: 
 def test_a_second_token_with_the_same_key_makes_its_own_change_and_gets_its_own_answer(
     world: World, client: Client
 ) -> None:
-    twin = Agent(client, api_token_issue(actor=person("root2", "admin"), agent_id=AGENT, kinds=[KIND], projects=[])[1])
+    twin = Agent(
+        client, api_token_issue(actor=person("root2", "admin"), agent_id=AGENT, kinds=[KIND], projects=[])[1], prefix=""
+    )
     body = {"kind": KIND, "title": "keyed", "plan": chain_plan("a")}
     first = world.inside.call("post", PREFIX + "/tasks", body, Idempotency_Key="create-1")
     second = twin.call("post", PREFIX + "/tasks", body, Idempotency_Key="create-1")
@@ -312,7 +304,9 @@ def test_a_second_token_with_the_same_key_makes_its_own_change_and_gets_its_own_
 
 
 def test_a_webhook_secret_is_replayed_to_its_own_token_only(world: World, client: Client) -> None:
-    twin = Agent(client, api_token_issue(actor=person("root2", "admin"), agent_id=AGENT, kinds=[KIND], projects=[])[1])
+    twin = Agent(
+        client, api_token_issue(actor=person("root2", "admin"), agent_id=AGENT, kinds=[KIND], projects=[])[1], prefix=""
+    )
     body = {"url": "https://agent.example/hook", "events": ["task_finished"]}
     first = world.inside.call("post", PREFIX + "/webhooks", body, Idempotency_Key="hook-1")
     assert first.status_code == 201, first.content

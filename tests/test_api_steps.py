@@ -44,14 +44,14 @@ def issue(admin: Principal) -> Callable[..., str]:
 class Agent:
     """An agent's HTTP calls through Django's test client (the live-server tests are tests/test_agent_e2e.py)."""
 
-    def __init__(self, client: Client, token: str) -> None:
-        self.client, self.token = client, token
+    def __init__(self, client: Client, token: str, prefix: str = "/api/v1") -> None:
+        self.client, self.token, self.prefix = client, token, prefix  # prefix "": paths given whole
 
     def call(self, method: str, path: str, body: Any = None, **headers: str) -> Any:
         extra = {"HTTP_AUTHORIZATION": f"Bearer {self.token}"}
         extra.update({"HTTP_" + name.upper().replace("-", "_"): value for name, value in headers.items()})
         data = json.dumps(body) if body is not None else None
-        return getattr(self.client, method)("/api/v1" + path, data=data, content_type="application/json", **extra)
+        return getattr(self.client, method)(self.prefix + path, data=data, content_type="application/json", **extra)
 
     def create(self, plan: dict[str, Any] | None = None, **fields: Any) -> Any:
         body = {"kind": KIND, "title": "copy a project", "plan": plan or chain_plan("a", "b"), **fields}
