@@ -12,6 +12,7 @@ A refusal is ``UnreadableInput`` (a ValueError): the caller answers it as its ow
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 # The largest value of a signed 64-bit column (PostgreSQL bigint, SQLite's INTEGER): the most an id or version may be.
@@ -80,36 +81,31 @@ def strict_json(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     return document
 
 
-def lone_surrogate(value: Any) -> str | None:
-    """The first lone surrogate in any key or string of ``value`` (parsed JSON), walked without recursion."""
+def strings_of(value: Any) -> Iterator[str]:
+    """Every key and string of ``value`` (parsed JSON), walked without recursion."""
     pending = [value]
     while pending:
         item = pending.pop()
         if isinstance(item, str):
-            if found := _SURROGATE.search(item):
-                return found.group()
+            yield item
         elif isinstance(item, dict):
             pending.extend(item.keys())
             pending.extend(item.values())
         elif isinstance(item, list):
             pending.extend(item)
+
+
+def lone_surrogate(value: Any) -> str | None:
+    """The first lone surrogate in any key or string of ``value`` (parsed JSON)."""
+    for text in strings_of(value):
+        if found := _SURROGATE.search(text):
+            return found.group()
     return None
 
 
 def holds(value: Any, needle: str) -> bool:
-    """Whether any key or string of ``value`` (parsed JSON) contains ``needle``, walked without recursion."""
-    pending = [value]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, str):
-            if needle in item:
-                return True
-        elif isinstance(item, dict):
-            pending.extend(item.keys())
-            pending.extend(item.values())
-        elif isinstance(item, list):
-            pending.extend(item)
-    return False
+    """Whether any key or string of ``value`` (parsed JSON) contains ``needle``."""
+    return any(needle in text for text in strings_of(value))
 
 
 class IdConverter:
