@@ -121,9 +121,7 @@ def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: in
             # was written. Read it again and follow the new directive — an answer in hand is asked again by op key
             # (fenced, if a cancel came), never written on the old version.
             conflicts += 1
-            version = snap.version if snap is not None else None
-            extra = {"task_id": task_id, "task_version": version, "op_key": in_hand or None, "refusal": conflict.code}
-            log.info("write refused: %s; reading the task again", conflict.code, extra=extra)
+            _log_refusal("write refused: %s; reading the task again", conflict.code, task_id, snap, in_hand)
             if conflicts > MAX_CONFLICTS:
                 return RunReport(step, directive, lease, stopped_by=conflict.code)
             snap = None
@@ -131,13 +129,18 @@ def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: in
         except (Refused, LeaseError) as refusal:
             # One line per refusal that ends a run (lease lost or expired, a version moved by someone else): the
             # domain's other state changes are logged from the event log (observability/logs.py, an event listener).
-            version = snap.version if snap is not None else None
-            extra = {"task_id": task_id, "task_version": version, "op_key": in_hand or None, "refusal": refusal.code}
-            log.info("run stopped: %s", refusal.code, extra=extra)
+            _log_refusal("run stopped: %s", refusal.code, task_id, snap, in_hand)
             return RunReport(step, directive, lease, stopped_by=refusal.code)
         except ConnectionError as exc:  # current_version could not reach the source: nothing was written
             return RunReport(step, directive, lease, f"remote_unreachable: {exc}"[:200], wake_at=_later(OBSERVE_EVERY))
     return RunReport(max_steps, directive, lease, stopped_by="max_steps", wake_at=_later(timedelta(0)))
+
+
+def _log_refusal(message: str, code: str, task_id: int, snap: Snapshot | None, op_key: str) -> None:
+    """The line of a refused write (harness/partitions.py counts them): the task, the version read, the op key."""
+    version = snap.version if snap is not None else None
+    extra = {"task_id": task_id, "task_version": version, "op_key": op_key or None, "refusal": code}
+    log.info(message, code, extra=extra)
 
 
 OBSERVE_EVERY = timedelta(seconds=2)
