@@ -45,7 +45,12 @@ def task_request_cancel(
         with transaction.atomic() if locked else nullcontext():
             if locked:
                 lock_for_write(task_id, lease)
-            snap = task_snapshot(task_id=task_id, lease=lease)
+            try:
+                snap = task_snapshot(task_id=task_id, lease=lease)
+            except VersionConflict:  # it kept changing while read: the locked attempt reads it with writers held
+                if locked:
+                    raise
+                continue
             task = snap.task
             # Who may cancel is the permit table's principal half (tasks.access.permits); its status half is the
             # compare-and-set's, once a cancel recorded already or an ended task has answered that nothing changes.
