@@ -60,12 +60,13 @@ def api_token_issue(
         raise TokenRefused("an agent id is 1 to 200 characters")
     if not kinds and not projects:
         raise TokenRefused("a token needs at least one task kind or project in its scope")
+    name = name.strip()[:200]
     plaintext = TOKEN_PREFIX + secrets.token_urlsafe(32)
     with transaction.atomic():
         now = clock.now()
         row = ApiToken.objects.create(
             agent_id=agent_id,
-            name=name.strip()[:200],
+            name=name,
             token_hash=token_hash(plaintext),
             kinds=kinds,
             projects=projects,
@@ -76,7 +77,9 @@ def api_token_issue(
             actor=actor,
             action="api_token_issued",
             at=now,
-            details={"token": row.pk, "agent": agent_id, "kinds": kinds, "projects": projects},
+            # The name is recorded with the rest, and so passes the audit's hygiene: a credential pasted into it is
+            # refused before any row is written.
+            details={"token": row.pk, "agent": agent_id, "name": name, "kinds": kinds, "projects": projects},
         )
     return row, plaintext
 

@@ -5,7 +5,7 @@ for a state that waits, what it waits for. The queue's badges and the detail pag
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.core.lifecycle import TERMINAL_TASK_STATUSES, PauseReason, TaskStatus
+from tasks.core.lifecycle import PauseReason, TaskStatus
 from tasks.querysets import Attention
 
 
@@ -167,7 +167,6 @@ class Badge:
     icon: str
     meaning: str
     tone: str
-    terminal: bool
 
 
 def task_badge(task: Any) -> Badge:
@@ -177,5 +176,4 @@ def task_badge(task: Any) -> Badge:
     if task.status == TaskStatus.PAUSED.value and task.status_reason:
         reason = pause_reason(task.status_reason)
         label, icon, meaning = f"paused: {reason.label}", reason.icon, reason.meaning
-    terminal = TaskStatus(task.status) in TERMINAL_TASK_STATUSES
-    return Badge(status=task.status, label=label, icon=icon, meaning=meaning, tone=tone, terminal=terminal)
+    return Badge(status=task.status, label=label, icon=icon, meaning=meaning, tone=tone)

@@ -13,6 +13,7 @@ from django.urls import reverse
 
 from api.models import ApiToken
 from api.tokens import TokenError, api_token_authenticate, api_token_issue, api_token_revoke
+from audit.hygiene import SecretInPayload
 from audit.models import AuditEvent
 from audit.principals import Principal
 from tasks.access.permissions import PermissionDenied
@@ -84,6 +85,17 @@ def test_a_bad_issue_is_refused_and_writes_nothing(
     with pytest.raises(TokenError):
         api_token_issue(actor=admin, agent_id=agent, kinds=kinds, projects=projects)
     assert snapshot() == before and not ApiToken.objects.exists()
+
+
+def test_a_token_s_name_is_audited_and_a_credential_pasted_into_it_is_refused_writing_nothing(
+    admin: Principal,
+) -> None:
+    row, _ = api_token_issue(actor=admin, agent_id="agent-7", kinds=["copy"], projects=[], name=" nightly sync ")
+    assert row.name == "nightly sync" and AuditEvent.objects.get().details["name"] == "nightly sync"
+    before = snapshot()
+    with pytest.raises(SecretInPayload):
+        api_token_issue(actor=admin, agent_id="agent-8", kinds=["copy"], projects=[], name="password=hunter2hunter2")
+    assert snapshot() == before and ApiToken.objects.count() == 1
 
 
 def test_revoking_is_audited_once_and_cannot_be_repeated(admin: Principal) -> None:

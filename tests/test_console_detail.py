@@ -399,14 +399,23 @@ def test_the_panel_says_no_one_holds_the_task_and_who_waits(admin, make_task, cl
     assert "Operator <strong>ann</strong> waits to take over" in panel
 
 
-def test_the_panel_polls_while_the_task_runs_and_stops_once_it_has_ended(admin, make_task, agent_lease, clock) -> None:
+@pytest.mark.parametrize("ended_as", ["completed", "quarantined"])
+def test_the_panel_polls_while_the_task_runs_and_stops_once_it_has_ended(
+    admin, make_task, agent_lease, clock, ended_as
+) -> None:
+    """Ended is one definition (tasks.core.lifecycle.task_ended): a quarantined task changes no more than a completed
+    one, so its page stops asking too."""
     task = make_task(chain_plan("a"))
     lease = agent_lease(task)
     running = lease_panel(admin, task, **{"HX-Request": "true"})
     assert running.status_code == 200
     assert "every 5s [document.visibilityState === 'visible']" in running.content.decode()
     assert 'hx-trigger="every' in section(page(admin, task), "lease-panel")
-    record(send(task, lease, "a"), Committed(remote_id="r-a"), lease)
+    if ended_as == "completed":
+        record(send(task, lease, "a"), Committed(remote_id="r-a"), lease)
+    else:
+        task_quarantine(task_id=task.pk, expected_version=version(task), reason="broken chain at seq 2")
+    assert Task.objects.get(pk=task.pk).status == ended_as
     ended = lease_panel(admin, task, **{"HX-Request": "true"})
     assert ended.status_code == 286  # htmx: stop polling
     assert 'hx-trigger="every' not in ended.content.decode()

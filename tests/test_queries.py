@@ -565,20 +565,21 @@ def test_the_queue_reads_holder_progress_and_reasons_without_a_join() -> None:
 
 
 @pytest.mark.parametrize(
-    ("task_filter", "terminal_only"),
+    ("task_filter", "ended_only"),
     [
         (TaskFilter(), False),
         (TaskFilter(states=frozenset({"completed"})), True),
         (TaskFilter(states=frozenset({"completed", "failed", "stopped"})), True),
-        (TaskFilter(states=frozenset({"completed", "quarantined"})), False),  # quarantined may yet be examined
+        (TaskFilter(states=frozenset({"completed", "quarantined"})), True),  # nothing leaves quarantine either
+        (TaskFilter(states=frozenset({"completed", "stopped_pending"})), False),
         (TaskFilter(states=frozenset({"completed", "paused"}), exclude_states=frozenset({"paused"})), True),
         (TaskFilter(pause_reasons=frozenset({"needs_replan"})), False),
         (TaskFilter(states=frozenset({"completed"}), pause_reasons=frozenset({"needs_replan"})), True),  # empty
         (TaskFilter(exclude_states=frozenset(s.value for s in TaskStatus) - {"failed"}), True),
     ],
 )
-def test_a_filter_knows_when_it_can_only_show_ended_tasks(task_filter: TaskFilter, terminal_only: bool) -> None:
-    assert task_filter.only_terminal() is terminal_only
+def test_a_filter_knows_when_it_can_only_show_ended_tasks(task_filter: TaskFilter, ended_only: bool) -> None:
+    assert task_filter.only_ended() is ended_only
 
 
 def test_the_attention_queue_is_needs_attention_narrowed(make_task, clock) -> None:

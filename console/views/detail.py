@@ -16,10 +16,10 @@ from console.access import principal, viewable_task
 from retention.queries import retained_for_task
 from tasks.access.permissions import can_operate
 from tasks.access.permits import permits
-from tasks.core.lifecycle import ChangeKind
+from tasks.core.lifecycle import ChangeKind, task_ended
 from tasks.decide.approval_binding import approval_views
 from tasks.models import Task
-from tasks.reads.detail import InvalidTimelineCursor, chain_check, detail_page, is_terminal, lease_view, timeline_page
+from tasks.reads.detail import InvalidTimelineCursor, chain_check, detail_page, lease_view, timeline_page
 
 TEMPLATE = "console/task_detail.html"
 TIMELINE_PAGE_SIZE = 25
@@ -46,7 +46,7 @@ def task_detail_page(request: HttpRequest, task_id: int) -> HttpResponse:
 def task_lease_panel(request: HttpRequest, task_id: int) -> HttpResponse:
     """The lease panel alone, for polling. Once the task is terminal the last panel is sent with htmx's stop code."""
     task = viewable_task(request, task_id)
-    terminal = is_terminal(task)
+    terminal = task_ended(task.status)
     context = {"task": task, "lease": lease_view(task), "terminal": terminal, "poll_seconds": LEASE_POLL_SECONDS}
     if not request.headers.get("HX-Request"):
         return redirect(reverse("task-detail", args=[task.pk]) + "#lease-panel")

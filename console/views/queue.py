@@ -114,7 +114,7 @@ def _queue(request: HttpRequest, queue: Queue) -> HttpResponse:
         "next_cursor": next_cursor,
         "paged": after is not None,
         "filter_query": filter_query(request.GET),
-        "polls": not task_filter.only_terminal(),
+        "polls": not task_filter.only_ended(),
     }
     # A page that can only ever show ended tasks does not change: the rows' poll is told to stop.
     return _render(request, queue, rows_only, context, status=200 if context["polls"] else HTMX_STOP_POLLING)

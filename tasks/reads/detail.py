@@ -25,12 +25,12 @@ from leases.models import ForcedRelease, Lease, LeaseReservation
 from leases.state import LeaseState, lease_state
 from tasks.core.errors import TaskError
 from tasks.core.lifecycle import (
-    TERMINAL_TASK_STATUSES,
     NodeStatus,
     OperationStatus,
     PauseReason,
     TaskStatus,
     TempResourceStatus,
+    task_ended,
 )
 from tasks.decide.evidence import evidence_problems
 from tasks.decide.receipts import receipt_summary
@@ -161,13 +161,8 @@ def task_detail(task: Task) -> TaskDetail:
         operations=op_rows,
         temp_resources=temps,
         waiting=_waiting(node_rows, op_rows, temps),
-        terminal=is_terminal(task),
+        terminal=task_ended(task.status),
     )
-
-
-def is_terminal(task: Task) -> bool:
-    """Nothing more will happen to the task's state (its temp resources may still be cleaned up)."""
-    return TaskStatus(task.status) in TERMINAL_TASK_STATUSES
 
 
 def _operation_row(op: Operation, paused_unprovable: bool) -> OperationRow:
@@ -514,7 +509,7 @@ class RemoteDown:
 def remote_down(task: Task) -> RemoteDown | None:
     """The outage of the task's remote, or None (it answered last, was never tried, or the task has ended): one
     query, by primary key."""
-    if is_terminal(task):
+    if task_ended(task.status):
         return None
     row = TaskWakeUp.objects.filter(task_id=task.pk, remote_down_tries__gt=0).first()
     return _remote_down(row)
@@ -522,7 +517,7 @@ def remote_down(task: Task) -> RemoteDown | None:
 
 def remote_down_of_row(task: Task) -> RemoteDown | None:
     """As remote_down, from a task read with ``select_related("wake_up")`` (a page of the work queue): no query."""
-    if is_terminal(task):
+    if task_ended(task.status):
         return None
     try:
         row: TaskWakeUp | None = task.wake_up

@@ -17,7 +17,7 @@ from leases.models import HolderKind, Lease
 from tasks.core.actions import approval_actions
 from tasks.core.errors import TaskError
 from tasks.core.kinds import served_kinds
-from tasks.core.lifecycle import TERMINAL_TASK_STATUSES, TaskStatus
+from tasks.core.lifecycle import ENDED_TASK_STATUSES, TaskStatus
 from tasks.core.parsing import ascii_int
 from tasks.models import Task
 from tasks.querysets import Attention, attention_field
@@ -73,9 +73,9 @@ class TaskFilter:
             states &= {TaskStatus.PAUSED.value}
         return states - self.exclude_states
 
-    def only_terminal(self) -> bool:
-        """Every task it can show has ended (completed, failed, stopped): nothing on the page will change."""
-        return self.shown_states() <= {s.value for s in TERMINAL_TASK_STATUSES}
+    def only_ended(self) -> bool:
+        """Every task it can show has ended (completed, failed, stopped, quarantined): nothing shown will change."""
+        return self.shown_states() <= {s.value for s in ENDED_TASK_STATUSES}
 
 
 def task_overview() -> "TaskQuerySet[WithAnnotations[Task, Overview]]":
