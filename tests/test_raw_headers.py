@@ -27,6 +27,7 @@ from leases.services import lease_acquire
 from tasks.engine.plans import task_create
 from tests.conftest import chain_plan, person, snapshot
 from tests.simulator_fixture import ROOT
+from tests.test_agent_e2e import _stop as stop
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -108,12 +109,7 @@ def port(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Ite
                 time.sleep(0.1)
         yield port
     finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
+        stop(process)
 
 
 @dataclass(frozen=True)
