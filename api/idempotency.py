@@ -22,6 +22,7 @@ from api.auth import token_of
 from api.errors import problem
 from api.models import ApiToken, IdempotencyRecord
 from leases import clock
+from tasks.core.parsing import ascii_token
 
 HEADER = "Idempotency-Key"
 KEY_MAX = 200
@@ -48,12 +49,14 @@ def idempotent(
     token = token_of(request)
     if token.agent_id != agent_id:  # a handler naming another agent's keys: a programming error, never a replay
         raise RuntimeError(f"an Idempotency-Key of agent {agent_id!r} looked up with a token of {token.agent_id!r}")
-    if not 1 <= len(key) <= KEY_MAX or not key.isprintable():
+    if ascii_token(key, max_length=KEY_MAX) is None:
         return problem(
             request,
             code="validation_error",
-            detail=f"An {HEADER} is 1 to {KEY_MAX} printable characters.",
-            errors=[{"field": f"header.{HEADER}", "code": "invalid", "message": "1 to 200 printable characters"}],
+            detail=f"An {HEADER} is 1 to {KEY_MAX} printable ASCII characters.",
+            errors=[
+                {"field": f"header.{HEADER}", "code": "invalid", "message": "1 to 200 printable ASCII characters"}
+            ],
         )
     fingerprint = _fingerprint(request)
     replay = _replay(request, token, key, fingerprint)

@@ -17,7 +17,15 @@ from hypothesis import strategies as st
 
 from api.tokens import api_token_issue
 from console.forms.takeover import ReplanProposeForm
-from tasks.core.parsing import MAX_BIGINT, UnreadableInput, ascii_int, json_depth, lone_surrogate, strict_json
+from tasks.core.parsing import (
+    MAX_BIGINT,
+    UnreadableInput,
+    ascii_int,
+    ascii_token,
+    json_depth,
+    lone_surrogate,
+    strict_json,
+)
 from tasks.models import Task
 from tests.conftest import chain_plan, person
 from tests.test_api_steps import KIND, Agent, created, problem_of
@@ -58,6 +66,27 @@ def test_ascii_int_never_raises_and_accepts_only_what_int_reads_the_same(text: s
     value = ascii_int(text)
     if value is not None:
         assert text.isascii() and int(text) == value and 0 <= value <= MAX_BIGINT
+
+
+@pytest.mark.parametrize(
+    ("text", "taken"),
+    [
+        ("retry-7", True),
+        ("a" * 200, True),
+        ("a" * 201, False),
+        ("", False),
+        (None, False),
+        ("\xb2", False),  # the byte 0xB2 as a WSGI server decodes it (Latin-1): printable, and not ASCII
+        ("\xff", False),
+        ("\xc2\xb2", False),  # "²" sent as UTF-8, decoded as Latin-1
+        ("²", False),
+        ("key\x00", False),
+        ("key\x7f", False),
+        ("key\n", False),
+    ],
+)
+def test_a_header_key_is_printable_ascii(text: str | None, taken: bool) -> None:
+    assert ascii_token(text, max_length=200) == (text if taken else None)
 
 
 @pytest.mark.parametrize(
@@ -148,6 +177,19 @@ def test_a_lease_header_of_digits_no_column_holds_is_a_named_400(agent: Agent, l
     before = table_counts()
     answer = agent.call("get", f"/tasks/{task['id']}/directive", Reckon_Lease=lease)
     problem_of(answer, 400, "invalid_header")
+    assert table_counts() == before
+
+
+@pytest.mark.parametrize("key", ["\xb2", "\xff", "\xc2\xb2", "k" * 201])
+def test_an_idempotency_key_that_is_not_printable_ascii_is_a_named_422_and_writes_nothing(
+    agent: Agent, key: str
+) -> None:
+    task = created(agent)
+    lease = agent.acquire(task["id"])["lease_id"]
+    d = agent.directive(task["id"], lease)
+    before = table_counts()
+    answer = agent.start(task["id"], lease, "a", d["task_version"], Idempotency_Key=key)
+    problem_of(answer, 422, "validation_error")
     assert table_counts() == before
 
 

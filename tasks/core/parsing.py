@@ -2,7 +2,8 @@
 and the console alike, so that no input reaches a column, ``int()`` or a recursion it cannot survive.
 
 - A number is ASCII digits only and fits the column it is for: ``str.isdigit`` is true for ``"²"`` and ``"¹²"``
-  (and ``int()`` then raises, or takes ``"١٢"`` for 12), so it is never the test.
+  (and ``int()`` then raises, or takes ``"١٢"`` for 12), so it is never the test. A header's key is printable ASCII
+  only.
 - JSON is strict: ``NaN``, ``Infinity`` and ``-Infinity`` are refused (no database stores them as JSON), so is a lone
   surrogate in a key or a string (no database can encode it), and the nesting depth is measured on the text before
   any parse or walk recurses into it.
@@ -35,6 +36,15 @@ def ascii_int(text: str | None, *, maximum: int = MAX_BIGINT) -> int | None:
         return None
     value = int(text)
     return value if value <= maximum else None
+
+
+def ascii_token(text: str | None, *, max_length: int) -> str | None:
+    """``text`` if it is 1 to ``max_length`` printable ASCII characters (a key or an id a header carries), else None.
+    A WSGI server hands a header on decoded as Latin-1, so a byte past ASCII arrives as a printable letter ("²",
+    "ÿ"): ``str.isprintable`` alone would take it."""
+    if text is None or not 1 <= len(text) <= max_length or not text.isascii() or not text.isprintable():
+        return None
+    return text
 
 
 def json_depth(text: str | bytes) -> int:
