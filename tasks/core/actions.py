@@ -11,7 +11,7 @@ anything else is refused, naming the node and the field. One that declares none 
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, cast
 
 from tasks.core.inputs import InputField, inputs_json_schema
 
@@ -19,7 +19,7 @@ from tasks.core.inputs import InputField, inputs_json_schema
 @dataclass(frozen=True)
 class ActionSpec:
     name: str
-    kind: str  # "effect" | "approval"
+    kind: Literal["effect", "approval"]
     description: str
     inputs: Mapping[str, InputField] | None = None
 
@@ -37,7 +37,7 @@ def register_action(
     """Register (or replace) the action ``name``; ``inputs``: the fields of a node's input it takes (None: any)."""
     if kind not in ("effect", "approval"):
         raise ValueError(f"unknown action kind {kind!r}")
-    spec = ActionSpec(name=name, kind=kind, description=description, inputs=inputs)
+    spec = ActionSpec(name=name, kind=cast(Literal["effect", "approval"], kind), description=description, inputs=inputs)
     _ACTIONS[name] = spec
     return spec
 

@@ -29,6 +29,7 @@ OUTPUT_TYPES: Mapping[str, InputType] = {
     "digest": "string",
 }
 
+_NAMED = {"string": "a string", "integer": "an integer", "boolean": "true or false", "object": "an object"}
 _JSON_TYPES: Mapping[str, tuple[type, ...]] = {
     "string": (str,),
     "integer": (int,),
@@ -116,15 +117,15 @@ def _value_problem(field: InputField, value: Any) -> str | None:
     if field.type == "ref":
         return None if is_ref else 'must be a versioned ref: {"ref": {"source", "locator", "version"}}'
     if is_ref:
-        return f"must be a {field.type}, not a ref"
+        return f"must be {_NAMED[field.type]}, not a ref"
     if isinstance(value, dict) and "from" in value:
         read = value.get("field")
         if isinstance(read, str) and read in OUTPUT_TYPES and OUTPUT_TYPES[read] != field.type:
-            return f"must be a {field.type}: the output field {read!r} is a {OUTPUT_TYPES[read]}"
+            return f"must be {_NAMED[field.type]}: the output field {read!r} is {_NAMED[OUTPUT_TYPES[read]]}"
         return None
     expected = _JSON_TYPES[field.type]
     if not isinstance(value, expected) or (field.type == "integer" and isinstance(value, bool)):
-        return f"must be a {field.type}, not {_shown(value)}"
+        return f"must be {_NAMED[field.type]}, not {_shown(value)}"
     if field.minimum is not None and isinstance(value, int) and value < field.minimum:
         return f"must be at least {field.minimum}, not {value}"
     return None

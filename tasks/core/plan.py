@@ -264,6 +264,8 @@ def _input_problems(key: str, inputs: dict[str, Any], ancestors: set[str]) -> li
             for required in ("source", "locator", "version"):
                 if not isinstance(ref.get(required), str) or not ref.get(required):
                     problems.append(f"node {key}: input {name}: ref needs a non-empty {required} (refs carry versions)")
+            if not isinstance(ref.get("digest", ""), str):
+                problems.append(f"node {key}: input {name}: a ref's digest is a string")
         elif isinstance(value, dict) and "from" in value:
             source, field_name = value.get("from"), value.get("field")
             if not isinstance(source, str) or source not in ancestors:
@@ -333,7 +335,16 @@ def plan_json_schema() -> dict[str, Any]:
             "type": "object",
             "description": "What the action is given: literals, versioned refs or an earlier node's output "
             f"(at most {NODE_INPUT_CAP_BYTES} bytes of canonical JSON: a reference, not the content).",
-            "additionalProperties": {"anyOf": [{"type": "object", "properties": {"ref": VERSIONED_REF}}, {}]},
+            # A value holding "ref" is a versioned ref, one holding "from" an earlier node's output; anything else a
+            # literal.
+            "additionalProperties": {
+                "properties": {"ref": VERSIONED_REF},
+                "if": {"type": "object", "required": ["from"]},
+                "then": {
+                    "properties": {"from": {"type": "string"}, "field": {"enum": list(OUTPUT_FIELDS)}},
+                    "required": ["field"],
+                },
+            },
             "examples": [
                 {
                     "source": {"ref": {"source": "store", "locator": "proj/a", "version": "7"}},
