@@ -1,7 +1,7 @@
 """docs/api.md's bash walkthrough is run as written: the script between its ``walkthrough`` markers, with bash, curl
-and jq, against Reckon as its own process (gunicorn on the test database, tests/test_agent_e2e.py's server) and the
-object store as its own (harness/simulator.py), to a completed task — so the page an agent author copies from is
-what CI runs. The store's own count says each node's write happened once."""
+and jq, against Reckon as its own process (gunicorn on the test database: tests/test_agent_e2e.py's, one per session)
+and the object store as its own (harness/simulator.py), to a completed task — so the page an agent author copies
+from is what CI runs. The store's own count says each node's write happened once."""
 
 import os
 import re
