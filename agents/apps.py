@@ -15,6 +15,6 @@ class AgentsConfig(AppConfig):
         from tasks.engine.registry import register_kind
 
         for name, description in migrate_project.STORE_ACTIONS.items():
-            register_action(name, description=description)
+            register_action(name, description=description, inputs=migrate_project.STORE_INPUTS[name])
         # The demo (agents/demo.py, manage.py load_demo) is a task of the same kind.
         register_kind(migrate_project.KIND, connector=migrate_project.connector)

@@ -19,6 +19,7 @@ from typing import Any
 from django.conf import settings
 
 from agents.objectstore import ObjectStoreConnector
+from tasks.core.inputs import InputField
 from tasks.engine.plans import task_create
 from tasks.models import Task
 
@@ -31,6 +32,28 @@ STORE_ACTIONS = {
     "store.switch_reference": "point the project's reference at the new location",
     "store.restore_reference": "point the reference back (compensation of switch)",
     "store.delete_objects": "delete objects by locator (cleanup, irreversible)",
+}
+_TARGET = InputField("string", "the target's id: prepare-target's remote_id")
+_SOURCE = InputField("ref", "the source snapshot, by its versioned ref")
+# What each of them takes as a node's input (the store reads exactly these: harness/simulator.py).
+STORE_INPUTS: dict[str, dict[str, InputField]] = {
+    "store.prepare_target": {
+        "project": InputField("string", "the project whose target to create"),
+        "source": InputField("ref", "the source the project is migrated from", required=False),
+    },
+    "store.copy_batch": {
+        "target": _TARGET,
+        "source": _SOURCE,
+        "batch": InputField("integer", "the batch's number, from 1", minimum=1),
+        "limit": InputField("integer", "how many objects the batch copies (at most the store's max_batch)", minimum=1),
+    },
+    "store.verify_digests": {"target": _TARGET, "source": _SOURCE},
+    "store.switch_reference": {"target": _TARGET, "source": _SOURCE},
+    "store.restore_reference": {
+        "target": InputField("string", "the target switched to", required=False),
+        "source": _SOURCE,
+    },
+    "store.delete_objects": {"target": _TARGET, "prefix": InputField("string", "the locators' prefix to delete")},
 }
 
 

@@ -14,6 +14,7 @@ from ninja.parser import Parser
 from api.auth import AgentToken
 from api.errors import CONTENT_TYPE, database_unavailable, problem, problem_of, validation_errors
 from api.http import ApiError
+from api.kinds import router as kinds_router
 from api.ratelimit import RateLimited
 from api.retained import router as retained_router
 from api.steps import router as steps_router
@@ -21,7 +22,7 @@ from api.tasks import router as tasks_router
 from audit.errors import Refused
 from leases.errors import LeaseError, LeaseHeld, LeaseRefused, RenewalOutOfOrder
 from retention.errors import RetentionExpired
-from tasks.core.errors import VersionConflict
+from tasks.core.errors import PlanInvalid, VersionConflict
 from tasks.core.parsing import strict_json
 from tasks.models import Task
 
@@ -93,6 +94,9 @@ def _invalid(request: HttpRequest, error: ValidationError) -> HttpResponse:
 def _task_error(request: HttpRequest, error: Refused) -> HttpResponse:
     if isinstance(error, VersionConflict):
         return _version_conflict(request, error)
+    if isinstance(error, PlanInvalid) and error.fields:  # which node and which field, as validation errors say it
+        errors = [{"field": f"plan.{where}", "code": "input_invalid", "message": what} for where, what in error.fields]
+        return problem(request, code=error.code, detail=str(error), errors=errors)
     return problem_of(request, error)
 
 
@@ -172,3 +176,4 @@ def _http_error(request: HttpRequest, error: HttpError) -> HttpResponse:
 api.add_router("/", tasks_router)
 api.add_router("/", steps_router)
 api.add_router("/", retained_router)
+api.add_router("/", kinds_router)

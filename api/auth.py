@@ -5,18 +5,22 @@ looked at (a logged-in browser is anonymous here), so the API needs no CSRF prot
 route: a route whose path names a task (``{task_id}``) is answered ``404 task_not_found`` — exactly as for a task
 that does not exist — when that task is outside the token's scope, before the body is parsed, before any header
 is read, before an ``Idempotency-Key`` is looked up and before the handler runs. No handler checks the scope
-itself, so none can forget it (tests/test_api_scope.py walks every route of the OpenAPI document)."""
+itself, so none can forget it (tests/test_api_scope.py walks every route of the OpenAPI document). A route whose path
+names a task kind (``{kind}``) is answered ``404 kind_not_found`` for a kind outside the scope, exactly as for a kind
+no task can be of."""
 
 from django.http import HttpRequest
 from ninja.security import HttpBearer
 
 from api.models import ApiToken
 from api.ratelimit import rate_limit
-from api.tokens import api_token_authenticate, require_scope
+from api.tokens import api_token_authenticate, require_kind_scope, require_scope
 from audit.principals import Principal
 
 # The path parameter that names the task a route addresses (every task-addressed route is /tasks/{task_id}/…).
 TASK_PARAMETER = "task_id"
+# The path parameter that names a task kind (/kinds/{kind}/…).
+KIND_PARAMETER = "kind"
 
 
 class AgentToken(HttpBearer):
@@ -32,6 +36,9 @@ class AgentToken(HttpBearer):
         raw = match.kwargs.get(TASK_PARAMETER) if match is not None else None
         if raw is not None:
             require_scope(row, str(raw))  # TaskNotFound (404): answered before anything else
+        kind = match.kwargs.get(KIND_PARAMETER) if match is not None else None
+        if kind is not None:
+            require_kind_scope(row, str(kind))  # KindNotFound (404): the same
         return row
 
 

@@ -28,6 +28,7 @@ STATUS_OF: Mapping[str, int] = {
     "token_not_found": 404,
     "webhook_not_found": 404,
     "retention_not_found": 404,
+    "kind_not_found": 404,
     "method_not_allowed": 405,
     # Retained objects (retention.errors): gone is 410 — re-create it from external facts and retain it again
     "retention_expired": 410,
@@ -75,6 +76,17 @@ STATUS_OF: Mapping[str, int] = {
     "approval_plan_moved": 409,
     "approval_expired": 409,
     "approval_ttl_invalid": 422,
+    "approval_not_given": 409,
+    # The step's rules: re-read the task (the directive) and decide
+    "node_not_ready": 409,
+    "invalid_transition": 409,
+    "cancel_requested": 409,
+    "inputs_recheck_required": 409,
+    "operations_open": 409,
+    "proposal_superseded": 409,
+    "task_not_runnable": 409,
+    "stored_fact_altered": 409,
+    "webhook_limit_reached": 409,
     # Pacing
     "backoff_active": 429,
     "not_found_not_final": 409,
@@ -87,6 +99,7 @@ TITLE_OF: Mapping[str, str] = {
     "unauthenticated": "A valid agent token is required",
     "permission_denied": "Not allowed",
     "task_not_found": "No such task",
+    "kind_not_found": "No such task kind",
     "database_unavailable": "The database did not answer: try again",
     "not_found": "Not found",
     "method_not_allowed": "Method not allowed",
@@ -99,7 +112,7 @@ TITLE_OF: Mapping[str, str] = {
     "payload_too_large": "The request body is too large",
     "malformed_body": "The request body is not valid JSON",
     "secret_in_payload": "The payload contains a secret",
-    "precondition_required": "Send If-Match (and the lease) with this write",
+    "precondition_required": "A header this request needs is missing",
     "idempotency_key_reused": "The Idempotency-Key was used for another request",
     "rate_limited": "Too many requests",
     "lease_not_held": "That lease is not yours on this task",
@@ -117,6 +130,50 @@ TITLE_OF: Mapping[str, str] = {
     "approval_plan_moved": "The approval was given under an earlier plan",
     "approval_expired": "The approval has expired",
 }
+
+
+# What a client does about a refusal of each status (docs/api.md's table of problem types: problem_table()).
+ADVICE: Mapping[int, str] = {
+    400: "fix the JSON or the header",
+    401: "a live token (unknown or revoked tokens are 401)",
+    403: "outside the token's scope, or not this agent's to do",
+    404: "a task, kind or object outside the token's scope is answered as one that does not exist",
+    405: "use a method the route takes",
+    409: "another holder or a rule: re-read the task or the directive, then decide (an `approval_*` refusal: the step "
+    "waits for a person's new approval — [Approvals](#approvals-bound-to-the-exact-call))",
+    410: "a retained object's retention has ended: re-create it from external facts and retain it again "
+    "([Retained objects](#retained-objects))",
+    412: "the task moved: the body's `current_version` (and `ETag`) say where it is; re-read the directive",
+    413: "bodies are capped at 256 KiB",
+    422: "fix what the body says: `errors` names the fields (for a plan, the node and the field)",
+    423: "a person is taking the task over or holds it: stop, wait for a webhook or poll",
+    428: "send the header the detail names (`If-Match`, `Reckon-Lease`)",
+    429: "`rate_limited`: wait `Retry-After` seconds; `backoff_active`: the node is backing off: read the directive "
+    "(`wait` until `until`)",
+    503: "`database_unavailable`: the database did not answer (a lost connection, a deadlock, a statement timeout): "
+    "wait `Retry-After` seconds and send it again (the Python client does); a write that did commit is refused on "
+    "the retry as `version_conflict`, never applied twice. `retention_key_*`: the server's `RECKON_RETENTION_KEY` is "
+    "not usable: an admin must fix it",
+}
+# A word on a code whose name does not say enough.
+NOTE_OF: Mapping[str, str] = {
+    "lease_not_held": "that lease id is not yours on this task",
+    "plan_invalid": "each problem named; `errors` names the node and the field of a wrong input",
+    "node_not_ready": "its dependencies have not succeeded",
+    "evidence_insufficient": "a receipt without a remote id; a receipt short of the node's evidence spec is recorded "
+    "and answered 200, the node failed and the task paused",
+}
+
+
+def problem_table() -> str:
+    """The table of problem types in docs/api.md (between its ``problems`` markers), made from STATUS_OF, NOTE_OF
+    and ADVICE: tests/test_problem_table.py compares the two, ``manage.py api_problem_table --write`` rewrites it."""
+    rows = ["| status | codes (`type` suffix) | what to do |", "|---|---|---|"]
+    for status in sorted(set(STATUS_OF.values())):
+        codes = sorted(code for code, s in STATUS_OF.items() if s == status)
+        named = ", ".join(f"`{c}` ({NOTE_OF[c]})" if c in NOTE_OF else f"`{c}`" for c in codes)
+        rows.append(f"| {status} | {named} | {ADVICE[status]} |")
+    return "\n".join(rows) + "\n"
 
 
 def status_of(code: str) -> int:

@@ -29,6 +29,13 @@ class OperationNotFound(ApiError):
     code = "operation_not_found"
 
 
+class KindNotFound(ApiError):
+    """The task kind in the path is outside the token's scope, or no task could be of it: the same answer either way
+    (api.tokens.require_kind_scope)."""
+
+    code = "kind_not_found"
+
+
 class HeaderError(ApiError):
     """A header the operation needs is missing or is not what it should be."""
 

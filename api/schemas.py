@@ -4,11 +4,12 @@ from datetime import datetime
 from typing import Annotated, Any, Literal, Self
 
 from ninja import Schema
-from pydantic import Field, model_validator
+from pydantic import Field, WithJsonSchema, model_validator
 
 from leases.models import Lease
 from tasks.core.lifecycle import FailureClass
 from tasks.core.outcomes import RECEIPT_FIELDS, Accepted, Committed, Failed, Fenced, NotFound, Outcome, Unprovable
+from tasks.core.plan import plan_json_schema
 from tasks.decide.approval_binding import AWAITING, approval_views
 from tasks.decide.change import Snapshot
 from tasks.decide.decisions import Directive
@@ -182,12 +183,29 @@ def _operation(op: Operation, keys: dict[int, str]) -> OperationOut:
 # --- requests -----------------------------------------------------------------------------------------------------
 
 
+# The plan document as JSON Schema, from tasks/core/plan.py's own definitions (validate_plan checks the rest).
+PlanDocument = Annotated[dict[str, Any], WithJsonSchema(plan_json_schema())]
+
+
+class ActionOut(Schema):
+    """An action a plan may name. ``input_schema``: the JSON Schema of a node's ``input`` for it."""
+
+    name: str
+    kind: Literal["effect", "approval"]
+    description: str
+    input_schema: dict[str, Any]
+
+
+class KindActionsOut(Schema):
+    kind: str
+    actions: list[ActionOut]
+
+
 class TaskCreateIn(Schema):
     kind: Name
     title: Annotated[str, Field(min_length=1, max_length=200)]
     project: Annotated[str, Field(max_length=100)] = ""
-    # The plan document: {"nodes": [{key, action, input, evidence, depends_on, …}]} (docs/design.md, "Plans").
-    plan: dict[str, Any]
+    plan: PlanDocument
     attempt_budget: Annotated[int, Field(strict=True, ge=1, le=10_000)] | None = None
 
 
@@ -265,7 +283,7 @@ class InputsIn(Schema):
 
 
 class PlanIn(Schema):
-    plan: dict[str, Any]
+    plan: PlanDocument
 
 
 class CancelIn(Schema):

@@ -54,7 +54,7 @@ from tasks.models import Operation, TempResource
 
 router = Router(tags=["steps"])
 
-PROBLEMS: dict[int, type[Problem]] = {code: Problem for code in (400, 401, 404, 409, 412, 413, 422, 423, 428, 429)}
+PROBLEMS: dict[int, type[Problem]] = {code: Problem for code in (400, 401, 404, 409, 412, 413, 422, 423, 428, 429, 503)}
 
 
 def _snapshot(task_id: int, lease: Lease, expected: int | None = None) -> Snapshot:
@@ -177,7 +177,9 @@ def operation_register(request: HttpRequest, task_id: int, payload: OperationSta
 )
 def outcome_report(request: HttpRequest, task_id: int, op_key: str, payload: OutcomeIn) -> HttpResponse:
     """Commit 2 of a node: the receipt (or the classified failure) is recorded and, if it satisfies the node's
-    evidence, the node advances — in one transaction. 422 evidence_insufficient when it does not."""
+    evidence, the node advances — in one transaction. A receipt short of the node's evidence spec is recorded too
+    and answered 200: the node failed and the task paused (``task.status_reason`` says why). 422
+    evidence_insufficient only for a receipt that is none: no remote id."""
     token = token_of(request)
     lease = held_lease(request, token, task_id)
     version = expected_version(request)

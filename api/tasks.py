@@ -46,7 +46,9 @@ PAGE_DEFAULT, PAGE_MAX = 50, 200
 
 router = Router(tags=["tasks"])
 
-PROBLEMS: dict[int, type[Problem]] = {code: Problem for code in (400, 401, 403, 404, 409, 412, 413, 422, 423, 428, 429)}
+PROBLEMS: dict[int, type[Problem]] = {
+    code: Problem for code in (400, 401, 403, 404, 409, 412, 413, 422, 423, 428, 429, 503)
+}
 OPTIONAL_LEASE = header_parameter(LEASE_HEADER, "The lease held on the task, if any.", required=False)
 OPTIONAL_IF_MATCH = header_parameter("If-Match", "Refuse (412) if the task moved past this version.", required=False)
 

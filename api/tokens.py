@@ -13,6 +13,7 @@ from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from api.http import KindNotFound
 from api.models import ApiToken
 from audit.principals import Principal
 from audit.services import audit_append
@@ -155,6 +156,15 @@ def require_scope(token: ApiToken, raw_task_id: str) -> None:
     row = Task.objects.filter(pk=task_id).values_list("kind", "project").first()
     if row is None or not covers(token.kinds, token.projects, kind=row[0], project=row[1]):
         raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
+
+
+def require_kind_scope(token: ApiToken, kind: str) -> None:
+    """The scope rule of a route that names a task kind (api/auth.py runs it before anything else): the token may
+    create tasks of it — the kind is in its kinds, or it has projects (a task of any kind in one of them). A kind
+    outside the scope is answered exactly as one no task can be of (empty, or longer than the column): KindNotFound,
+    the same detail, so a token learns nothing of the kinds it may not use."""
+    if not 0 < len(kind) <= NAME_MAX or not (kind in token.kinds or token.projects):
+        raise KindNotFound(f"no task kind {kind[:NAME_MAX]!r} here")
 
 
 def scope_covers(kinds: Sequence[str], projects: Sequence[str], task: Task) -> bool:

@@ -43,7 +43,12 @@ class Instant:
 def plan(nodes: int) -> dict[str, Any]:
     return {
         "nodes": [
-            {"key": f"n{i}", "action": "store.prepare_target", "input": {"i": i}, "evidence": {"remote_id": True}}
+            {
+                "key": f"n{i}",
+                "action": "store.prepare_target",
+                "input": {"project": f"bench-{i}"},
+                "evidence": {"remote_id": True},
+            }
             for i in range(1, nodes + 1)
         ]
     }

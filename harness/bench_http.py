@@ -47,13 +47,13 @@ ROOT = Path(__file__).resolve().parent.parent
 KIND = "bench_http"
 # An action every server knows (the reference agent's, registered at start-up): the web server validates plans
 # against its own registry, and the remote here is the agent's in-process one anyway.
-HTTP_ACTION = "store.copy_batch"
+HTTP_ACTION = "store.prepare_target"
 
 
 def http_plan(nodes: int) -> dict[str, Any]:
     plan = chain_plan(nodes)
     for node in plan["nodes"]:
-        node["action"] = HTTP_ACTION
+        node["action"], node["input"] = HTTP_ACTION, {"project": node["key"]}
     return plan
 
 

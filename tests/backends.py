@@ -273,8 +273,15 @@ POSTGRES_PASS_ONLY: tuple[Group, ...] = (
         "ruff, mypy, the browser tests, the demo and the model check): the reference agent's processes over HTTP as "
         "a deployment runs them (the API itself is tested on both); the log format, checked in fresh processes; the "
         "settings' refusals at start-up, in processes whose environment is built from nothing; the web server's "
-        "process model (gunicorn's workers, SIGTERM).",
-        ("test_agent_e2e.py", "test_logging.py", "test_secure_defaults.py", "test_production_server.py"),
+        "process model (gunicorn's workers, SIGTERM); docs/api.md's curl walkthrough, on the same gunicorn as the "
+        "reference agent's.",
+        (
+            "test_agent_e2e.py",
+            "test_api_walkthrough.py",
+            "test_logging.py",
+            "test_secure_defaults.py",
+            "test_production_server.py",
+        ),
     ),
 )
 

@@ -13,6 +13,7 @@ from audit.principals import Principal
 from leases.clock import ControllableClock, use_clock
 from leases.models import Lease
 from leases.services import lease_acquire
+from tasks.core.actions import register_action
 from tasks.engine.plans import task_create
 from tasks.models import Task
 from tests.simulator_fixture import Simulator
@@ -91,8 +92,14 @@ def clock() -> Iterator[ControllableClock]:
         yield controlled
 
 
+# The tests' own effect: one bounded write that takes any input (it declares no input fields), so a test's plan says
+# only what the test is about. Registered for the test run only: no server process knows it.
+EFFECT = "test.write"
+register_action(EFFECT, description="a test's effect: one write, any input")
+
+
 def effect_node(key: str, **extra: Any) -> dict[str, Any]:
-    node = {"key": key, "action": "store.copy_batch", "evidence": {"remote_id": True}}
+    node = {"key": key, "action": EFFECT, "evidence": {"remote_id": True}}
     node.update(extra)
     return node
 

@@ -68,10 +68,11 @@ def _stop(process: subprocess.Popen[Any]) -> None:
             process.wait(5)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, int]]:
-    """Reckon's web process (gunicorn, 2 workers of 4 threads) on the test database, one for the module: each
-    test's data is its own (transactional tests empty the tables after each), the process is shared."""
+    """Reckon's web process (gunicorn, 2 workers of 4 threads) on the test database, one for the session (this
+    module and tests/test_api_walkthrough.py): each test's data is its own (transactional tests empty the tables
+    after each), the process is shared."""
     port, log = _free_port(), tmp_path_factory.mktemp("web") / "web.log"
     env = os.environ | {"DATABASE_URL": database_url(), "RECKON_LEASE_GRACE_SECONDS": "1"}
     env["RECKON_LOG_LEVEL"] = "WARNING"

@@ -216,6 +216,8 @@ def steered(document: dict[str, Any], world: World, *, leases_from_links: bool =
             name = parameter["name"].lower()
             if parameter["in"] == "path" and name == "task_id":
                 parameter["schema"] = {"type": "integer", "enum": task_ids}
+            elif parameter["in"] == "path" and name == "kind":  # a kind in the scope (its actions) and one outside
+                parameter["schema"] = {"type": "string", "enum": [KIND, "not-in-scope"]}
             elif parameter["in"] == "header" and name == "reckon-lease":
                 # A lease id is a number: a stateful run draws small ones (the ids of the leases it has made are
                 # small too), and its links give the ones it acquired.
@@ -468,7 +470,8 @@ def test_every_operation_answers_within_the_document_and_a_rejection_changes_not
 
             exercise()
     assert not run.failures, run.report()
-    _assert_reached(run, {"GET /api/v1/tasks/{task_id}": 200, "POST /api/v1/tasks": 201})
+    reached = {"GET /api/v1/tasks/{task_id}": 200, "POST /api/v1/tasks": 201, "GET /api/v1/kinds/{kind}/actions": 200}
+    _assert_reached(run, reached)
 
 
 def test_stateful_runs_along_the_links_answer_within_the_document_and_rejections_change_nothing(run: Run) -> None:

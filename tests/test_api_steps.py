@@ -20,7 +20,7 @@ from leases.models import Lease
 from tasks.access.permissions import permission_grant
 from tasks.models import Event, Operation, Task
 from tasks.people.takeover import takeover_claim
-from tests.conftest import chain_plan, person, snapshot
+from tests.conftest import EFFECT, chain_plan, person, snapshot
 from tests.steps import past_deadline
 
 pytestmark = pytest.mark.django_db
@@ -163,7 +163,7 @@ def test_an_agent_that_restarts_reconciles_its_open_operation_before_anything_ne
     assert second["epoch"] == 2
     d = agent.directive(task["id"], second["lease_id"])
     assert (d["kind"], d["op_key"], d["reason"]) == ("reconcile", op["op_key"], "dispatched")
-    assert d["operation"]["request"] == op["request"] and d["operation"]["action"] == "store.copy_batch"
+    assert d["operation"]["request"] == op["request"] and d["operation"]["action"] == EFFECT
     # The old lease can write nothing any more.
     stale = agent.report(task["id"], lease["lease_id"], op["op_key"], d["task_version"], {"result": "not_found"})
     assert stale.status_code == 409 and stale.json()["code"] in ("lease_lost", "lease_expired")

@@ -42,7 +42,7 @@ from tasks.models import Event, Node, Operation, Task
 from tasks.people.approvals import node_approve, node_approve_and_resume
 from tasks.people.replan import plan_accept_by_person, plan_propose_by_person
 from tasks.people.takeover import takeover_claim
-from tests.conftest import effect_node, person, snapshot
+from tests.conftest import EFFECT, effect_node, person, snapshot
 from tests.steps import asked, record, send, version
 
 pytestmark = pytest.mark.django_db
@@ -50,7 +50,7 @@ pytestmark = pytest.mark.django_db
 KIND = "copy"
 B_INPUT = {"target": "t-1", "batch": 1, "limit": 5}
 # b's request once a committed "target-7": what its start sends, and what an approval of it permits.
-B_DIGEST = digest_of({"action": "store.copy_batch", "input": {**B_INPUT, "source": "target-7"}})
+B_DIGEST = digest_of({"action": EFFECT, "input": {**B_INPUT, "source": "target-7"}})
 
 
 def approval(key: str, **extra: Any) -> dict[str, Any]:
@@ -143,7 +143,7 @@ def test_proposed_approved_and_executed_are_three_events_in_order(make_task, clo
     task, _ = at_the_gate(make_task)
     [proposed] = [e for e in events(task) if e.type == "approval_proposed"]
     # The digest is of the request b's start will send: its action and its input, resolved from a's receipt.
-    b_request = {"action": "store.copy_batch", "input": {**B_INPUT, "source": "target-7"}}
+    b_request = {"action": EFFECT, "input": {**B_INPUT, "source": "target-7"}}
     requests = {"b": digest_of(b_request)}
     assert proposed.payload["data"] | {"node": None} == {
         "node": None,

@@ -792,7 +792,7 @@ def full_run(make_task, agent_lease) -> Task:
                 "switch",
                 action="store.switch_reference",
                 depends_on=["verify"],
-                input={"target": target},
+                input={"target": target, "source": {"ref": SOURCE}},
                 irreversible=True,
                 compensation="store.restore_reference",
             ),

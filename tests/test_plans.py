@@ -384,16 +384,14 @@ def test_it_accepts_an_irreversible_node_after_an_approval_among_its_ancestors(m
         effect_node("copy"),
         approval("ok", depends_on=["copy"]),
         effect_node("verify", depends_on=["ok"]),
-        effect_node("delete", action="store.delete_objects", depends_on=["verify"], irreversible=True),
+        effect_node("delete", depends_on=["verify"], irreversible=True),
     )
     task = make_task(plan)
     assert nodes_of(task, 1)["delete"].irreversible is True
 
 
 def test_it_accepts_an_irreversible_node_with_a_compensation(make_task, clock) -> None:
-    switch = effect_node(
-        "switch", action="store.switch_reference", irreversible=True, compensation="store.restore_reference"
-    )
+    switch = effect_node("switch", irreversible=True, compensation="store.restore_reference")
     task = make_task(plan_of(switch))
     node = nodes_of(task, 1)["switch"]
     assert (node.irreversible, node.compensation) == (True, "store.restore_reference")

@@ -39,28 +39,29 @@ from tasks.engine.plans import task_create
 from tasks.engine.protocol import Directive, next_directive, operation_start, record_outcome, snapshot_at
 from tasks.models import Event, Node, Operation, Receipt, Task
 from tasks.people.cancel import task_request_cancel
+from tests.conftest import EFFECT
 
 COUNT = 5
 PLAN = {
     "nodes": [
-        {"key": "prepare", "action": "store.prepare_target", "evidence": {"remote_id": True, "count": COUNT}},
+        {"key": "prepare", "action": EFFECT, "evidence": {"remote_id": True, "count": COUNT}},
         {
             "key": "copy-1",
-            "action": "store.copy_batch",
+            "action": EFFECT,
             "depends_on": ["prepare"],
             "input": {"target": {"from": "prepare", "field": "remote_id"}},
             "evidence": {"remote_id": True, "count": COUNT},
         },
         {
             "key": "copy-2",
-            "action": "store.copy_batch",
+            "action": EFFECT,
             "depends_on": ["prepare"],
             "input": {"target": {"from": "prepare", "field": "remote_id"}},
             "evidence": {"remote_id": True, "count": COUNT},
         },
         {
             "key": "switch",
-            "action": "store.switch_reference",
+            "action": EFFECT,
             "depends_on": ["copy-1", "copy-2"],
             "evidence": {"remote_id": True, "count": COUNT},
             "irreversible": True,

@@ -92,9 +92,7 @@ def evidence_plan() -> dict[str, Any]:
 
 def irreversible_plan() -> dict[str, Any]:
     """An irreversible switch (with its compensation) and an independent node that could start at any time."""
-    switch = effect_node(
-        "switch", action="store.switch_reference", irreversible=True, compensation="store.restore_reference"
-    )
+    switch = effect_node("switch", irreversible=True, compensation="store.restore_reference")
     return {"nodes": [switch, effect_node("other")]}
 
 
@@ -1476,7 +1474,6 @@ def test_a_reserved_claim_waits_for_the_agent_lease_on_the_database_clock(
 def test_the_takeover_package_lists_what_a_person_needs_as_data(make_task, agent_lease, clock) -> None:
     switch = effect_node(
         "switch",
-        action="store.switch_reference",
         irreversible=True,
         compensation="store.restore_reference",
         depends_on=["copy"],

@@ -4,25 +4,40 @@
 point: a person's approval is its receipt). The domain registers only ``approval``; the apps that own the effects
 register theirs at start-up (the reference agent's ``store.*``: ``agents/apps.py``), with their task kinds and
 connectors (``tasks/engine/registry.py``).
+
+An action declares the fields of a node's input it takes (``inputs``, tasks/core/inputs.py): a plan naming it with
+anything else is refused, naming the node and the field. One that declares none takes any object.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+from tasks.core.inputs import InputField, inputs_json_schema
 
 
 @dataclass(frozen=True)
 class ActionSpec:
     name: str
-    kind: str  # "effect" | "approval"
+    kind: Literal["effect", "approval"]
     description: str
+    inputs: Mapping[str, InputField] | None = None
+
+    def input_schema(self) -> dict[str, Any]:
+        """The JSON Schema of a node's ``input`` for this action."""
+        return inputs_json_schema(self.inputs)
 
 
 _ACTIONS: dict[str, ActionSpec] = {}
 
 
-def register_action(name: str, *, kind: str = "effect", description: str = "") -> ActionSpec:
+def register_action(
+    name: str, *, kind: str = "effect", description: str = "", inputs: Mapping[str, InputField] | None = None
+) -> ActionSpec:
+    """Register (or replace) the action ``name``; ``inputs``: the fields of a node's input it takes (None: any)."""
     if kind not in ("effect", "approval"):
         raise ValueError(f"unknown action kind {kind!r}")
-    spec = ActionSpec(name=name, kind=kind, description=description)
+    spec = ActionSpec(name=name, kind=cast(Literal["effect", "approval"], kind), description=description, inputs=inputs)
     _ACTIONS[name] = spec
     return spec
 
@@ -39,6 +54,11 @@ def is_approval(action: str) -> bool:
 
 def known_actions() -> list[str]:
     return sorted(_ACTIONS)
+
+
+def action_specs() -> list[ActionSpec]:
+    """Every registered action, by name: what a plan of any task kind may name."""
+    return [_ACTIONS[name] for name in known_actions()]
 
 
 def approval_actions() -> tuple[str, ...]:

@@ -77,11 +77,15 @@ class EvidenceInsufficient(TaskError):
 
 
 class PlanInvalid(TaskError):
+    """``problems``: every problem found, each a sentence naming its node; ``fields``: those that concern one field,
+    as ``(where, what)`` — ``where`` a path like ``nodes[copy-1].input.limit``."""
+
     code = "plan_invalid"
 
-    def __init__(self, problems: list[str]) -> None:
+    def __init__(self, problems: list[str], fields: list[tuple[str, str]] | None = None) -> None:
         super().__init__("plan is invalid: " + "; ".join(problems), problems=problems)
         self.problems = problems
+        self.fields = fields or []
 
 
 class UnknownTaskKind(TaskError):

@@ -31,9 +31,10 @@ from typing import Any
 from django.conf import settings
 
 from audit.hygiene import NODE_INPUT_CAP_BYTES, PLAN_CAP_BYTES, canonical_json, check_payload
-from tasks.core.actions import get_action
+from tasks.core.actions import get_action, known_actions
 from tasks.core.errors import PlanInvalid
 from tasks.core.failures import ALLOWED_DESTINATIONS, resolved_destinations
+from tasks.core.inputs import REF_FIELDS, VERSIONED_REF, input_problems, node_output_value
 from tasks.core.lifecycle import FailureClass
 from tasks.core.outcomes import RECEIPT_FIELDS
 
@@ -46,9 +47,6 @@ MAX_NODES = 100
 
 # What a later node may read of an earlier one's output (``from`` … ``field``): the receipt's fields.
 OUTPUT_FIELDS = RECEIPT_FIELDS
-
-
-REF_FIELDS = ("source", "locator", "version", "digest")
 
 
 # What a node's evidence spec may pin: the receipt's fields, the same names.
@@ -125,8 +123,12 @@ def validate_plan(document: Any) -> list[NodeSpec]:
     if order is None:
         raise PlanInvalid(["the plan has a cycle in depends_on"])
     ancestors = _ancestors(by_key, order)
+    fields: list[tuple[str, str]] = []
     for key, raw in by_key.items():
         problems.extend(_input_problems(key, raw.get("input", {}), ancestors[key]))
+        for name, wrong in _action_input_problems(raw):
+            problems.append(f"node {key}: input {name} {wrong}")
+            fields.append((f"nodes[{key}].input.{name}", f"{name} {wrong}"))
         problems.extend(_evidence_problems(key, raw.get("evidence", {}), raw.get("input", {})))
         action = get_action(raw["action"])
         if action is not None and action.kind == "approval" and raw.get("irreversible"):
@@ -138,7 +140,7 @@ def validate_plan(document: Any) -> list[NodeSpec]:
                     f"node {key}: irreversible without a compensation needs an approval node before it (in depends_on)"
                 )
     if problems:
-        raise PlanInvalid(problems)
+        raise PlanInvalid(problems, fields)
     try:
         # The plan revision's document, under its own larger cap: its events carry its digest only.
         check_payload(document, what="plan document", cap=PLAN_CAP_BYTES)
@@ -167,7 +169,7 @@ def _node_shape_problems(key: str, raw: dict[str, Any], by_key: dict[str, Any]) 
     problems = []
     action = raw.get("action")
     if not isinstance(action, str) or get_action(action) is None:
-        problems.append(f"node {key}: unknown action {action!r}")
+        problems.append(f"node {key}: unknown action {action!r} (known: {', '.join(known_actions())})")
     depends_on = raw.get("depends_on", [])
     if not isinstance(depends_on, list) or not all(isinstance(d, str) for d in depends_on):
         problems.append(f"node {key}: depends_on must be a list of node keys")
@@ -216,6 +218,15 @@ def _node_shape_problems(key: str, raw: dict[str, Any], by_key: dict[str, Any]) 
     return problems
 
 
+def _action_input_problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
+    """(field, what is wrong) for the node's input against what its action takes (tasks/core/inputs.py)."""
+    action = get_action(raw["action"])
+    inputs = raw.get("input", {})
+    if action is None or not isinstance(inputs, dict):
+        return []
+    return input_problems(action.inputs, inputs)
+
+
 def _topological_order(by_key: dict[str, dict[str, Any]]) -> list[str] | None:
     """Kahn's algorithm, stable in document order; None when there is a cycle."""
     remaining = {key: set(raw.get("depends_on", [])) for key, raw in by_key.items()}
@@ -253,6 +264,8 @@ def _input_problems(key: str, inputs: dict[str, Any], ancestors: set[str]) -> li
             for required in ("source", "locator", "version"):
                 if not isinstance(ref.get(required), str) or not ref.get(required):
                     problems.append(f"node {key}: input {name}: ref needs a non-empty {required} (refs carry versions)")
+            if not isinstance(ref.get("digest", ""), str):
+                problems.append(f"node {key}: input {name}: a ref's digest is a string")
         elif isinstance(value, dict) and "from" in value:
             source, field_name = value.get("from"), value.get("field")
             if not isinstance(source, str) or source not in ancestors:
@@ -286,6 +299,97 @@ def _evidence_problems(key: str, evidence: dict[str, Any], inputs: dict[str, Any
         elif name in ("digest", "remote_version") and (not isinstance(expected, str) or not expected):
             problems.append(f"node {key}: evidence {name} must be a non-empty string or an input reference")
     return problems
+
+
+def plan_json_schema() -> dict[str, Any]:
+    """The plan document as JSON Schema (the OpenAPI document's plan), made from this module's definitions
+    (``tests/test_plan_schema.py`` holds the two together). What a schema cannot say ``validate_plan`` checks, and a
+    plan the schema takes may still be refused (422 ``plan_invalid``, naming each problem): ``depends_on`` names
+    nodes of the plan and has no cycle, a ``from`` reads a node this one depends on, evidence read ``from`` an input
+    names one of the node's inputs, an irreversible node has a compensation or an approval before it, the caps in
+    bytes (``NODE_INPUT_CAP_BYTES`` per node input, ``PLAN_CAP_BYTES`` per plan), and each action's input fields
+    (``GET /api/v1/kinds/{kind}/actions``)."""
+    node_key = {"type": "string", "pattern": KEY_PATTERN.pattern}
+    from_input = {
+        "type": "object",
+        "description": "The value of one of the node's inputs: a ref's field (``field``), or a literal input whole.",
+        "properties": {"input": {"type": "string"}, "field": {"enum": list(REF_FIELDS)}},
+        "required": ["input"],
+        "additionalProperties": False,
+    }
+    pinned = {"anyOf": [{"type": "string", "minLength": 1}, from_input]}
+    evidence = {
+        "remote_id": {"const": True, "description": "always required: the receipt names the remote's id"},
+        "remote_version": pinned,
+        "count": {"anyOf": [{"type": "integer", "minimum": 0}, from_input]},
+        "digest": pinned,
+    }
+    node = {
+        "key": node_key,
+        "action": {
+            "type": "string",
+            "description": "An action the server knows, with its input fields: GET /api/v1/kinds/{kind}/actions.",
+        },
+        "depends_on": {"type": "array", "items": node_key, "description": "Keys of nodes that must succeed first."},
+        "input": {
+            "type": "object",
+            "description": "What the action is given: literals, versioned refs or an earlier node's output "
+            f"(at most {NODE_INPUT_CAP_BYTES} bytes of canonical JSON: a reference, not the content).",
+            # A value holding "ref" is a versioned ref, one holding "from" an earlier node's output; anything else a
+            # literal.
+            "additionalProperties": {
+                "properties": {"ref": VERSIONED_REF},
+                "if": {"type": "object", "required": ["from"]},
+                "then": {
+                    "properties": {"from": {"type": "string"}, "field": {"enum": list(OUTPUT_FIELDS)}},
+                    "required": ["field"],
+                },
+            },
+            "examples": [
+                {
+                    "source": {"ref": {"source": "store", "locator": "proj/a", "version": "7"}},
+                    "target": node_output_value(),
+                    "limit": 100,
+                }
+            ],
+        },
+        "evidence": {
+            "type": "object",
+            "description": "What a receipt must show for the node to count as done.",
+            "properties": {name: evidence[name] for name in EVIDENCE_KEYS},
+            "required": ["remote_id"],
+            "additionalProperties": False,
+        },
+        "on_failure": {
+            "type": "object",
+            "description": "Where a failure of each class goes (left out: the default, the first allowed).",
+            "properties": {cls.value: {"enum": list(ALLOWED_DESTINATIONS[cls])} for cls in FailureClass},
+            "additionalProperties": False,
+        },
+        "irreversible": {"type": "boolean", "description": "Its effect cannot be undone by running it again."},
+        "compensation": {"type": "string", "description": "The effect action that undoes it (an irreversible node)."},
+        "rerun": {"type": "string", "description": "What running it again does, in a sentence."},
+        "max_attempts": {"type": "integer", "minimum": 1, "maximum": 100, "description": "The node's attempt budget."},
+    }
+    return {
+        "type": "object",
+        "title": "Plan",
+        "description": "The task's state machine: its nodes, each one bounded step with its evidence spec.",
+        "properties": {
+            "nodes": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": MAX_NODES,
+                "items": {
+                    "type": "object",
+                    "properties": {name: node[name] for name in sorted(NODE_KEYS)},
+                    "required": ["key", "action", "evidence"],
+                    "additionalProperties": False,
+                },
+            }
+        },
+        "required": ["nodes"],
+    }
 
 
 def collect_input_refs(specs: list[NodeSpec]) -> dict[str, dict[str, str]]:
