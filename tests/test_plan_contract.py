@@ -16,7 +16,7 @@ from api.tokens import api_token_issue
 from tasks.core.actions import get_action, known_actions
 from tasks.core.errors import PlanInvalid
 from tasks.core.failures import ALLOWED_DESTINATIONS
-from tasks.core.inputs import OUTPUT_TYPES
+from tasks.core.inputs import node_output_value
 from tasks.core.lifecycle import FailureClass
 from tasks.core.outcomes import RECEIPT_FIELDS
 from tasks.core.plan import EVIDENCE_KEYS, MAX_NODES, NODE_KEYS, plan_json_schema, validate_plan
@@ -46,7 +46,7 @@ def test_the_schema_names_every_field_the_check_knows() -> None:
     assert set(node["properties"]["on_failure"]["properties"]) == {cls.value for cls in FailureClass}
     for cls in FailureClass:
         assert node["properties"]["on_failure"]["properties"][cls.value]["enum"] == list(ALLOWED_DESTINATIONS[cls])
-    assert tuple(OUTPUT_TYPES) == RECEIPT_FIELDS  # what a "from" may read: the receipt's fields
+    assert node_output_value()["properties"]["field"]["enum"] == list(RECEIPT_FIELDS)  # what a "from" may read
 
 
 @pytest.mark.parametrize(

@@ -15,19 +15,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tasks.core.outcomes import RECEIPT_FIELD_TYPES
+
 InputType = Literal["string", "integer", "boolean", "object", "ref"]
 
 REF_FIELDS = ("source", "locator", "version", "digest")
 REF_REQUIRED = ("source", "locator", "version")
 
-# What a later node may read of an earlier one's output (``from`` … ``field``): the receipt's fields, with their type
-# (tasks/core/outcomes.py RECEIPT_FIELDS, in the same order).
-OUTPUT_TYPES: Mapping[str, InputType] = {
-    "remote_id": "string",
-    "remote_version": "string",
-    "count": "integer",
-    "digest": "string",
-}
+# What a later node may read of an earlier one's output (``from`` … ``field``): the receipt's fields, with their type.
+OUTPUT_TYPES: Mapping[str, InputType] = RECEIPT_FIELD_TYPES
 
 _NAMED = {"string": "a string", "integer": "an integer", "boolean": "true or false", "object": "an object"}
 _JSON_TYPES: Mapping[str, tuple[type, ...]] = {

@@ -2,7 +2,7 @@
 ``operation_after`` is what each makes of its operation, for every caller that records one."""
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from tasks.core.lifecycle import FailureClass, OperationStatus
 
@@ -58,8 +58,15 @@ type Outcome = Committed | Accepted | Failed | NotFound | Fenced | Unprovable
 # What a receipt shows, named here once: the receipt row, the log's summary of it, a node's output, a plan's
 # evidence spec and a node's output reference all hold these four, and the API's outcome, the console's forms and
 # the Python client (its own copy: it imports nothing of the server) ask for them; tests/test_receipt_fields.py
-# holds every declaration of them to this tuple.
-RECEIPT_FIELDS = ("remote_id", "remote_version", "count", "digest")
+# holds every declaration of them to this tuple. Each with its JSON type: what a later node reads of an earlier one's
+# output (a plan's ``{"from": …, "field": …}``) has that type (tasks/core/inputs.py).
+RECEIPT_FIELD_TYPES: dict[str, Literal["string", "integer"]] = {
+    "remote_id": "string",
+    "remote_version": "string",
+    "count": "integer",
+    "digest": "string",
+}
+RECEIPT_FIELDS = tuple(RECEIPT_FIELD_TYPES)
 
 
 # An unknown operation's failure class while its "not found" is not final yet (a cancel waits for its deadline or a
