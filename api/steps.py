@@ -8,6 +8,7 @@ epoch, so a stale agent changes nothing."""
 
 from datetime import timedelta
 
+from django.db import transaction
 from django.http import HttpRequest, HttpResponse
 from ninja import Router
 
@@ -33,9 +34,9 @@ from api.schemas import (
     LeaseRenewIn,
     OperationDetail,
     OperationStartIn,
-    OutcomeIn,
     OutcomeOut,
     Problem,
+    StepOutcomeIn,
     TaskSummary,
     cleanup_directive_out,
     directive_out,
@@ -44,11 +45,20 @@ from api.schemas import (
     task_summary,
     temp_resource_out,
 )
+from audit.errors import Refused
+from leases.errors import LeaseError
 from leases.models import HolderKind, Lease
 from leases.services import lease_acquire, lease_release, lease_renew
 from tasks.decide.change import Snapshot
 from tasks.engine.cleanup import cleanup_record
-from tasks.engine.protocol import agent_directive, inputs_confirm, operation_start, record_outcome, snapshot_at
+from tasks.engine.protocol import (
+    Directive,
+    agent_directive,
+    inputs_confirm,
+    operation_start,
+    record_outcome,
+    snapshot_at,
+)
 from tasks.engine.snapshot import task_snapshot
 from tasks.models import Operation, TempResource
 
@@ -137,14 +147,20 @@ def directive_read(request: HttpRequest, task_id: int) -> HttpResponse:
     done. Open operations always come first: an agent that restarts reconciles before it sends anything new."""
     token = token_of(request)
     lease = held_lease(request, token, task_id)
-    snap = _snapshot(task_id, lease)
+    body, snap = _directive_answer(task_id, lease, _snapshot(task_id, lease))
+    return answer(body, version=snap.version)
+
+
+def _directive_answer(task_id: int, lease: Lease, snap: Snapshot) -> tuple[DirectiveOut, Snapshot]:
+    """The next directive decided on ``snap``, and the snapshot it was answered at (a later one when deciding it
+    wrote: a cleanup's delete registered, an approval's proposal recorded)."""
     d, cleanup = agent_directive(task_id=task_id, lease=lease, snapshot=snap)
     if cleanup is not None:  # the task has ended: its temp resources are this agent's to delete
         snap = task_snapshot(task_id=task_id, lease=lease)
-        return answer(cleanup_directive_out(cleanup, snap), version=snap.version)
+        return cleanup_directive_out(cleanup, snap), snap
     if d.task_version != snap.version:  # it recorded what an approval is asked for: answer what that left
         snap = task_snapshot(task_id=task_id, lease=lease)
-    return answer(directive_out(d, snap), version=snap.version)
+    return directive_out(d, snap), snap
 
 
 @router.post(
@@ -175,9 +191,11 @@ def operation_register(request: HttpRequest, task_id: int, payload: OperationSta
     summary="Report what the external system said of an op key",
     openapi_extra={"parameters": [LEASE, IF_MATCH, IDEMPOTENCY]},
 )
-def outcome_report(request: HttpRequest, task_id: int, op_key: str, payload: OutcomeIn) -> HttpResponse:
+def outcome_report(request: HttpRequest, task_id: int, op_key: str, payload: StepOutcomeIn) -> HttpResponse:
     """Commit 2 of a node: the receipt (or the classified failure) is recorded and, if it satisfies the node's
-    evidence, the node advances — in one transaction. 422 evidence_insufficient when it does not."""
+    evidence, the node advances — in one transaction (a receipt that does not satisfy it fails the node: the answer
+    says so). With ``start_next`` the answer carries the next directive (``next``); when that is to start a fresh
+    node, its operation is registered and marked sent in the same commit as the receipt, or neither is written."""
     token = token_of(request)
     lease = held_lease(request, token, task_id)
     version = expected_version(request)
@@ -189,13 +207,30 @@ def outcome_report(request: HttpRequest, task_id: int, op_key: str, payload: Out
         # When the remote was asked, at the latest: after the directive the agent echoes (never later than now), or,
         # unsaid, after the version it read was written.
         asked_at = min(payload.asked_at, snap.now) if payload.asked_at is not None else snap.task.updated_at
-        settled = record_outcome(snap, op_key, payload.outcome(), lease=lease, asked_at=asked_at)
+        settled = record_outcome(
+            snap, op_key, payload.outcome(), lease=lease, asked_at=asked_at, start_next=payload.start_next
+        )
         op, new = settled.operation, settled.snapshot
-        node = next((n.key for n in new.nodes if n.pk == op.node_id), "")
-        body = OutcomeOut(operation=operation_detail(op, node), task=task_summary(new.task))
+        node = _node_key(new, op)
+        following = None
+        if settled.started is not None:  # the next node's start, written with the receipt: send it next
+            started = settled.started
+            d = Directive("execute", new.version, node_key=_node_key(new, started), op_key=started.op_key)
+            following = directive_out(d, new, started=True)
+        elif payload.start_next:
+            try:
+                with transaction.atomic():  # a refusal here leaves the outcome recorded: its own savepoint
+                    following, new = _directive_answer(task_id, lease, new)
+            except (Refused, LeaseError):  # the task moved meanwhile: next is null, the agent reads the directive
+                following = None
+        body = OutcomeOut(operation=operation_detail(op, node), task=task_summary(new.task), next=following)
         return answer(body, version=new.version)
 
     return idempotent(request, token.agent_id, run)
+
+
+def _node_key(snap: Snapshot, op: Operation) -> str:
+    return next((n.key for n in snap.nodes if n.pk == op.node_id), "")
 
 
 @router.post(
