@@ -182,7 +182,7 @@ def operation_register(request: HttpRequest, task_id: int, payload: OperationSta
         op, new = begun.operation, begun.snapshot
         return answer(operation_detail(op, payload.node_key), 201, version=new.version)
 
-    return idempotent(request, token.agent_id, run)
+    return idempotent(request, token.agent_id, run, guarded=True)
 
 
 @router.post(
@@ -226,7 +226,7 @@ def outcome_report(request: HttpRequest, task_id: int, op_key: str, payload: Ste
         body = OutcomeOut(operation=operation_detail(op, node), task=task_summary(new.task), next=following)
         return answer(body, version=new.version)
 
-    return idempotent(request, token.agent_id, run)
+    return idempotent(request, token.agent_id, run, guarded=True)
 
 
 def _node_key(snap: Snapshot, op: Operation) -> str:
@@ -264,7 +264,7 @@ def cleanup_report(request: HttpRequest, task_id: int, temp_id: int, payload: Cl
         body = CleanupOut(temp_resource=temp_resource_out(temp), task=task_summary(new.task))
         return answer(body, version=new.version)
 
-    return idempotent(request, token.agent_id, run)
+    return idempotent(request, token.agent_id, run, guarded=True)
 
 
 @router.post(
@@ -285,7 +285,7 @@ def inputs_report(request: HttpRequest, task_id: int, payload: InputsIn) -> Http
         new = inputs_confirm(snap, dict(payload.current_versions), lease=lease)
         return answer(task_summary(new.task), version=new.version)
 
-    return idempotent(request, token.agent_id, run)
+    return idempotent(request, token.agent_id, run, guarded=True)
 
 
 def _ttl(seconds: int | None) -> timedelta | None:
