@@ -6,7 +6,10 @@ rules (intent before call, the stop flag checked before each side effect, reconc
 that cannot reach the remote ends the run) live here only, and the drivers only move bytes.
 
 What the loop follows is the server's directive: reconcile comes before execute in it, so a run that starts after a
-crash (SIGKILL anywhere) asks the remote what became of the operation in flight before it sends anything new.
+crash (SIGKILL anywhere) asks the remote what became of the operation in flight before it sends anything new. Each
+outcome is posted with ``start_next``: its answer carries the next directive — when that is to execute a fresh node,
+with the node's operation already registered and marked sent in the receipt's commit — so a node in steady state is
+one request (docs/api.md, "A step in one request").
 """
 
 import base64
