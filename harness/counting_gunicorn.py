@@ -28,7 +28,8 @@ def post_worker_init(worker: Any) -> None:
 
     def count(sender: Any, connection: Any, **kwargs: Any) -> None:
         counter = StatementCounter(connection)
-        counter.installed().__enter__()  # for the connection's whole life
+        installed = counter.installed()
+        installed.__enter__()  # for the connection's whole life (kept referenced: a collected one would uninstall)
         usable = connection.is_usable
 
         def is_usable() -> bool:
@@ -37,7 +38,7 @@ def post_worker_init(worker: Any) -> None:
 
         connection.is_usable = is_usable
         with _lock:
-            _counters.append(counter)
+            _counters.append((counter, installed))
 
     connection_created.connect(count, weak=False)
 
@@ -47,8 +48,8 @@ def post_request(worker: Any, req: Any, environ: Any, resp: Any) -> None:
         _requests[0] += 1
         totals = {
             "requests": _requests[0],
-            "statements": sum(c.statements for c in _counters) + _health_checks[0],
-            "commits": sum(c.commits for c in _counters),
+            "statements": sum(c.statements for c, _installed in _counters) + _health_checks[0],
+            "commits": sum(c.commits for c, _installed in _counters),
             "health_checks": _health_checks[0],
         }
         directory = Path(os.environ["RECKON_BENCH_COUNTS"])

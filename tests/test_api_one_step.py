@@ -111,8 +111,7 @@ def test_a_refused_receipt_starts_no_next_node_and_writes_nothing(
         clock.advance(timedelta(minutes=10))
     else:  # between the snapshot the outcome is decided on and its write
         import api.steps
-
-        real = api.steps.record_outcome
+        from tasks.engine.protocol import record_outcome as real
 
         def late(*args: Any, **kwargs: Any) -> Any:
             meanwhile(task_id)

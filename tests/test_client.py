@@ -100,7 +100,7 @@ class FakeReckon:
         """The node's operation registered and marked sent."""
         self.open_op = f"op-{node_key}"
         self.version += 1
-        op = {"op_key": self.open_op, "node": node_key, "action": "a", "purpose": "effect"}
+        op: dict[str, Any] = {"op_key": self.open_op, "node": node_key, "action": "a", "purpose": "effect"}
         op |= {"request": {"action": "a", "input": {"n": node_key}}, "status": "dispatched"}
         return op | {"not_after": self.not_after or None, "dispatch_count": 1}
 
