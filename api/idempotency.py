@@ -14,13 +14,17 @@ as a new one (checked like any other, its scope first: api/auth.py) and gets its
 **A compare-and-set looks its key up only when refused** (``guarded``): a write conditional on the version its
 request names (``If-Match``) cannot commit twice — once it has, that version has moved and the same request is
 refused — so the key's record is looked up when the request is refused, or when its record cannot be inserted
-(the same key committed meanwhile), not before every write: a step is one statement fewer."""
+(the same key committed meanwhile), not before every write: a step is one statement fewer. Such a write may also
+carry its record in its own statement (``joined``: tasks.engine.cas.compare_and_set's ``also``) instead of a
+transaction around the two: one round trip instead of six, the same all-or-nothing."""
 
 import hashlib
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import Model
 from django.http import HttpRequest, HttpResponse
 
 from api.auth import token_of
@@ -35,6 +39,9 @@ KEPT_FOR = timedelta(hours=24)
 # Headers of the first answer that a replay repeats.
 REPLAYED_HEADERS = ("ETag", "Location")
 
+# The record of an answer as a row (model, fields), for a write that inserts it in its own statement.
+type Keep = Callable[[HttpResponse], tuple[type[Model], dict[str, Any]]]
+
 
 def idempotent(
     request: HttpRequest,
@@ -43,6 +50,7 @@ def idempotent(
     *,
     atomic: bool = True,
     guarded: bool = False,
+    joined: Callable[[Keep], HttpResponse | None] | None = None,
 ) -> HttpResponse:
     """``run()`` once per (token, key): its successful answer is recorded and replayed for the same request made
     with the same token. ``agent_id`` is the request's token's agent (a handler's statement of whose key it is,
@@ -54,7 +62,9 @@ def idempotent(
     version nobody references, which expires — while every answer to the key is still the first one.
 
     ``guarded=True`` is for a compare-and-set on the request's ``If-Match`` (the module's docstring): the record is
-    looked up only once the request is refused or its record conflicts."""
+    looked up only once the request is refused or its record conflicts. ``joined`` (guarded only): the write made
+    with its record in its own statement — called with ``keep``, which gives the record's row for an answer; it
+    answers, or answers None having written nothing, and then ``run`` is used."""
     key = request.headers.get(HEADER)
     if key is None:
         return run()
@@ -73,9 +83,34 @@ def idempotent(
         replay = _replay(request, token, key, fingerprint)
         if replay is not None:
             return replay
+    elif joined is not None:
+
+        def keep(response: HttpResponse) -> tuple[type[Model], dict[str, Any]]:
+            return IdempotencyRecord, _record_fields(token, key, fingerprint, response)
+
+        answered = _attempts(request, token, key, fingerprint, lambda: joined(keep), guarded=True)
+        if answered is not None:
+            return answered
+    answer = _attempts(
+        request, token, key, fingerprint, lambda: _run_and_record(run, token, key, fingerprint, atomic=atomic), guarded
+    )
+    if answer is None:  # pragma: no cover - _run_and_record always answers
+        raise AssertionError("a request ran without an answer")
+    return answer
+
+
+def _attempts(
+    request: HttpRequest,
+    token: ApiToken,
+    key: str,
+    fingerprint: str,
+    write: Callable[[], HttpResponse | None],
+    guarded: bool,
+) -> HttpResponse | None:
+    """``write()`` (the change and its record), or the first answer to this request under this key."""
     for attempt in range(2):
         try:
-            return _run_and_record(run, token, key, fingerprint, atomic=atomic)
+            return write()
         except IntegrityError:
             # The same key committed meanwhile by a concurrent request: this one's change is rolled back (atomic).
             replay = _replay(request, token, key, fingerprint)
@@ -109,16 +144,20 @@ def _run_and_record(
 
 def _record(token: ApiToken, key: str, fingerprint: str, response: HttpResponse) -> None:
     if 200 <= response.status_code < 300:
-        IdempotencyRecord.objects.create(
-            token=token,
-            agent_id=token.agent_id,
-            key=key,
-            fingerprint=fingerprint,
-            status=response.status_code,
-            body=response.content.decode(),
-            headers={name: response[name] for name in REPLAYED_HEADERS if response.has_header(name)},
-            created_at=clock.write_time(),  # the time of the write it records, without another round trip
-        )
+        IdempotencyRecord.objects.create(**_record_fields(token, key, fingerprint, response))
+
+
+def _record_fields(token: ApiToken, key: str, fingerprint: str, response: HttpResponse) -> dict[str, Any]:
+    return {
+        "token_id": token.pk,
+        "agent_id": token.agent_id,
+        "key": key,
+        "fingerprint": fingerprint,
+        "status": response.status_code,
+        "body": response.content.decode(),
+        "headers": {name: response[name] for name in REPLAYED_HEADERS if response.has_header(name)},
+        "created_at": clock.write_time(),  # the time of the write it records, without another round trip
+    }
 
 
 def _fingerprint(request: HttpRequest) -> str:

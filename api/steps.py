@@ -7,8 +7,10 @@ receipt proves — are the services'. Every write is the services' compare-and-s
 epoch, so a stale agent changes nothing."""
 
 from datetime import timedelta
+from typing import Any
 
 from django.db import transaction
+from django.db.models import Model
 from django.http import HttpRequest, HttpResponse
 from ninja import Router
 
@@ -23,7 +25,7 @@ from api.http import (
     expected_version,
     held_lease,
 )
-from api.idempotency import idempotent
+from api.idempotency import Keep, idempotent
 from api.schemas import (
     CleanupOut,
     CleanupOutcomeIn,
@@ -53,6 +55,7 @@ from tasks.decide.change import Snapshot
 from tasks.engine.cleanup import cleanup_record
 from tasks.engine.protocol import (
     Directive,
+    Step,
     agent_directive,
     inputs_confirm,
     operation_start,
@@ -200,33 +203,70 @@ def outcome_report(request: HttpRequest, task_id: int, op_key: str, payload: Ste
     lease = held_lease(request, token, task_id)
     version = expected_version(request)
 
-    def run() -> HttpResponse:
+    def settle(keep: Keep | None) -> HttpResponse | None:
+        """The outcome recorded and answered. With ``keep``, the answer's Idempotency-Key record is written in the
+        outcome's own statement when the answer is known before the write (no directive to read after it); else
+        nothing is written and the answer is None (the key's record is then written in a transaction around)."""
         snap = _snapshot(task_id, lease, version)
         if snap.operation(op_key) is None and not Operation.objects.filter(task_id=task_id, op_key=op_key).exists():
             raise OperationNotFound(f"task {task_id} has no operation {op_key!r}")
         # When the remote was asked, at the latest: after the directive the agent echoes (never later than now), or,
         # unsaid, after the version it read was written.
         asked_at = min(payload.asked_at, snap.now) if payload.asked_at is not None else snap.task.updated_at
-        settled = record_outcome(
-            snap, op_key, payload.outcome(), lease=lease, asked_at=asked_at, start_next=payload.start_next
-        )
-        op, new = settled.operation, settled.snapshot
-        node = _node_key(new, op)
-        following = None
-        if settled.started is not None:  # the next node's start, written with the receipt: send it next
-            started = settled.started
-            d = Directive("execute", new.version, node_key=_node_key(new, started), op_key=started.op_key)
-            following = directive_out(d, new, started=True)
-        elif payload.start_next:
-            try:
-                with transaction.atomic():  # a refusal here leaves the outcome recorded: its own savepoint
-                    following, new = _directive_answer(task_id, lease, new)
-            except (Refused, LeaseError):  # the task moved meanwhile: next is null, the agent reads the directive
-                following = None
-        body = OutcomeOut(operation=operation_detail(op, node), task=task_summary(new.task), next=following)
-        return answer(body, version=new.version)
+        kept: list[HttpResponse] = []
 
-    return idempotent(request, token.agent_id, run, guarded=True)
+        def record(step: Step) -> tuple[type[Model], dict[str, Any]]:
+            if keep is None or (payload.start_next and step.started is None):
+                raise _AnsweredAfter
+            kept.append(_outcome_answer(task_id, lease, step, payload.start_next))
+            return keep(kept[0])
+
+        try:
+            settled = record_outcome(
+                snap,
+                op_key,
+                payload.outcome(),
+                lease=lease,
+                asked_at=asked_at,
+                start_next=payload.start_next,
+                also=record if keep is not None else None,
+            )
+        except _AnsweredAfter:
+            return None
+        if keep is not None:
+            return kept[0] if kept else None  # nothing written: the answer and its record go the common way
+        return _outcome_answer(task_id, lease, settled, payload.start_next)
+
+    def run() -> HttpResponse:
+        answered = settle(None)
+        if answered is None:  # pragma: no cover - without keep, settle always answers
+            raise AssertionError("an outcome without an answer")
+        return answered
+
+    return idempotent(request, token.agent_id, run, guarded=True, joined=settle)
+
+
+class _AnsweredAfter(Exception):
+    """The outcome's answer needs what is read after its write (the next directive): its record cannot be part of
+    the write's own statement."""
+
+
+def _outcome_answer(task_id: int, lease: Lease, settled: Step, start_next: bool) -> HttpResponse:
+    op, new = settled.operation, settled.snapshot
+    node = _node_key(new, op)
+    following = None
+    if settled.started is not None:  # the next node's start, written with the receipt: send it next
+        started = settled.started
+        d = Directive("execute", new.version, node_key=_node_key(new, started), op_key=started.op_key)
+        following = directive_out(d, new, started=True)
+    elif start_next:
+        try:
+            with transaction.atomic():  # a refusal here leaves the outcome recorded: its own savepoint
+                following, new = _directive_answer(task_id, lease, new)
+        except (Refused, LeaseError):  # the task moved meanwhile: next is null, the agent reads the directive
+            following = None
+    body = OutcomeOut(operation=operation_detail(op, node), task=task_summary(new.task), next=following)
+    return answer(body, version=new.version)
 
 
 def _node_key(snap: Snapshot, op: Operation) -> str:
