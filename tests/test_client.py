@@ -450,6 +450,12 @@ def test_the_async_client_reconciles_first_and_sends_each_node_once() -> None:
     assert result.done and store.sent == ["op-b", "op-c"] and fake.released
 
 
+def test_the_async_client_also_sends_each_started_node_once_without_its_intent() -> None:
+    fake, store = FakeReckon(["a", "b", "c"], answers_next=True), Store()
+    assert arun(fake, store).done and store.sent == ["op-a", "op-b", "op-c"]
+    assert len(fake.calls("POST", "/operations")) == 1 and len(fake.calls("GET", "/directive")) == 1
+
+
 def test_the_async_client_stops_on_cancel_and_releases() -> None:
     fake, store = FakeReckon(["a"], lease={"cancel_requested": True}), Store()
     result = arun(fake, store)
