@@ -73,9 +73,11 @@ def test_without_start_next_the_outcome_answers_as_before_and_starts_nothing(age
     task_id, lease, op, version = first_intent(agent)
     path = f"/tasks/{task_id}/operations/{op['op_key']}/outcome"
     plain = {"result": "committed", "remote_id": "r"}
-    answered = agent.call("post", path, plain, Reckon_Lease=str(lease), If_Match=f'"{version}"')
+    headers = {"Reckon_Lease": str(lease), "If_Match": f'"{version}"', "Idempotency_Key": "plain"}
+    answered = agent.call("post", path, plain, **headers)
     assert answered.status_code == 200 and answered.json()["next"] is None
     assert answered["ETag"] == f'"{version + 1}"'
+    assert agent.call("post", path, plain, **headers).json() == answered.json()  # its record, in the same write
     assert not Operation.objects.filter(task_id=task_id, node__key="b").exists()
     assert agent.directive(task_id, lease)["node_key"] == "b"  # the old flow goes on: directive, intent, outcome
 
