@@ -16,6 +16,7 @@ from api.models import ApiToken
 from api.ratelimit import rate_limit
 from api.tokens import api_token_authenticate, require_kind_scope, require_scope
 from audit.principals import Principal
+from tasks.core.parsing import ascii_int
 
 # The path parameter that names the task a route addresses (every task-addressed route is /tasks/{task_id}/…).
 TASK_PARAMETER = "task_id"
@@ -28,12 +29,13 @@ class AgentToken(HttpBearer):
     token's scope is not found (404, api.tokens.require_scope)."""
 
     def authenticate(self, request: HttpRequest, token: str) -> ApiToken | None:
-        row = api_token_authenticate(token)
+        match = request.resolver_match
+        raw = match.kwargs.get(TASK_PARAMETER) if match is not None else None
+        # The token and the kind and project of the task the path names, in one query.
+        row = api_token_authenticate(token, task_id=ascii_int(str(raw)) if raw is not None else None)
         if row is None:
             return None
         rate_limit(row.token_hash[:32])  # RateLimited (429) past the token's rate
-        match = request.resolver_match
-        raw = match.kwargs.get(TASK_PARAMETER) if match is not None else None
         if raw is not None:
             require_scope(row, str(raw))  # TaskNotFound (404): answered before anything else
         kind = match.kwargs.get(KIND_PARAMETER) if match is not None else None

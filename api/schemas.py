@@ -271,6 +271,13 @@ class OutcomeIn(Schema):
         return Unprovable(detail=self.detail)
 
 
+class StepOutcomeIn(OutcomeIn):
+    """An operation's outcome; ``start_next`` asks for the next directive in the answer (OutcomeOut.next) and, when
+    it is to start a fresh node, for that node's operation registered and marked sent in the outcome's own commit."""
+
+    start_next: Annotated[bool, Field(strict=True)] = False
+
+
 class CleanupOutcomeIn(OutcomeIn):
     """What the external system said of a temp resource's delete (the directive ``cleanup``), under its op key."""
 
@@ -377,11 +384,16 @@ class DirectiveOut(Schema):
     approval: ApprovalOut | None = None
     # cleanup: the temp resource to delete (or whose delete to look up) — the task has ended.
     cleanup: CleanupWorkOut | None = None
+    # execute in an outcome's answer (start_next): the operation was registered and marked sent in that answer's
+    # commit — send it now under op_key; do not POST …/operations for it.
+    started: bool = False
 
 
 class OutcomeOut(Schema):
     operation: OperationDetail
     task: TaskSummary
+    # Asked for with start_next: what to do next, at the answer's version (its ETag); null when not asked.
+    next: DirectiveOut | None = None
 
 
 class PlanRevisionOut(Schema):
@@ -461,7 +473,7 @@ def cleanup_directive_out(work: CleanupWork, snap: Snapshot) -> DirectiveOut:
     )
 
 
-def directive_out(d: Directive, snap: Snapshot) -> DirectiveOut:
+def directive_out(d: Directive, snap: Snapshot, *, started: bool = False) -> DirectiveOut:
     op = snap.operation(d.op_key) if d.op_key else None
     keys = {n.pk: n.key for n in snap.nodes}
     rechecks = d.kind == "reconcile" and not d.op_key
@@ -477,4 +489,5 @@ def directive_out(d: Directive, snap: Snapshot) -> DirectiveOut:
         operation=operation_detail(op, keys.get(op.node_id, d.node_key)) if op is not None else None,
         input_refs=dict(snap.task.input_refs) if rechecks else None,
         approval=next((a for a in approvals_out(snap) if a.node == d.node_key), None) if d.reason == AWAITING else None,
+        started=started,
     )

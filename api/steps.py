@@ -7,7 +7,10 @@ receipt proves — are the services'. Every write is the services' compare-and-s
 epoch, so a stale agent changes nothing."""
 
 from datetime import timedelta
+from typing import Any
 
+from django.db import transaction
+from django.db.models import Model
 from django.http import HttpRequest, HttpResponse
 from ninja import Router
 
@@ -22,7 +25,7 @@ from api.http import (
     expected_version,
     held_lease,
 )
-from api.idempotency import idempotent
+from api.idempotency import Keep, idempotent
 from api.schemas import (
     CleanupOut,
     CleanupOutcomeIn,
@@ -33,9 +36,9 @@ from api.schemas import (
     LeaseRenewIn,
     OperationDetail,
     OperationStartIn,
-    OutcomeIn,
     OutcomeOut,
     Problem,
+    StepOutcomeIn,
     TaskSummary,
     cleanup_directive_out,
     directive_out,
@@ -44,11 +47,21 @@ from api.schemas import (
     task_summary,
     temp_resource_out,
 )
+from audit.errors import Refused
+from leases.errors import LeaseError
 from leases.models import HolderKind, Lease
 from leases.services import lease_acquire, lease_release, lease_renew
 from tasks.decide.change import Snapshot
 from tasks.engine.cleanup import cleanup_record
-from tasks.engine.protocol import agent_directive, inputs_confirm, operation_start, record_outcome, snapshot_at
+from tasks.engine.protocol import (
+    Directive,
+    Step,
+    agent_directive,
+    inputs_confirm,
+    operation_start,
+    record_outcome,
+    snapshot_at,
+)
 from tasks.engine.snapshot import task_snapshot
 from tasks.models import Operation, TempResource
 
@@ -137,14 +150,20 @@ def directive_read(request: HttpRequest, task_id: int) -> HttpResponse:
     done. Open operations always come first: an agent that restarts reconciles before it sends anything new."""
     token = token_of(request)
     lease = held_lease(request, token, task_id)
-    snap = _snapshot(task_id, lease)
+    body, snap = _directive_answer(task_id, lease, _snapshot(task_id, lease))
+    return answer(body, version=snap.version)
+
+
+def _directive_answer(task_id: int, lease: Lease, snap: Snapshot) -> tuple[DirectiveOut, Snapshot]:
+    """The next directive decided on ``snap``, and the snapshot it was answered at (a later one when deciding it
+    wrote: a cleanup's delete registered, an approval's proposal recorded)."""
     d, cleanup = agent_directive(task_id=task_id, lease=lease, snapshot=snap)
     if cleanup is not None:  # the task has ended: its temp resources are this agent's to delete
         snap = task_snapshot(task_id=task_id, lease=lease)
-        return answer(cleanup_directive_out(cleanup, snap), version=snap.version)
+        return cleanup_directive_out(cleanup, snap), snap
     if d.task_version != snap.version:  # it recorded what an approval is asked for: answer what that left
         snap = task_snapshot(task_id=task_id, lease=lease)
-    return answer(directive_out(d, snap), version=snap.version)
+    return directive_out(d, snap), snap
 
 
 @router.post(
@@ -166,7 +185,7 @@ def operation_register(request: HttpRequest, task_id: int, payload: OperationSta
         op, new = begun.operation, begun.snapshot
         return answer(operation_detail(op, payload.node_key), 201, version=new.version)
 
-    return idempotent(request, token.agent_id, run)
+    return idempotent(request, token.agent_id, run, guarded=True)
 
 
 @router.post(
@@ -175,29 +194,85 @@ def operation_register(request: HttpRequest, task_id: int, payload: OperationSta
     summary="Report what the external system said of an op key",
     openapi_extra={"parameters": [LEASE, IF_MATCH, IDEMPOTENCY]},
 )
-def outcome_report(request: HttpRequest, task_id: int, op_key: str, payload: OutcomeIn) -> HttpResponse:
+def outcome_report(request: HttpRequest, task_id: int, op_key: str, payload: StepOutcomeIn) -> HttpResponse:
     """Commit 2 of a node: the receipt (or the classified failure) is recorded and, if it satisfies the node's
     evidence, the node advances — in one transaction. A receipt short of the node's evidence spec is recorded too
     and answered 200: the node failed and the task paused (``task.status_reason`` says why). 422
-    evidence_insufficient only for a receipt that is none: no remote id."""
+    evidence_insufficient only for a receipt that is none: no remote id. With ``start_next`` the answer carries the
+    next directive (``next``); when that is to start a fresh node, its operation is registered and marked sent in
+    the same commit as the receipt, or neither is written."""
     token = token_of(request)
     lease = held_lease(request, token, task_id)
     version = expected_version(request)
 
-    def run() -> HttpResponse:
+    def settle(keep: Keep | None) -> HttpResponse | None:
+        """The outcome recorded and answered. With ``keep``, the answer's Idempotency-Key record is written in the
+        outcome's own statement when the answer is known before the write (no directive to read after it); else
+        nothing is written and the answer is None (the key's record is then written in a transaction around)."""
         snap = _snapshot(task_id, lease, version)
         if snap.operation(op_key) is None and not Operation.objects.filter(task_id=task_id, op_key=op_key).exists():
             raise OperationNotFound(f"task {task_id} has no operation {op_key!r}")
         # When the remote was asked, at the latest: after the directive the agent echoes (never later than now), or,
         # unsaid, after the version it read was written.
         asked_at = min(payload.asked_at, snap.now) if payload.asked_at is not None else snap.task.updated_at
-        settled = record_outcome(snap, op_key, payload.outcome(), lease=lease, asked_at=asked_at)
-        op, new = settled.operation, settled.snapshot
-        node = next((n.key for n in new.nodes if n.pk == op.node_id), "")
-        body = OutcomeOut(operation=operation_detail(op, node), task=task_summary(new.task))
-        return answer(body, version=new.version)
+        kept: list[HttpResponse] = []
 
-    return idempotent(request, token.agent_id, run)
+        def record(step: Step) -> tuple[type[Model], dict[str, Any]]:
+            if keep is None or (payload.start_next and step.started is None):
+                raise _AnsweredAfter
+            kept.append(_outcome_answer(task_id, lease, step, payload.start_next))
+            return keep(kept[0])
+
+        try:
+            settled = record_outcome(
+                snap,
+                op_key,
+                payload.outcome(),
+                lease=lease,
+                asked_at=asked_at,
+                start_next=payload.start_next,
+                also=record if keep is not None else None,
+            )
+        except _AnsweredAfter:
+            return None
+        if keep is not None:
+            return kept[0] if kept else None  # nothing written: the answer and its record go the common way
+        return _outcome_answer(task_id, lease, settled, payload.start_next)
+
+    def run() -> HttpResponse:
+        answered = settle(None)
+        if answered is None:  # pragma: no cover - without keep, settle always answers
+            raise AssertionError("an outcome without an answer")
+        return answered
+
+    return idempotent(request, token.agent_id, run, guarded=True, joined=settle)
+
+
+class _AnsweredAfter(Exception):
+    """The outcome's answer needs what is read after its write (the next directive): its record cannot be part of
+    the write's own statement."""
+
+
+def _outcome_answer(task_id: int, lease: Lease, settled: Step, start_next: bool) -> HttpResponse:
+    op, new = settled.operation, settled.snapshot
+    node = _node_key(new, op)
+    following = None
+    if settled.started is not None:  # the next node's start, written with the receipt: send it next
+        started = settled.started
+        d = Directive("execute", new.version, node_key=_node_key(new, started), op_key=started.op_key)
+        following = directive_out(d, new, started=True)
+    elif start_next:
+        try:
+            with transaction.atomic():  # a refusal here leaves the outcome recorded: its own savepoint
+                following, new = _directive_answer(task_id, lease, new)
+        except (Refused, LeaseError):  # the task moved meanwhile: next is null, the agent reads the directive
+            following = None
+    body = OutcomeOut(operation=operation_detail(op, node), task=task_summary(new.task), next=following)
+    return answer(body, version=new.version)
+
+
+def _node_key(snap: Snapshot, op: Operation) -> str:
+    return next((n.key for n in snap.nodes if n.pk == op.node_id), "")
 
 
 @router.post(
@@ -231,7 +306,7 @@ def cleanup_report(request: HttpRequest, task_id: int, temp_id: int, payload: Cl
         body = CleanupOut(temp_resource=temp_resource_out(temp), task=task_summary(new.task))
         return answer(body, version=new.version)
 
-    return idempotent(request, token.agent_id, run)
+    return idempotent(request, token.agent_id, run, guarded=True)
 
 
 @router.post(
@@ -252,7 +327,7 @@ def inputs_report(request: HttpRequest, task_id: int, payload: InputsIn) -> Http
         new = inputs_confirm(snap, dict(payload.current_versions), lease=lease)
         return answer(task_summary(new.task), version=new.version)
 
-    return idempotent(request, token.agent_id, run)
+    return idempotent(request, token.agent_id, run, guarded=True)
 
 
 def _ttl(seconds: int | None) -> timedelta | None:

@@ -8,8 +8,9 @@ import hashlib
 import secrets
 from collections.abc import Sequence
 from datetime import timedelta
+from functools import cache
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
@@ -112,19 +113,36 @@ def api_token_revoke(*, actor: Principal, token_id: int, reason: str) -> ApiToke
     return row
 
 
-def api_token_authenticate(plaintext: str) -> ApiToken | None:
+def api_token_authenticate(plaintext: str, *, task_id: int | None = None) -> ApiToken | None:
     """The live token whose plaintext this is, or None (unknown or revoked). One query; and at most once a minute
-    per token, one more to note when it was last used."""
+    per token, one more to note when it was last used. ``task_id``: the task a request addresses, whose kind and
+    project (what ``require_scope`` judges) are read in the same query."""
     if not plaintext.startswith(TOKEN_PREFIX) or len(plaintext) > 100:
         return None
-    row = ApiToken.objects.filter(token_hash=token_hash(plaintext), revoked_at__isnull=True).first()
+    found = list(ApiToken.objects.raw(_token_sql(), [task_id, token_hash(plaintext)]))
+    row = found[0] if found else None
     if row is None:
         return None
+    row.scope_task = task_id  # type: ignore[attr-defined]  # whose kind and project were read with it, if any
     now = timezone.now()  # the app server's clock: a hint, and the database clock would cost a query per request
     if row.last_used_at is None or row.last_used_at <= now - LAST_USED_GRANULARITY:
         ApiToken.objects.filter(pk=row.pk).update(last_used_at=now)
         row.last_used_at = now
     return row
+
+
+@cache
+def _token_sql() -> str:
+    """The live token by its hash, with the kind and project of the task whose id is the first parameter (null for
+    none): SQL made once (the ORM compiled the query again on every request, at more CPU than the query)."""
+    token, task = ApiToken._meta, Task._meta
+    q = connection.ops.quote_name
+    columns = ", ".join(f"k.{q(str(f.column))}" for f in token.concrete_fields)
+    return (
+        f"SELECT {columns}, t.{q('kind')} AS scope_kind, t.{q('project')} AS scope_project"  # noqa: S608
+        f" FROM {q(token.db_table)} k LEFT JOIN {q(task.db_table)} t ON t.{q('id')} = %s"
+        f" WHERE k.{q('token_hash')} = %s AND k.{q('revoked_at')} IS NULL"
+    )
 
 
 def api_token_list() -> list[ApiToken]:
@@ -147,14 +165,19 @@ def require_scope(token: ApiToken, raw_task_id: str) -> None:
     names must be in the token's scope. A task outside it is answered exactly as a task that does not exist
     (TaskNotFound, the same detail), so a token learns nothing of tasks it may not see. A path value that is not a
     number is left to the route's own validation, a negative one names no task, and one past any column is left to
-    the guard every API request passes (api/urls.py): the same answer for every token. One query, by primary key."""
+    the guard every API request passes (api/urls.py): the same answer for every token. One query, by primary key —
+    none when the token was read with this task's kind and project (``api_token_authenticate(…, task_id=…)``)."""
     task_id = ascii_int(raw_task_id)
     if task_id is None:
         if raw_task_id.startswith("-") and ascii_int(raw_task_id[1:]) is not None:  # a number no task has
             raise TaskNotFound(f"task {raw_task_id} does not exist")
         return
-    row = Task.objects.filter(pk=task_id).values_list("kind", "project").first()
-    if row is None or not covers(token.kinds, token.projects, kind=row[0], project=row[1]):
+    if getattr(token, "scope_task", None) == task_id:
+        kind, project = getattr(token, "scope_kind", None), getattr(token, "scope_project", None)
+        row = (kind, project) if kind is not None else None
+    else:
+        row = Task.objects.filter(pk=task_id).values_list("kind", "project").first()
+    if row is None or not covers(token.kinds, token.projects, kind=row[0], project=row[1] or ""):
         raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
 
 

@@ -4,9 +4,10 @@ run by C agents in threads, each task with ``Reckon.run`` — the HTTP figure to
 
     python examples/bench_http.py --url http://127.0.0.1:8000 --token rk_… --tasks 20 --nodes 10 --agents 4
 
-A node is three requests (directive, intent, outcome) and two commits; a task adds its create, lease, last
-directive and release. The server's rate limit (RECKON_API_RATE requests a minute per token, default 1200) caps
-what one token can do: start the server with RECKON_API_RATE=0 to measure the server, not the limit.
+A node in steady state is one request and one commit: its outcome, whose answer carries the next node's operation,
+started in the same commit; a task adds its create, lease, first directive, first intent and release. The server's
+rate limit (RECKON_API_RATE requests a minute per token, default 6000) caps what one token can do: start the server
+with RECKON_API_RATE=0 to measure the server, not the limit.
 """
 
 import argparse

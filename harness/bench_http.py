@@ -8,22 +8,28 @@ call made (to an in-process remote that commits at once), its receipt recorded.
 
 - **in process**: ``tasks.engine.runner.run_steps`` in this process, one task after another — a Celery worker's path.
 - **over HTTP**: a real web server (gunicorn with console/gunicorn.conf.py, ``--web-workers`` processes) on the
-  same database, driven by ``reckon_client.Reckon.run`` — an agent's path: per node a directive read, the intent
-  POST, the outcome POST (and one lease acquire, directive and release per task), each a real HTTP request on a
-  kept-alive connection. With 1 agent, then with N agent threads on different tasks.
+  same database, driven by ``reckon_client.Reckon.run`` — an agent's path: per node in steady state one request,
+  the outcome POST whose answer carries the next node's operation, already started (and per task one lease
+  acquire, directive read, intent and release), each a real HTTP request on a kept-alive connection. With 1 agent,
+  then with N agent threads on different tasks.
 
 Figures: steps/s over the wall time of each run (tasks created and leases taken beforehand are not measured for the
 in-process run; over HTTP the lease is part of each run, as it is for an agent). Every figure is one run's: the
-point is the ratio of the two paths measured together, not a tuned throughput.
+point is the ratio of the two paths measured together, not a tuned throughput. Per node, each run also counts the
+requests, the statements its database connections sent (Django's per-request connection health check included)
+and the commits that wrote: in process on the bench's connection, over HTTP in the web server's processes
+(harness/counting_gunicorn.py: Reckon's gunicorn configuration plus the counters).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -36,7 +42,7 @@ from django.db import connections
 
 from api.models import ApiToken
 from api.tokens import TOKEN_PREFIX, token_hash
-from harness.bench import BenchConnector, chain_plan, scratch_database
+from harness.bench import BenchConnector, StatementCounter, chain_plan, scratch_database
 from harness.ports import free_port
 from leases import clock
 from leases.services import lease_acquire
@@ -101,10 +107,11 @@ def run_http_bench(config: HttpBenchConfig, log: Callable[[str], None] = print) 
         log(f"in process: {config.tasks} tasks x {config.nodes} nodes")
         report["runs"].append({"path": "in process", "agents": 1, **_in_process(config, steps)})
         token = _token()
-        with _web_server(_database_url(name), config.web_workers) as url:
+        with _web_server(_database_url(name), config.web_workers) as server:
             for agents in config.agents:
                 log(f"over HTTP: {agents} agent(s) x {config.tasks} tasks x {config.nodes} nodes")
-                report["runs"].append({"path": "over HTTP", "agents": agents, **_over_http(config, url, token, agents)})
+                run = _over_http(config, server, token, agents)
+                report["runs"].append({"path": "over HTTP", "agents": agents, **run})
         base = report["runs"][0]["steps_per_s"]
         for run in report["runs"]:
             run["ratio"] = run["steps_per_s"] / base if base else 0.0
@@ -118,18 +125,22 @@ def _in_process(config: HttpBenchConfig, steps: int) -> dict[str, float]:
         task = task_create(kind=KIND, title=f"bench {i}", plan=plan, created_by="bench")
         leases.append(lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="bench-in-process"))
     connector = BenchConnector()
+    counter = StatementCounter(connections["default"])
     start = time.perf_counter()
-    for lease in leases:
-        report = run_steps(task_id=lease.task_id, lease=lease, connector=connector)
-        if report.directive is None or report.directive.kind != "done":
-            raise RuntimeError(f"task {lease.task_id} did not complete in process: {report}")
+    with counter.installed():
+        for lease in leases:
+            report = run_steps(task_id=lease.task_id, lease=lease, connector=connector)
+            if report.directive is None or report.directive.kind != "done":
+                raise RuntimeError(f"task {lease.task_id} did not complete in process: {report}")
     wall = time.perf_counter() - start
-    return {"steps": steps, "wall_s": wall, "steps_per_s": steps / wall}
+    counts = {"requests": 0, "statements": counter.statements, "commits": counter.commits}
+    return {"steps": steps, "wall_s": wall, "steps_per_s": steps / wall, **_per_node(counts, steps)}
 
 
-def _over_http(config: HttpBenchConfig, url: str, token: str, agents: int) -> dict[str, float]:
+def _over_http(config: HttpBenchConfig, server: _web_server, token: str, agents: int) -> dict[str, float]:
     from reckon_client import Reckon
 
+    url = server.url
     plan = http_plan(config.nodes)
     with Reckon(url, token) as setup:
         ids = [setup.create_task(KIND, f"bench {agents}/{i}", plan).id for i in range(config.tasks * agents)]
@@ -147,6 +158,7 @@ def _over_http(config: HttpBenchConfig, url: str, token: str, agents: int) -> di
                     failures.append(f"task {task_id}: {result}")
 
     threads = [threading.Thread(target=agent, args=(share,)) for share in shares]
+    before = server.counts()
     for thread in threads:
         thread.start()
     barrier.wait()
@@ -157,7 +169,13 @@ def _over_http(config: HttpBenchConfig, url: str, token: str, agents: int) -> di
     if failures:
         raise RuntimeError("over HTTP, tasks did not complete: " + "; ".join(failures[:3]))
     steps = len(ids) * config.nodes
-    return {"steps": steps, "wall_s": wall, "steps_per_s": steps / wall}
+    after = server.counts()
+    counts = {name: after[name] - before.get(name, 0) for name in ("requests", "statements", "commits")}
+    return {"steps": steps, "wall_s": wall, "steps_per_s": steps / wall, **_per_node(counts, steps)}
+
+
+def _per_node(counts: Mapping[str, int], steps: int) -> dict[str, float]:
+    return {f"{name}_per_node": value / steps for name, value in counts.items()}
 
 
 def _token() -> str:
@@ -180,13 +198,30 @@ def _database_url(name: str) -> str:
 
 
 class _web_server:
-    """gunicorn with Reckon's configuration on a free loopback port, against ``database_url``."""
+    """gunicorn with Reckon's configuration on a free loopback port, against ``database_url``, counting what its
+    processes send to the database (harness/counting_gunicorn.py)."""
 
     def __init__(self, database_url: str, workers: int) -> None:
         self.database_url, self.workers = database_url, workers
         self.process: subprocess.Popen[bytes] | None = None
+        self.url = ""
+        self._counts = tempfile.TemporaryDirectory(prefix="reckon-bench-counts-")
 
-    def __enter__(self) -> str:
+    def counts(self) -> dict[str, int]:
+        """The server's counts so far, summed over its processes. Each process writes its own after a response is
+        sent: read until two readings agree."""
+        previous: dict[str, int] | None = None
+        while True:
+            totals: dict[str, int] = {}
+            for path in Path(self._counts.name).glob("*.json"):
+                for name, value in json.loads(path.read_text()).items():
+                    totals[name] = totals.get(name, 0) + value
+            if totals == previous:
+                return totals
+            previous = totals
+            time.sleep(0.2)
+
+    def __enter__(self) -> _web_server:
         port = free_port()
         env = {
             **os.environ,
@@ -195,10 +230,11 @@ class _web_server:
             "RECKON_WEB_WORKERS": str(self.workers),
             "RECKON_API_RATE": "0",
             "DJANGO_DEBUG": "1",  # static files from the apps' folders: nothing to collect for a benchmark
+            "RECKON_BENCH_COUNTS": self._counts.name,
         }
         gunicorn = Path(sys.executable).with_name("gunicorn")
         self.process = subprocess.Popen(  # noqa: S603 - our own server, our own arguments
-            [str(gunicorn), "-c", str(ROOT / "console" / "gunicorn.conf.py")],
+            [str(gunicorn), "-c", str(ROOT / "harness" / "counting_gunicorn.py")],
             cwd=ROOT,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -211,7 +247,8 @@ class _web_server:
                 raise RuntimeError(f"gunicorn exited with {self.process.returncode} before answering")
             try:
                 if httpx.get(f"{url}/api/v1/openapi.json", timeout=2).status_code == 200:
-                    return url
+                    self.url = url
+                    return self
             except httpx.HTTPError:
                 time.sleep(0.2)
         raise RuntimeError("gunicorn did not answer within 60 s")
@@ -224,17 +261,20 @@ class _web_server:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        self._counts.cleanup()
 
 
 def format_http_report(report: dict[str, Any]) -> str:
     lines = [
         f"Step over HTTP vs in process — {report['vendor']}, {report['tasks']} tasks x {report['nodes']} nodes per "
         "agent and run",
-        f"{'path':<12} {'agents':>6} {'steps':>7} {'wall s':>8} {'steps/s':>9} {'x in-process':>13}",
+        f"{'path':<12} {'agents':>6} {'steps':>7} {'wall s':>8} {'steps/s':>9} {'x in-process':>13} "
+        f"{'req/node':>9} {'stmt/node':>10} {'commits/node':>13}",
     ]
     for run in report["runs"]:
         lines.append(
             f"{run['path']:<12} {run['agents']:>6} {run['steps']:>7} {run['wall_s']:>8.2f} "
-            f"{run['steps_per_s']:>9.1f} {run['ratio']:>13.2f}"
+            f"{run['steps_per_s']:>9.1f} {run['ratio']:>13.2f} {run['requests_per_node']:>9.2f} "
+            f"{run['statements_per_node']:>10.2f} {run['commits_per_node']:>13.2f}"
         )
     return "\n".join(lines)

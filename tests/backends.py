@@ -57,6 +57,7 @@ BOTH_PASSES: tuple[Group, ...] = (
             "test_final_not_found.py",
             "test_smoke_protocol.py",
             "test_shared_commit.py",
+            "test_api_one_step.py",
             "test_permits.py",
             "test_takeover.py",
             "test_takeover_smoke.py",

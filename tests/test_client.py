@@ -50,6 +50,7 @@ class FakeReckon:
     released: bool = False
     fence: bool = False  # the directive's reconcile says fence (a cancel is recorded on the server)
     not_after: str = ""  # the deadline the server gives each operation
+    answers_next: bool = False  # an outcome with start_next answers the next directive, a fresh node started
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         self.seen.append(request)
@@ -73,12 +74,8 @@ class FakeReckon:
         if request.headers.get("If-Match") != f'"{self.version}"':
             return problem(412, "version_conflict", current_version=self.version)
         if (request.method, path) == ("POST", "/operations"):
-            self.open_op = f"op-{body['node_key']}"
-            self.version += 1
-            op = {"op_key": self.open_op, "node": body["node_key"], "action": "a", "purpose": "effect"}
-            op |= {"request": {"action": "a", "input": {"n": body["node_key"]}}, "status": "dispatched"}
-            op |= {"not_after": self.not_after or None}
-            return httpx.Response(201, json=op | {"dispatch_count": 1}, headers={"ETag": f'"{self.version}"'})
+            op = self._start(body["node_key"])
+            return httpx.Response(201, json=op, headers={"ETag": f'"{self.version}"'})
         if request.method == "POST" and path.endswith("/outcome"):
             op_key = path.split("/")[2]
             assert op_key == self.open_op, (op_key, self.open_op)
@@ -90,8 +87,22 @@ class FakeReckon:
                 self.version += 1
             status = "committed" if body["result"] == "committed" else "dispatched"
             settled = {"operation": {"op_key": op_key, "status": status}, "task": {"version": self.version}}
+            if self.answers_next and body.get("start_next"):
+                following = self._directive()
+                if following["kind"] == "execute" and body["result"] == "committed":  # started with the receipt
+                    op = self._start(following["node_key"])
+                    following |= {"op_key": op["op_key"], "operation": op, "started": True}
+                settled |= {"next": following | {"task_version": self.version}}
             return httpx.Response(200, json=settled, headers={"ETag": f'"{self.version}"'})
         return problem(404, "not_found")
+
+    def _start(self, node_key: str) -> dict[str, Any]:
+        """The node's operation registered and marked sent."""
+        self.open_op = f"op-{node_key}"
+        self.version += 1
+        op: dict[str, Any] = {"op_key": self.open_op, "node": node_key, "action": "a", "purpose": "effect"}
+        op |= {"request": {"action": "a", "input": {"n": node_key}}, "status": "dispatched"}
+        return op | {"not_after": self.not_after or None, "dispatch_count": 1}
 
     def _lease(self, renewal_seq: int) -> dict[str, Any]:
         lease = {"lease_id": 77, "task_id": TASK, "epoch": 2, "holder": "agent:a", "expires_at": "2026-12-01T00:00:00Z"}
@@ -169,6 +180,7 @@ def client(fake: FakeReckon) -> Reckon:
 
 
 def test_a_run_registers_each_intent_before_the_call_and_reports_its_outcome(slept: list[float]) -> None:
+    """Against a server whose outcome answers no next directive (an older one): directive, intent, outcome."""
     fake, store = FakeReckon(["a", "b"]), Store()
     result = client(fake).run(TASK, store)
     assert result.status == "done" and result.steps == 2
@@ -184,8 +196,49 @@ def test_a_run_registers_each_intent_before_the_call_and_reports_its_outcome(sle
         "result": "committed",
         "remote_id": "r-op-a",
         "count": 1,
+        "start_next": True,
     }
     assert fake.released
+
+
+def test_a_node_in_steady_state_is_one_request_the_outcome_whose_answer_started_the_next(slept: list[float]) -> None:
+    fake, store = FakeReckon(["a", "b", "c"], answers_next=True), Store()
+    result = client(fake).run(TASK, store)
+    assert result.done and result.steps == 3 and store.sent == ["op-a", "op-b", "op-c"]
+    calls = [(r.method, r.url.path.removeprefix(f"/api/v1/tasks/{TASK}")) for r in fake.seen]
+    assert calls == [
+        ("POST", "/lease"),
+        ("GET", "/directive"),
+        ("POST", "/operations"),  # the first node only
+        *[("POST", f"/operations/op-{key}/outcome") for key in "abc"],
+        ("DELETE", "/lease"),
+    ]
+    # Each outcome is conditional on the version the previous answer left (its ETag): intent 4, then two per node.
+    assert [r.headers["If-Match"] for r in fake.calls("POST", "/outcome")] == ['"4"', '"6"', '"8"']
+
+
+def test_a_started_node_is_not_sent_once_a_stop_is_said_and_is_looked_up_instead(slept: list[float]) -> None:
+    """The renewer's answer raises the stop flag while the outcome that started b is on its way back: b is not
+    sent; the directive then reconciles it (looked up: not found, never sent) before the run stops."""
+    from reckon_client import protocol
+
+    fake, store = FakeReckon(["a", "b"], answers_next=True), Store()
+    state = LeaseState(task_id=TASK, lease_id="77", epoch=2, ttl_seconds=300, renewal_seq=0)
+    handle = fake.handle
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        response = handle(request)
+        if request.url.path.endswith("/op-a/outcome"):
+            fake.lease["takeover_requested"] = True
+            state.heard({"takeover_requested": True})  # as the renewer thread does with a renewal's answer
+        return response
+
+    reckon = Reckon("http://reckon.test", "rk_test", transport=httpx.MockTransport(handler))
+    result = reckon._drive(protocol.steps(state, max_wait=60, compensate=False), store)
+    assert (result.status, result.reason) == ("stopped", "takeover_requested")
+    assert store.sent == ["op-a"] and fake.open_op == ""
+    assert [r.url.path.rsplit("/", 2)[-2] for r in fake.calls("POST", "/outcome")] == ["op-a", "op-b"]
+    assert json.loads(fake.calls("POST", "/outcome")[1].content)["result"] == "not_found"
 
 
 def test_a_restarted_run_reconciles_the_operation_in_flight_before_sending_anything(slept: list[float]) -> None:
@@ -209,13 +262,13 @@ def test_after_a_cancel_the_operation_in_flight_is_fenced_not_looked_up(slept: l
     assert (result.status, result.reason) == ("stopped", "cancel_requested")
     assert store.fenced == ["op-a"] and store.sent == []
     [report] = fake.calls("POST", "/outcome")
-    assert json.loads(report.content) == {"result": "fenced"}
+    assert json.loads(report.content) == {"result": "fenced", "start_next": True}
 
     fake, plain = FakeReckon(["a"], open_op="op-a", fence=True), Store()
     fake.lease = {"cancel_requested": True}
     client(fake).run(TASK, plain)
     [report] = fake.calls("POST", "/outcome")
-    assert json.loads(report.content) == {"result": "not_found"}
+    assert json.loads(report.content) == {"result": "not_found", "start_next": True}
 
     fake, store = FakeReckon(["a"], open_op="op-a"), FencingStore(lookups={"op-a": Committed(remote_id="r-op-a")})
     assert client(fake).run(TASK, store).done
@@ -395,6 +448,12 @@ def test_the_async_client_reconciles_first_and_sends_each_node_once() -> None:
     store = Store(lookups={"op-a": Committed(remote_id="r-op-a")})
     result = arun(fake, store)
     assert result.done and store.sent == ["op-b", "op-c"] and fake.released
+
+
+def test_the_async_client_also_sends_each_started_node_once_without_its_intent() -> None:
+    fake, store = FakeReckon(["a", "b", "c"], answers_next=True), Store()
+    assert arun(fake, store).done and store.sent == ["op-a", "op-b", "op-c"]
+    assert len(fake.calls("POST", "/operations")) == 1 and len(fake.calls("GET", "/directive")) == 1
 
 
 def test_the_async_client_stops_on_cancel_and_releases() -> None:

@@ -66,7 +66,7 @@ def test_the_apis_outcome_declares_the_receipt_fields_in_order() -> None:
 @pytest.mark.django_db
 def test_the_openapi_document_shows_the_receipt_fields_in_the_outcome(client: Client) -> None:
     document = client.get("/api/v1/openapi.json").json()
-    properties = list(document["components"]["schemas"]["OutcomeIn"]["properties"])
+    properties = list(document["components"]["schemas"]["StepOutcomeIn"]["properties"])
     assert [n for n in properties if n in RECEIPT_FIELDS] == list(RECEIPT_FIELDS), properties
 
 

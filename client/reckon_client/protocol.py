@@ -6,7 +6,10 @@ rules (intent before call, the stop flag checked before each side effect, reconc
 that cannot reach the remote ends the run) live here only, and the drivers only move bytes.
 
 What the loop follows is the server's directive: reconcile comes before execute in it, so a run that starts after a
-crash (SIGKILL anywhere) asks the remote what became of the operation in flight before it sends anything new.
+crash (SIGKILL anywhere) asks the remote what became of the operation in flight before it sends anything new. Each
+outcome is posted with ``start_next``: its answer carries the next directive — when that is to execute a fresh node,
+with the node's operation already registered and marked sent in the receipt's commit — so a node in steady state is
+one request (docs/api.md, "A step in one request").
 """
 
 import base64
@@ -390,11 +393,17 @@ def steps(
     directive ``cleanup``); without it the run stops there (``cleanup_unsupported``) and they wait for a person."""
     base = f"/tasks/{state.task_id}"
     done = conflicts = 0
+    following: Mapping[str, Any] | None = None  # the next directive an outcome's answer carried (start_next)
     while True:
         if state.lost:
             return RunResult("stopped", state.stop_reason, steps=done)
         try:
-            d = ok((yield Call("GET", f"{base}/directive", None, _lease_headers(state))))
+            d = (
+                following
+                if following is not None
+                else ok((yield Call("GET", f"{base}/directive", None, _lease_headers(state))))
+            )
+            following = None
             kind, version = str(d["kind"]), int(d["task_version"])
             op_key, reason = str(d.get("op_key") or ""), str(d.get("reason") or "")
             if kind == "done":
@@ -410,7 +419,7 @@ def steps(
             elif kind == "reconcile" and op_key:
                 ask: Literal["fence", "lookup"] = "fence" if fences and d.get("fence") else "lookup"
                 asked_at = str(d.get("asked_at") or "")
-                ended = yield from _reconcile(state, base, op_key, version, max_wait, ask, asked_at)
+                ended, following = yield from _reconcile(state, base, op_key, version, max_wait, ask, asked_at)
                 done += 1
                 if ended is not None:
                     return RunResult(ended.status, ended.reason, ended.until, done, ended.detail)
@@ -426,9 +435,10 @@ def steps(
                 if ended is not None:
                     return RunResult(ended.status, ended.reason, ended.until, done, ended.detail)
             elif kind == "execute":
-                if state.stop_reason:  # cancel or takeover asked: start no side effect
+                if state.stop_reason and not d.get("started"):  # cancel or takeover asked: start no side effect
                     return RunResult("stopped", state.stop_reason, steps=done)
-                done += yield from _execute(state, base, str(d["node_key"]), version, compensate)
+                sent, following = yield from _execute(state, base, d, version, compensate)
+                done += sent
             else:
                 return RunResult("stopped", f"unknown_directive:{kind}", steps=done)
             conflicts = 0
@@ -446,18 +456,26 @@ class _Unreachable(Exception):
     """The connector could not reach the remote for a query: nothing was written; ask again later."""
 
 
-def _execute(state: LeaseState, base: str, node_key: str, version: int, compensate: bool) -> Steps[bool]:
-    """Intent, call, outcome; False when a stop came in between the intent and the call (nothing was sent)."""
-    # Commit 1: the intent, recorded and marked sent before the call (the op key exists before anything can happen).
-    body = {"node_key": node_key}
-    headers = _lease_headers(state, version=version, body=["operations", body])
-    reply = yield Call("POST", f"{base}/operations", body, headers)
-    op = ok(reply)
-    version = etag_version(reply) or version + 1
+def _execute(
+    state: LeaseState, base: str, d: Mapping[str, Any], version: int, compensate: bool
+) -> Steps[tuple[bool, Mapping[str, Any] | None]]:
+    """Intent, call, outcome: whether the call was made (not when a stop came in between the intent and the call),
+    and the next directive the outcome's answer carried. A directive ``started`` by the previous outcome's answer
+    needs no intent: its operation was registered and marked sent in that answer's commit."""
+    if d.get("started") and isinstance(d.get("operation"), Mapping):
+        op = d["operation"]
+    else:
+        # Commit 1: the intent, recorded and marked sent before the call (the op key exists before anything can
+        # happen).
+        body = {"node_key": str(d["node_key"])}
+        headers = _lease_headers(state, version=version, body=["operations", body])
+        reply = yield Call("POST", f"{base}/operations", body, headers)
+        op = ok(reply)
+        version = etag_version(reply) or version + 1
     if state.stop_reason:
         # Asked to stop while the intent was recorded: nothing is sent. The operation is open, so the next directive
         # is to look it up by op key (not found: settled as never sent), then to stop.
-        return False
+        return False, None
     send: Literal["submit", "compensate"] = (
         "compensate" if compensate and op.get("purpose") == "compensation" else "submit"
     )
@@ -465,8 +483,9 @@ def _execute(state: LeaseState, base: str, node_key: str, version: int, compensa
     if op.get("not_after"):  # the deadline the remote refuses the request after (docs/api.md, a final not found)
         request["not_after"] = str(op["not_after"])
     outcome = _checked((yield Remote(send, (str(op["op_key"]), request))))
-    yield from _post_outcome(state, base, str(op["op_key"]), outcome, version)  # commit 2: the receipt
-    return True
+    # Commit 2: the receipt, and with it the next node's start when that is the next directive.
+    answer = yield from _post_outcome(state, base, str(op["op_key"]), outcome, version)
+    return True, _next_of(answer)
 
 
 def _reconcile(
@@ -477,7 +496,7 @@ def _reconcile(
     max_wait: float,
     ask: Literal["fence", "lookup"],
     asked_at: str = "",
-) -> Steps[RunResult | None]:
+) -> Steps[tuple[RunResult | None, Mapping[str, Any] | None]]:
     try:
         outcome = _checked((yield Remote(ask, (op_key,))))
     except OSError as exc:  # a connector that raised instead of answering Failed(connection_interrupted)
@@ -489,13 +508,13 @@ def _reconcile(
     answer = yield from _post_outcome(state, base, op_key, outcome, version, extra)
     if isinstance(outcome, Accepted):  # the remote still runs it: observe it, holding the lease, and ask again
         if max_wait < OBSERVE_EVERY:
-            return RunResult("waiting", "observing", until=_now() + timedelta(seconds=OBSERVE_EVERY))
+            return RunResult("waiting", "observing", until=_now() + timedelta(seconds=OBSERVE_EVERY)), None
         yield Sleep(OBSERVE_EVERY)
-        return None
+        return None, None  # the directive is read again after the pause
     task = answer.get("task") or {}
     if int(task.get("version", version + 1)) == version:  # nothing new to record (still unprovable)
-        return RunResult("waiting", "inconclusive", until=_now() + timedelta(seconds=OBSERVE_EVERY))
-    return None
+        return RunResult("waiting", "inconclusive", until=_now() + timedelta(seconds=OBSERVE_EVERY)), None
+    return None, _next_of(answer)
 
 
 def _cleanup(state: LeaseState, base: str, work: Mapping[str, Any], version: int) -> Steps[RunResult | None]:
@@ -539,9 +558,16 @@ def _recheck_inputs(state: LeaseState, base: str, refs: Mapping[str, Any], versi
 def _post_outcome(
     state: LeaseState, base: str, op_key: str, outcome: Outcome, version: int, extra: Mapping[str, Any] | None = None
 ) -> Steps[Any]:
-    body = outcome_json(outcome) | dict(extra or {})
+    # start_next: the answer carries the next directive, and a fresh node's start is written with the receipt.
+    body = outcome_json(outcome) | dict(extra or {}) | {"start_next": True}
     path = f"{base}/operations/{quote(op_key, safe='')}/outcome"
     return ok((yield Call("POST", path, body, _lease_headers(state, version=version, body=[path, body]))))
+
+
+def _next_of(answer: Any) -> Mapping[str, Any] | None:
+    """The next directive an outcome's answer carries (null from a server that does not offer it: read it)."""
+    following = answer.get("next") if isinstance(answer, Mapping) else None
+    return following if isinstance(following, Mapping) else None
 
 
 def _checked(value: Any) -> Outcome:

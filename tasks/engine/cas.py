@@ -109,6 +109,8 @@ class Applied:
 
 
 type ChangeBuilder = Callable[[Task, datetime], Change]
+# A row to insert with a write, made from what the write will leave: (model, fields).
+type AlsoRow = Callable[[Applied], tuple[type[Model], dict[str, Any]]]
 
 
 def _resolve(value: Any, now: datetime) -> Any:
@@ -129,6 +131,7 @@ def compare_and_set(
     snapshot: Snapshot | None = None,
     before_event: Callable[[Task, datetime], None] | None = None,
     then: Change | None = None,
+    also: AlsoRow | None = None,
 ) -> Applied:
     """Apply ``change`` if the task is still at ``expected_version``, ``lease`` is still its live lease and the
     table allows this actor this kind of change in the task's status.
@@ -143,14 +146,19 @@ def compare_and_set(
     ``then``: a second change, computed on ``project(snapshot, change)``, applied in the same write as the next
     version (its own event): both land or neither. Its conditions on the task row are judged on the row as read,
     so it may not ask for a field ``change`` sets (a programming error, refused).
+
+    ``also``: a row that is no part of the task's state (the API's record of its answer to an Idempotency-Key),
+    inserted in the same write — both land or neither does. It is made by ``also`` from the write's result as it
+    will be, before the write runs (the lease's new expiry not known yet: the snapshot keeps the old one; inserted
+    operations without their ids); a refusal it raises writes nothing.
     """
     call = _Call(task_id, expected_version, lease, _actor(lease, actor), before_event)
     if snapshot is None or not isinstance(change, Change):
-        if then is not None:
-            raise ValueError("a second change is applied only on the snapshot both were computed on")
+        if then is not None or also is not None:
+            raise ValueError("a second change or row is applied only on the snapshot the change was computed on")
         with transaction.atomic():
             return _write(call, change, snapshot, None)
-    return _write(call, change, snapshot, then)
+    return _write(call, change, snapshot, then, also)
 
 
 def project(snapshot: Snapshot, change: Change) -> Snapshot:
@@ -210,10 +218,19 @@ class _Batch:
     temp_resources: list[TempResource]
 
 
-def _write(call: _Call, first: Change | ChangeBuilder, snapshot: Snapshot | None, then: Change | None) -> Applied:
+def _write(
+    call: _Call,
+    first: Change | ChangeBuilder,
+    snapshot: Snapshot | None,
+    then: Change | None,
+    also: AlsoRow | None = None,
+) -> Applied:
     """Judge, stage, batch, run, report: each phase below, in the order the module's docstring tells."""
     staged = _staged(call, *_judged(call, first, snapshot, then))
     batch = _batched(call, staged)
+    if also is not None:  # gated on the task row's UPDATE, as the change's own rows
+        model, row = also(_result(staged, batch, None, snapshot))
+        batch.batch.insert(model, row, returning=False)
     results = _run(call, staged, batch)
     return _result(staged, batch, results, snapshot)
 
@@ -385,11 +402,17 @@ def _run(call: _Call, staged: _Staged, batch: _Batch) -> list[Any]:
     return results
 
 
-def _result(staged: _Staged, batch: _Batch, results: list[Any], snapshot: Snapshot | None) -> Applied:
+def _result(staged: _Staged, batch: _Batch, results: list[Any] | None, snapshot: Snapshot | None) -> Applied:
     """What the write left: its version and time, the operation rows as written (copies of updated ones: the
-    caller's stay as read) and, given the snapshot the change was computed on, the new version's snapshot."""
+    caller's stay as read) and, given the snapshot the change was computed on, the new version's snapshot.
+    Without ``results``, what it will leave, before it runs (``also``): the task as the UPDATE will set it, the
+    lease's expiry as read."""
     lease_expires_at: datetime | None = None
-    if batch.guard is not None:
+    task = staged.task
+    if results is None:
+        task = _applied(task, staged.task_fields)
+        task.version, task.updated_at, task.log_head = staged.version, staged.now, staged.events[-1].digest
+    elif batch.guard is not None:
         lease_expires_at = clock.as_utc(results[batch.renew] if batch.renew is not None else results[batch.guard])
     written = [
         op if new else _applied(op, fields) for (op, fields), new in zip(staged.operations, batch.inserted, strict=True)
@@ -402,7 +425,7 @@ def _result(staged: _Staged, batch: _Batch, results: list[Any], snapshot: Snapsh
                 changed[node.pk] = changed.get(node.pk, {}) | fields
         new_snapshot = after_write(
             snapshot,
-            task=staged.task,
+            task=task,
             nodes=changed,
             operations=written,
             now=staged.now,

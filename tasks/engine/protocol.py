@@ -20,9 +20,12 @@ version and the caller's lease epoch; the decision of what it writes is tasks/de
 raises a named error and writes nothing; the caller stops and leaves its op keys to the reconciler.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
+
+from django.db.models import Model
 
 from leases.services import LeaseRef
 from tasks.core.errors import InvalidTransition, TaskNotFound, VersionConflict
@@ -30,7 +33,7 @@ from tasks.core.outcomes import Outcome
 from tasks.decide import approval_binding, decisions
 from tasks.decide.change import Snapshot
 from tasks.decide.decisions import Directive, resolved_input
-from tasks.engine.cas import compare_and_set, project
+from tasks.engine.cas import Applied, compare_and_set, project
 from tasks.engine.cleanup import CLEANABLE, CleanupWork, cleanup_work
 from tasks.engine.snapshot import task_snapshot
 from tasks.engine.verification import approval_binding_verified, operation_request_verified
@@ -129,12 +132,14 @@ def record_outcome(
     settled_by: str = "",
     start_next: bool = False,
     asked_at: datetime | None = None,
+    also: Callable[[Step], tuple[type[Model], dict[str, Any]]] | None = None,
 ) -> Step:
     """Commit 2 of a node, on ``snap``: what the remote said for ``op_key`` (from the call or a query by op key). A
     receipt that satisfies the node's evidence advances it in the same transaction; failures branch by class
     (DESIGN §6). ``start_next``: in the same commit, the start of the next node when the outcome advances this one
     and the directive on the snapshot it leaves is to execute a node not yet registered
-    (tasks.decide.decisions.next_start) — ``step.started``, to be sent next."""
+    (tasks.decide.decisions.next_start) — ``step.started``, to be sent next. ``also``: a row inserted in the same
+    write, made from the step it will leave (compare_and_set's ``also``); not called when nothing is written."""
     op = snap.operation(op_key)
     if op is None:
         raise _not_outstanding(op_key)
@@ -147,10 +152,15 @@ def record_outcome(
         if following is not None and approval_binding.starts_under_approval(snap, following[1].node):
             following = None  # judged by the approval rule, and its execution recorded, in a start of its own
     then = following[0] if following is not None else None
-    applied = compare_and_set(snap.task.pk, snap.version, change, lease=lease, snapshot=snap, then=then)
-    settled = applied.operations[0] if applied.operations else op
-    started = applied.operations[-1] if following is not None else None
-    return Step(settled, applied.next_snapshot(), started)
+
+    def step_of(applied: Applied) -> Step:
+        settled = applied.operations[0] if applied.operations else op
+        started = applied.operations[-1] if following is not None else None
+        return Step(settled, applied.next_snapshot(), started)
+
+    row = (lambda applied: also(step_of(applied))) if also is not None else None
+    applied = compare_and_set(snap.task.pk, snap.version, change, lease=lease, snapshot=snap, then=then, also=row)
+    return step_of(applied)
 
 
 def _not_outstanding(op_key: str) -> Exception:
