@@ -249,7 +249,7 @@ def test_start_is_one_commit_registering_the_operation_as_sent_before_the_call(m
     assert (stored.status, stored.dispatch_count, stored.registered_at) == ("dispatched", 1, clock.now())
     assert stored.op_key == opkeys.effect(task.uid, 1, "a", 0)
     # the request stored (its JSON written once, by the decision) is the one sent, under the digest registered
-    assert stored.request == op.request and stored.request["action"] == "store.copy_batch"
+    assert stored.request == op.request and stored.request["action"] == "test.write"
     assert stored.request_digest == digest_of(stored.request) == op.request_digest
     event = Event.objects.get(task=task, seq=at + 1)
     assert (event.type, event.payload["data"]["op_key"]) == ("operation_dispatched", op.op_key)
@@ -423,7 +423,7 @@ def test_a_retry_after_a_definite_rejection_gets_a_new_op_key(make_task, agent_l
 def test_from_inputs_are_resolved_from_the_earlier_receipt_not_from_text(make_task, agent_lease, clock) -> None:
     plan = {
         "nodes": [
-            effect_node("prepare", action="store.prepare_target"),
+            effect_node("prepare", action="store.prepare_target", input={"project": "acme"}),
             effect_node(
                 "copy",
                 depends_on=["prepare"],
