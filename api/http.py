@@ -108,19 +108,32 @@ def answer(body: Schema, status: int = 200, *, version: int | None = None) -> Ht
     return with_version(response, version) if version is not None else response
 
 
-def header_parameter(name: str, description: str, *, required: bool) -> dict[str, Any]:
-    """A header the OpenAPI document names for an operation (read by the handler from ``request.headers``)."""
-    return {
-        "in": "header",
-        "name": name,
-        "required": required,
-        "description": description,
-        "schema": {"type": "string"},
-    }
+def header_parameter(name: str, description: str, *, required: bool, pattern: str | None = None) -> dict[str, Any]:
+    """A header the OpenAPI document names for an operation (read by the handler from ``request.headers``), with the
+    pattern of what the handler reads from it: a value outside it is refused (400 invalid_header, 422 for an
+    Idempotency-Key), a value inside it is read."""
+    schema = {"type": "string", **({"pattern": pattern} if pattern is not None else {})}
+    return {"in": "header", "name": name, "required": required, "description": description, "schema": schema}
 
 
-LEASE = header_parameter(LEASE_HEADER, "The lease_id of the lease this request is made under.", required=True)
-IF_MATCH = header_parameter(
-    "If-Match", 'The task version this write is conditional on (an ETag, e.g. "7").', required=True
+# What ascii_int reads (a version or a lease id; 18 digits stay within a 64-bit column), and ascii_token's key
+# (printable ASCII; the spaces around a header's value are not part of it).
+VERSION_PATTERN = r'^(W/)?"?[0-9]{1,18}"?$'
+ID_PATTERN = r"^[0-9]{1,18}$"
+IDEMPOTENCY_KEY_PATTERN = r"^[!-~]([ -~]{0,198}[!-~])?$"
+
+LEASE = header_parameter(
+    LEASE_HEADER, "The lease_id of the lease this request is made under.", required=True, pattern=ID_PATTERN
 )
-IDEMPOTENCY = header_parameter("Idempotency-Key", "Replays the first answer to the same request.", required=False)
+IF_MATCH = header_parameter(
+    "If-Match",
+    'The task version this write is conditional on (an ETag, e.g. "7").',
+    required=True,
+    pattern=VERSION_PATTERN,
+)
+IDEMPOTENCY = header_parameter(
+    "Idempotency-Key",
+    "Replays the first answer to the same request.",
+    required=False,
+    pattern=IDEMPOTENCY_KEY_PATTERN,
+)

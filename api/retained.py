@@ -12,14 +12,15 @@ import json
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from ninja import Router, Schema
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from api.auth import token_of
 from api.http import IDEMPOTENCY, answer
 from api.idempotency import idempotent
-from api.schemas import Problem
+from api.schemas import Integral, Problem
 from retention.models import RetainedKind
 from retention.services import NAME_MAX, Ref, Retained, fetch, retain
 
@@ -34,7 +35,25 @@ Base64Text = Annotated[str, Field(pattern=BASE64, description="The bytes, base64
 TTL_MAX_SECONDS = 10 * 366 * 24 * 3600
 
 
+def _as_retain_takes_it(schema: dict[str, Any]) -> None:
+    """RetainIn's JSON Schema states what retain() takes: a debug artifact's content is a JSON object, any other
+    kind's is base64 text, and a ttl is at most RECKON_RETENTION_MAX_EXTENSION (read when the document is made). A
+    body the document calls valid is then one the service takes (but for what its content holds: secrets)."""
+    ttl = next(s for s in schema["properties"]["ttl_seconds"]["anyOf"] if s.get("type") == "integer")
+    ttl["maximum"] = int(settings.RECKON_RETENTION_MAX_EXTENSION.total_seconds())
+    content = schema["properties"]["content"]["anyOf"]
+    fields = next(s for s in content if s.get("type") == "object")
+    text = next(s for s in content if s.get("type") == "string")
+    others = [k.value for k in RetainedKind if k != RetainedKind.DEBUG_ARTIFACT]
+    schema["oneOf"] = [
+        {"properties": {"kind": {"const": RetainedKind.DEBUG_ARTIFACT.value}, "content": fields}},
+        {"properties": {"kind": {"enum": others}, "content": text}},
+    ]
+
+
 class RetainIn(Schema):
+    model_config = ConfigDict(json_schema_extra=_as_retain_takes_it)
+
     kind: RetainedKind
     # The next version of this name is retained; stored in the clear beside the reference: no credential in it.
     name: Annotated[str, Field(min_length=1, max_length=NAME_MAX)]
@@ -42,7 +61,7 @@ class RetainIn(Schema):
     # refused). Any other kind: its bytes, base64.
     content: dict[str, Any] | Base64Text
     # Default: the kind's retention (RECKON_RETENTION_TTL); at most RECKON_RETENTION_MAX_EXTENSION.
-    ttl_seconds: Annotated[int, Field(strict=True, ge=1, le=TTL_MAX_SECONDS)] | None = None
+    ttl_seconds: Annotated[int, Field(strict=True, ge=1, le=TTL_MAX_SECONDS), Integral] | None = None
 
     def content_value(self) -> bytes | dict[str, Any]:
         if isinstance(self.content, dict):

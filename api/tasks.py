@@ -9,10 +9,12 @@ from pydantic import Field
 
 from api.auth import agent_principal, token_of
 from api.http import (
+    ID_PATTERN,
     IDEMPOTENCY,
     IF_MATCH,
     LEASE,
     LEASE_HEADER,
+    VERSION_PATTERN,
     answer,
     expected_version,
     header_parameter,
@@ -49,8 +51,12 @@ router = Router(tags=["tasks"])
 PROBLEMS: dict[int, type[Problem]] = {
     code: Problem for code in (400, 401, 403, 404, 409, 412, 413, 422, 423, 428, 429, 503)
 }
-OPTIONAL_LEASE = header_parameter(LEASE_HEADER, "The lease held on the task, if any.", required=False)
-OPTIONAL_IF_MATCH = header_parameter("If-Match", "Refuse (412) if the task moved past this version.", required=False)
+OPTIONAL_LEASE = header_parameter(
+    LEASE_HEADER, "The lease held on the task, if any.", required=False, pattern=ID_PATTERN
+)
+OPTIONAL_IF_MATCH = header_parameter(
+    "If-Match", "Refuse (412) if the task moved past this version.", required=False, pattern=VERSION_PATTERN
+)
 
 
 @router.post(

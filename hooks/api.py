@@ -10,7 +10,7 @@ from ninja import Router, Schema
 from pydantic import Field
 
 from api.auth import token_of
-from api.http import header_parameter
+from api.http import IDEMPOTENCY_KEY_PATTERN, header_parameter
 from api.idempotency import idempotent
 from api.schemas import Problem
 from hooks.models import WEBHOOK_EVENTS, WebhookSubscription
@@ -23,14 +23,22 @@ IDEMPOTENCY = header_parameter(
     "Idempotency-Key",
     "Replays the first answer to the same request (with the same secret) for 24 hours.",
     required=False,
+    pattern=IDEMPOTENCY_KEY_PATTERN,
 )
 
 
 class SubscriptionIn(Schema):
     # An absolute http(s) URL without credentials (no user:password, no token in the query).
     url: Annotated[str, Field(min_length=1, max_length=4000)]
+    # The service names an unknown event (422 webhook_events_invalid); the document lists the known ones.
     events: Annotated[
-        list[str], Field(min_length=1, max_length=len(WEBHOOK_EVENTS), description=", ".join(WEBHOOK_EVENTS))
+        list[str],
+        Field(
+            min_length=1,
+            max_length=len(WEBHOOK_EVENTS),
+            description=", ".join(WEBHOOK_EVENTS),
+            json_schema_extra={"items": {"type": "string", "enum": list(WEBHOOK_EVENTS)}},
+        ),
     ]
 
 
