@@ -1,6 +1,7 @@
 """What the agent API reads from a request's headers: the version a write is conditional on (``If-Match``), the
 lease it is made under (``Reckon-Lease``), and how answers carry the version back (``ETag``)."""
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -106,6 +107,17 @@ def answer(body: Schema, status: int = 200, *, version: int | None = None) -> Ht
     exactly this response: api/idempotency.py)."""
     response = JsonResponse(body.model_dump(mode="json"), status=status)
     return with_version(response, version) if version is not None else response
+
+
+# The key of an operation's ``openapi_extra`` that names the codes its services may refuse it with (documented()).
+REFUSES = "x-reckon-refuses"
+
+
+def documented(*parameters: dict[str, Any], refuses: Sequence[str] = ()) -> dict[str, Any]:
+    """An operation's ``openapi_extra``: the headers it reads, and the codes its services may refuse it with. The
+    document declares each operation's problem statuses from these and from what the operation takes (its path,
+    query, body and headers: api.errors.declared_problems), and from nothing else."""
+    return {"parameters": list(parameters), REFUSES: list(refuses)}
 
 
 def header_parameter(name: str, description: str, *, required: bool, pattern: str | None = None) -> dict[str, Any]:

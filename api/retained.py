@@ -18,7 +18,7 @@ from ninja import Router, Schema
 from pydantic import ConfigDict, Field
 
 from api.auth import token_of
-from api.http import IDEMPOTENCY, answer
+from api.http import IDEMPOTENCY, answer, documented
 from api.idempotency import idempotent
 from api.schemas import Integral, Problem
 from retention.models import RetainedKind
@@ -26,7 +26,8 @@ from retention.services import NAME_MAX, Ref, Retained, fetch, retain
 
 router = Router(tags=["retained"])
 
-PROBLEMS: dict[int, type[Problem]] = {code: Problem for code in (400, 401, 404, 409, 413, 422, 429, 503)}
+# A retained object's key (RECKON_RETENTION_KEY) an admin must fix: answered 503 to every read and write.
+KEY_REFUSALS = ("retention_key_invalid", "retention_key_missing")
 
 # Standard base64 (RFC 4648 §4), padded: exactly what the server decodes, so the document's pattern is the rule.
 BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
@@ -117,9 +118,9 @@ def retained_out(read: Retained) -> RetainedOut:
 
 @router.post(
     "/tasks/{task_id}/retained",
-    response={201: RetainedRef, **PROBLEMS},
+    response={201: RetainedRef},
     summary="Retain an object of the task (sealed, expiring)",
-    openapi_extra={"parameters": [IDEMPOTENCY]},
+    openapi_extra=documented(IDEMPOTENCY, refuses=("retention_refused", "secret_in_payload", *KEY_REFUSALS)),
 )
 def retained_new(request: HttpRequest, task_id: int, payload: RetainIn) -> HttpResponse:
     """Seal ``content`` as the next version of ``name`` and answer the reference a checkpoint keeps,
@@ -146,8 +147,17 @@ def retained_new(request: HttpRequest, task_id: int, payload: RetainIn) -> HttpR
 
 @router.get(
     "/tasks/{task_id}/retained/{retained_id}/versions/{version}",
-    response={200: RetainedOut, 410: GoneProblem, **PROBLEMS},
+    response={200: RetainedOut, 410: GoneProblem},
     summary="Read a retained object",
+    openapi_extra=documented(
+        refuses=(
+            "retention_not_found",
+            "retention_expired",
+            "retention_corrupt",
+            "retention_key_mismatch",
+            *KEY_REFUSALS,
+        )
+    ),
 )
 def retained_read(request: HttpRequest, task_id: int, retained_id: int, version: int) -> Any:
     """The content, checked against its digest, while the object's retention lasts. 410 retention_expired once it
