@@ -12,11 +12,12 @@ from ninja.openapi.docs import Swagger
 from ninja.parser import Parser
 
 from api.auth import AgentToken
-from api.errors import CONTENT_TYPE, database_unavailable, problem, problem_of, validation_errors
-from api.http import ApiError
+from api.errors import CONTENT_TYPE, database_unavailable, declared_problems, problem, problem_of, validation_errors
+from api.http import REFUSES, ApiError
 from api.kinds import router as kinds_router
 from api.ratelimit import RateLimited
 from api.retained import router as retained_router
+from api.schemas import Problem
 from api.steps import router as steps_router
 from api.tasks import router as tasks_router
 from audit.errors import Refused
@@ -46,13 +47,32 @@ class ReckonAPI(NinjaAPI):
 
     def get_openapi_schema(self, *, path_prefix: str | None = None, path_params: dict[str, Any] | None = None) -> Any:
         schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.setdefault("Problem", Problem.model_json_schema(ref_template="#/components/schemas/{model}"))
         for operations in schema.get("paths", {}).values():
             for operation in operations.values():
+                _declare_problems(operation)
                 for status, answer in (operation.get("responses") or {}).items():
                     content = answer.get("content") if isinstance(answer, dict) else None
                     if str(status)[0] in "45" and content and "application/json" in content:
                         content[CONTENT_TYPE] = content.pop("application/json")
         return schema
+
+
+def _declare_problems(operation: dict[str, Any]) -> None:
+    """The problem statuses ``operation`` can answer, each with the codes it answers it with: what its inputs imply
+    and what its route says its services refuse (api.errors.declared_problems). A status the route declares with
+    its own schema (410's GoneProblem) keeps it."""
+    refuses = operation.pop(REFUSES, [])
+    responses = operation.setdefault("responses", {})
+    for status, codes in declared_problems(operation, refuses).items():
+        answer = responses.get(status) or responses.get(str(status))
+        if answer is None:
+            answer = responses[status] = {"content": {"application/json": {"schema": PROBLEM_REF}}}
+        answer["description"] = "Problem codes: " + ", ".join(f"`{code}`" for code in codes)
+
+
+PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
 
 
 api = ReckonAPI(

@@ -165,6 +165,44 @@ NOTE_OF: Mapping[str, str] = {
 }
 
 
+# What any request may be answered, whatever it takes: the token, its rate, the database.
+ANY_REQUEST = ("unauthenticated", "rate_limited", "database_unavailable")
+
+
+def implied_codes(operation: Mapping[str, Any]) -> set[str]:
+    """The problem codes an operation may answer because of what it takes, read from its OpenAPI operation: a path
+    parameter may name nothing (a task or a kind out of the token's scope is answered as one that does not exist,
+    before anything else) or hold what no name holds; a query parameter or a body may not be valid, a body may be
+    malformed or too large; each header it reads may be malformed, missing when required, stale (If-Match) or not
+    the caller's (Reckon-Lease); an Idempotency-Key may be malformed or reused."""
+    codes = set(ANY_REQUEST)
+    for parameter in operation.get("parameters", []):
+        where, name, required = parameter["in"], parameter["name"].lower(), parameter.get("required", False)
+        if where == "path":  # an id past any column (not_found), a NUL or not a number (validation_error)
+            codes |= {"not_found", "validation_error"}
+            codes |= {"task_id": {"task_not_found"}, "kind": {"kind_not_found"}}.get(name, set())  # api/auth.py
+        elif where == "query":
+            codes.add("validation_error")
+        elif name in ("if-match", "reckon-lease"):
+            codes |= {"invalid_header", "version_conflict" if name == "if-match" else "lease_not_held"}
+            if required:
+                codes.add("precondition_required")
+        elif name == "idempotency-key":
+            codes |= {"validation_error", "idempotency_key_reused"}
+    if "requestBody" in operation:
+        codes |= {"malformed_body", "payload_too_large", "validation_error"}
+    return codes
+
+
+def declared_problems(operation: Mapping[str, Any], refuses: Sequence[str]) -> dict[int, list[str]]:
+    """Status → the codes an operation may answer with it: those its inputs imply and those its services refuse
+    with (``refuses``, declared on the route: api.http.documented)."""
+    by_status: dict[int, list[str]] = {}
+    for code in sorted(implied_codes(operation) | set(refuses)):
+        by_status.setdefault(status_of(code), []).append(code)
+    return dict(sorted(by_status.items()))
+
+
 def problem_table() -> str:
     """The table of problem types in docs/api.md (between its ``problems`` markers), made from STATUS_OF, NOTE_OF
     and ADVICE: tests/test_problem_table.py compares the two, ``manage.py api_problem_table --write`` rewrites it."""

@@ -1,6 +1,7 @@
 """What the agent API reads from a request's headers: the version a write is conditional on (``If-Match``), the
 lease it is made under (``Reckon-Lease``), and how answers carry the version back (``ETag``)."""
 
+from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
@@ -120,19 +121,43 @@ def answer(body: Schema, status: int = 200, *, version: int | None = None) -> Ht
     return with_version(response, version) if version is not None else response
 
 
-def header_parameter(name: str, description: str, *, required: bool) -> dict[str, Any]:
-    """A header the OpenAPI document names for an operation (read by the handler from ``request.headers``)."""
-    return {
-        "in": "header",
-        "name": name,
-        "required": required,
-        "description": description,
-        "schema": {"type": "string"},
-    }
+# The key of an operation's ``openapi_extra`` that names the codes its services may refuse it with (documented()).
+REFUSES = "x-reckon-refuses"
 
 
-LEASE = header_parameter(LEASE_HEADER, "The lease_id of the lease this request is made under.", required=True)
-IF_MATCH = header_parameter(
-    "If-Match", 'The task version this write is conditional on (an ETag, e.g. "7").', required=True
+def documented(*parameters: dict[str, Any], refuses: Sequence[str] = ()) -> dict[str, Any]:
+    """An operation's ``openapi_extra``: the headers it reads, and the codes its services may refuse it with. The
+    document declares each operation's problem statuses from these and from what the operation takes (its path,
+    query, body and headers: api.errors.declared_problems), and from nothing else."""
+    return {"parameters": list(parameters), REFUSES: list(refuses)}
+
+
+def header_parameter(name: str, description: str, *, required: bool, pattern: str | None = None) -> dict[str, Any]:
+    """A header the OpenAPI document names for an operation (read by the handler from ``request.headers``), with the
+    pattern of what the handler reads from it: a value outside it is refused (400 invalid_header, 422 for an
+    Idempotency-Key), a value inside it is read."""
+    schema = {"type": "string", **({"pattern": pattern} if pattern is not None else {})}
+    return {"in": "header", "name": name, "required": required, "description": description, "schema": schema}
+
+
+# What ascii_int reads (a version or a lease id; 18 digits stay within a 64-bit column), and ascii_token's key
+# (printable ASCII; the spaces around a header's value are not part of it).
+VERSION_PATTERN = r'^(W/)?"?[0-9]{1,18}"?$'
+ID_PATTERN = r"^[0-9]{1,18}$"
+IDEMPOTENCY_KEY_PATTERN = r"^[!-~]([ -~]{0,198}[!-~])?$"
+
+LEASE = header_parameter(
+    LEASE_HEADER, "The lease_id of the lease this request is made under.", required=True, pattern=ID_PATTERN
 )
-IDEMPOTENCY = header_parameter("Idempotency-Key", "Replays the first answer to the same request.", required=False)
+IF_MATCH = header_parameter(
+    "If-Match",
+    'The task version this write is conditional on (an ETag, e.g. "7").',
+    required=True,
+    pattern=VERSION_PATTERN,
+)
+IDEMPOTENCY = header_parameter(
+    "Idempotency-Key",
+    "Replays the first answer to the same request.",
+    required=False,
+    pattern=IDEMPOTENCY_KEY_PATTERN,
+)

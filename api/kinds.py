@@ -5,7 +5,8 @@ the handler runs (api/auth.py): outside it, the same 404 as a kind no task can b
 from django.http import HttpRequest
 from ninja import Router
 
-from api.schemas import ActionOut, KindActionsOut, Problem
+from api.http import documented
+from api.schemas import ActionOut, KindActionsOut
 from tasks.core.actions import action_specs
 
 router = Router(tags=["kinds"])
@@ -13,8 +14,9 @@ router = Router(tags=["kinds"])
 
 @router.get(
     "/kinds/{kind}/actions",
-    response={200: KindActionsOut, **{code: Problem for code in (401, 404, 429, 503)}},
+    response={200: KindActionsOut},
     summary="The actions a plan of this task kind may name, with their inputs",
+    openapi_extra=documented(),
 )
 def kind_actions(request: HttpRequest, kind: str) -> KindActionsOut:
     """Every action a node of a task of ``kind`` may name: its name, whether it is an ``effect`` (one bounded

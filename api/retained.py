@@ -12,20 +12,22 @@ import json
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from ninja import Router, Schema
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from api.auth import token_of
-from api.http import IDEMPOTENCY, answer
+from api.http import IDEMPOTENCY, answer, documented
 from api.idempotency import idempotent
-from api.schemas import Problem
+from api.schemas import Integral, Problem
 from retention.models import RetainedKind
 from retention.services import NAME_MAX, Ref, Retained, fetch, retain
 
 router = Router(tags=["retained"])
 
-PROBLEMS: dict[int, type[Problem]] = {code: Problem for code in (400, 401, 404, 409, 413, 422, 429, 503)}
+# A retained object's key (RECKON_RETENTION_KEY) an admin must fix: answered 503 to every read and write.
+KEY_REFUSALS = ("retention_key_invalid", "retention_key_missing")
 
 # Standard base64 (RFC 4648 §4), padded: exactly what the server decodes, so the document's pattern is the rule.
 BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
@@ -34,7 +36,25 @@ Base64Text = Annotated[str, Field(pattern=BASE64, description="The bytes, base64
 TTL_MAX_SECONDS = 10 * 366 * 24 * 3600
 
 
+def _as_retain_takes_it(schema: dict[str, Any]) -> None:
+    """RetainIn's JSON Schema states what retain() takes: a debug artifact's content is a JSON object, any other
+    kind's is base64 text, and a ttl is at most RECKON_RETENTION_MAX_EXTENSION (read when the document is made). A
+    body the document calls valid is then one the service takes (but for what its content holds: secrets)."""
+    ttl = next(s for s in schema["properties"]["ttl_seconds"]["anyOf"] if s.get("type") == "integer")
+    ttl["maximum"] = int(settings.RECKON_RETENTION_MAX_EXTENSION.total_seconds())
+    content = schema["properties"]["content"]["anyOf"]
+    fields = next(s for s in content if s.get("type") == "object")
+    text = next(s for s in content if s.get("type") == "string")
+    others = [k.value for k in RetainedKind if k != RetainedKind.DEBUG_ARTIFACT]
+    schema["oneOf"] = [
+        {"properties": {"kind": {"const": RetainedKind.DEBUG_ARTIFACT.value}, "content": fields}},
+        {"properties": {"kind": {"enum": others}, "content": text}},
+    ]
+
+
 class RetainIn(Schema):
+    model_config = ConfigDict(json_schema_extra=_as_retain_takes_it)
+
     kind: RetainedKind
     # The next version of this name is retained; stored in the clear beside the reference: no credential in it.
     name: Annotated[str, Field(min_length=1, max_length=NAME_MAX)]
@@ -42,7 +62,7 @@ class RetainIn(Schema):
     # refused). Any other kind: its bytes, base64.
     content: dict[str, Any] | Base64Text
     # Default: the kind's retention (RECKON_RETENTION_TTL); at most RECKON_RETENTION_MAX_EXTENSION.
-    ttl_seconds: Annotated[int, Field(strict=True, ge=1, le=TTL_MAX_SECONDS)] | None = None
+    ttl_seconds: Annotated[int, Field(strict=True, ge=1, le=TTL_MAX_SECONDS), Integral] | None = None
 
     def content_value(self) -> bytes | dict[str, Any]:
         if isinstance(self.content, dict):
@@ -98,9 +118,9 @@ def retained_out(read: Retained) -> RetainedOut:
 
 @router.post(
     "/tasks/{task_id}/retained",
-    response={201: RetainedRef, **PROBLEMS},
+    response={201: RetainedRef},
     summary="Retain an object of the task (sealed, expiring)",
-    openapi_extra={"parameters": [IDEMPOTENCY]},
+    openapi_extra=documented(IDEMPOTENCY, refuses=("retention_refused", "secret_in_payload", *KEY_REFUSALS)),
 )
 def retained_new(request: HttpRequest, task_id: int, payload: RetainIn) -> HttpResponse:
     """Seal ``content`` as the next version of ``name`` and answer the reference a checkpoint keeps,
@@ -127,8 +147,17 @@ def retained_new(request: HttpRequest, task_id: int, payload: RetainIn) -> HttpR
 
 @router.get(
     "/tasks/{task_id}/retained/{retained_id}/versions/{version}",
-    response={200: RetainedOut, 410: GoneProblem, **PROBLEMS},
+    response={200: RetainedOut, 410: GoneProblem},
     summary="Read a retained object",
+    openapi_extra=documented(
+        refuses=(
+            "retention_not_found",
+            "retention_expired",
+            "retention_corrupt",
+            "retention_key_mismatch",
+            *KEY_REFUSALS,
+        )
+    ),
 )
 def retained_read(request: HttpRequest, task_id: int, retained_id: int, version: int) -> Any:
     """The content, checked against its digest, while the object's retention lasts. 410 retention_expired once it

@@ -4,7 +4,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal, Self
 
 from ninja import Schema
-from pydantic import Field, WithJsonSchema, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
 from leases.models import Lease
 from tasks.core.lifecycle import FailureClass
@@ -18,7 +18,16 @@ from tasks.models import Node, Operation, Task, TempResource
 from tasks.reads.detail import RemoteDown
 
 Name = Annotated[str, Field(min_length=1, max_length=100)]
-# Request integers are strict: JSON true is not 1, "5" is not 5 (pydantic's lax mode would take both).
+
+
+def _integral(value: object) -> object:
+    """JSON has one kind of number: ``5.0`` is the integer 5 (JSON Schema's ``integer`` takes it), ``5.5`` is not."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# Request integers are strict (JSON true is not 1, "5" is not 5: pydantic's lax mode would take both) and integral
+# (5.0 is 5): ``Annotated[int, Field(strict=True, …), Integral]``.
+Integral = BeforeValidator(_integral)
 
 
 class NodeOut(Schema):
@@ -206,22 +215,48 @@ class TaskCreateIn(Schema):
     title: Annotated[str, Field(min_length=1, max_length=200)]
     project: Annotated[str, Field(max_length=100)] = ""
     plan: PlanDocument
-    attempt_budget: Annotated[int, Field(strict=True, ge=1, le=10_000)] | None = None
+    attempt_budget: Annotated[int, Field(strict=True, ge=1, le=10_000), Integral] | None = None
 
 
 class LeaseIn(Schema):
     # How long the lease (and each renewal, and each write) lasts; default RECKON_LEASE_TTL_SECONDS.
-    ttl_seconds: Annotated[int, Field(strict=True, ge=5, le=3600)] | None = None
+    ttl_seconds: Annotated[int, Field(strict=True, ge=5, le=3600), Integral] | None = None
 
 
 class LeaseRenewIn(Schema):
     # The renewal_seq of the last lease answer: renewals are applied in order, once each.
-    renewal_seq: Annotated[int, Field(strict=True, ge=0)]
-    ttl_seconds: Annotated[int, Field(strict=True, ge=5, le=3600)] | None = None
+    renewal_seq: Annotated[int, Field(strict=True, ge=0), Integral]
+    ttl_seconds: Annotated[int, Field(strict=True, ge=5, le=3600), Integral] | None = None
 
 
 class OperationStartIn(Schema):
     node_key: Annotated[str, Field(min_length=1, max_length=100)]
+
+
+def _one_branch_per_result(schema: dict[str, Any]) -> None:
+    """OutcomeIn's JSON Schema states _fields_of_result's rules: one branch per ``result``, each with the fields that
+    result takes (committed and accepted name a ``remote_id``; failed, and only failed, a ``failure_class``; only
+    committed carries the rest of a receipt and ``data``), so a body the document calls valid is one the server
+    takes. The fields stay listed at the top, each with its bounds; the branches narrow them."""
+    properties, required = schema["properties"], schema.get("required", [])
+    failure_class = next(s for s in properties["failure_class"]["anyOf"] if s != {"type": "null"})
+    branches = []
+    for result in properties["result"]["enum"]:
+        own = {**properties, "result": {"const": result}}
+        needs = [name for name in required if name != "result"]
+        if result in ("committed", "accepted"):
+            own["remote_id"] = {**properties["remote_id"], "minLength": 1}
+            needs.append("remote_id")
+        own["failure_class"] = failure_class if result == "failed" else {"type": "null"}
+        if result == "failed":
+            needs.append("failure_class")
+        if result != "committed":
+            for name in RECEIPT_FIELDS:
+                if name != "remote_id":
+                    own[name] = {"const": properties[name].get("default")}
+            own["data"] = {"type": "object", "maxProperties": 0}
+        branches.append({"type": "object", "properties": own, "required": ["result", *needs]})
+    schema["oneOf"] = branches
 
 
 class OutcomeIn(Schema):
@@ -229,12 +264,14 @@ class OutcomeIn(Schema):
     fields are tasks.core.outcomes.RECEIPT_FIELDS, each declared here with its bounds (tests/test_receipt_fields.py
     holds the two equal)."""
 
+    model_config = ConfigDict(json_schema_extra=_one_branch_per_result)
+
     # not_found: no trace yet (final only past the request's deadline); fenced: the remote refuses the op key from
     # now on and it never took effect (the answer to a fence).
     result: Literal["committed", "accepted", "failed", "not_found", "fenced", "unprovable"]
     remote_id: Annotated[str, Field(max_length=200)] = ""
     remote_version: Annotated[str, Field(max_length=100)] = ""
-    count: Annotated[int, Field(strict=True, ge=0, le=2**62)] | None = None
+    count: Annotated[int, Field(strict=True, ge=0, le=2**62), Integral] | None = None
     digest: Annotated[str, Field(max_length=200)] = ""
     data: dict[str, Any] = Field(default_factory=dict)
     failure_class: FailureClass | None = None

@@ -22,6 +22,7 @@ from api.http import (
     OperationNotFound,
     TempResourceNotFound,
     answer,
+    documented,
     expected_version,
     held_lease,
 )
@@ -37,7 +38,6 @@ from api.schemas import (
     OperationDetail,
     OperationStartIn,
     OutcomeOut,
-    Problem,
     StepOutcomeIn,
     TaskSummary,
     cleanup_directive_out,
@@ -67,7 +67,25 @@ from tasks.models import Operation, TempResource
 
 router = Router(tags=["steps"])
 
-PROBLEMS: dict[int, type[Problem]] = {code: Problem for code in (400, 401, 404, 409, 412, 413, 422, 423, 428, 429, 503)}
+# What the step's compare-and-set refuses a write under a lease with (tasks.engine.cas): the lease is no longer
+# the task's, or a rule of the task's state; a start also its budget, its backoff, an approval, a person or a stored
+# request that is not the one the log registered; a settlement a receipt that is none or a not-found too early.
+STEP_REFUSALS = ("lease_lost", "lease_expired", "invalid_transition", "task_not_runnable")
+START_REFUSALS = (
+    "stored_fact_altered",
+    "node_not_ready",
+    "operations_open",
+    "cancel_requested",
+    "takeover_requested",
+    "inputs_recheck_required",
+    "budget_exhausted",
+    "backoff_active",
+    "approval_missing",
+    "approval_request_changed",
+    "approval_plan_moved",
+    "approval_expired",
+)
+SETTLE_REFUSALS = ("evidence_insufficient", "not_found_not_final", "stored_fact_altered")
 
 
 def _snapshot(task_id: int, lease: Lease, expected: int | None = None) -> Snapshot:
@@ -91,9 +109,9 @@ def _lease_answer(lease: Lease, status: int) -> HttpResponse:
 
 @router.post(
     "/tasks/{task_id}/lease",
-    response={201: LeaseOut, **PROBLEMS},
+    response={201: LeaseOut},
     summary="Acquire the task's lease",
-    openapi_extra={"parameters": [IDEMPOTENCY]},
+    openapi_extra=documented(IDEMPOTENCY, refuses=("lease_held", "lease_refused", "lease_reserved", "takeover_held")),
 )
 def lease_take(request: HttpRequest, task_id: int, payload: LeaseIn) -> HttpResponse:
     """Grant this agent the task's lease (the next epoch) if no one holds it: 409 if another holder does, 423 if a
@@ -111,9 +129,9 @@ def lease_take(request: HttpRequest, task_id: int, payload: LeaseIn) -> HttpResp
 
 @router.post(
     "/tasks/{task_id}/lease/renew",
-    response={200: LeaseOut, **PROBLEMS},
+    response={200: LeaseOut},
     summary="Renew the lease",
-    openapi_extra={"parameters": [LEASE, IDEMPOTENCY]},
+    openapi_extra=documented(LEASE, IDEMPOTENCY, refuses=("lease_lost", "lease_expired", "renewal_out_of_order")),
 )
 def lease_extend(request: HttpRequest, task_id: int, payload: LeaseRenewIn) -> HttpResponse:
     """Extend the lease by its ttl. The answer says whether a cancel or a takeover was asked for: then start no new
@@ -130,9 +148,9 @@ def lease_extend(request: HttpRequest, task_id: int, payload: LeaseRenewIn) -> H
 
 @router.delete(
     "/tasks/{task_id}/lease",
-    response={204: None, **PROBLEMS},
+    response={204: None},
     summary="Release the lease",
-    openapi_extra={"parameters": [LEASE]},
+    openapi_extra=documented(LEASE, refuses=("lease_lost",)),
 )
 def lease_give_back(request: HttpRequest, task_id: int) -> HttpResponse:
     lease_release(lease=held_lease(request, token_of(request), task_id))
@@ -141,9 +159,9 @@ def lease_give_back(request: HttpRequest, task_id: int) -> HttpResponse:
 
 @router.get(
     "/tasks/{task_id}/directive",
-    response={200: DirectiveOut, **PROBLEMS},
+    response={200: DirectiveOut},
     summary="What to do next",
-    openapi_extra={"parameters": [LEASE]},
+    openapi_extra=documented(LEASE, refuses=STEP_REFUSALS),
 )
 def directive_read(request: HttpRequest, task_id: int) -> HttpResponse:
     """The next step for the lease holder: execute a node, reconcile an op key, wait, stop (with the reason) or
@@ -168,9 +186,9 @@ def _directive_answer(task_id: int, lease: Lease, snap: Snapshot) -> tuple[Direc
 
 @router.post(
     "/tasks/{task_id}/operations",
-    response={201: OperationDetail, **PROBLEMS},
+    response={201: OperationDetail},
     summary="Register a node's operation (the intent) and mark it sent",
-    openapi_extra={"parameters": [LEASE, IF_MATCH, IDEMPOTENCY]},
+    openapi_extra=documented(LEASE, IF_MATCH, IDEMPOTENCY, refuses=(*STEP_REFUSALS, *START_REFUSALS)),
 )
 def operation_register(request: HttpRequest, task_id: int, payload: OperationStartIn) -> HttpResponse:
     """Commit 1 of a node: the operation and its op key are recorded, "may have been sent", before the agent calls
@@ -190,9 +208,14 @@ def operation_register(request: HttpRequest, task_id: int, payload: OperationSta
 
 @router.post(
     "/tasks/{task_id}/operations/{op_key}/outcome",
-    response={200: OutcomeOut, **PROBLEMS},
+    response={200: OutcomeOut},
     summary="Report what the external system said of an op key",
-    openapi_extra={"parameters": [LEASE, IF_MATCH, IDEMPOTENCY]},
+    openapi_extra=documented(
+        LEASE,
+        IF_MATCH,
+        IDEMPOTENCY,
+        refuses=("operation_not_found", *STEP_REFUSALS, *SETTLE_REFUSALS),
+    ),
 )
 def outcome_report(request: HttpRequest, task_id: int, op_key: str, payload: StepOutcomeIn) -> HttpResponse:
     """Commit 2 of a node: the receipt (or the classified failure) is recorded and, if it satisfies the node's
@@ -277,9 +300,9 @@ def _node_key(snap: Snapshot, op: Operation) -> str:
 
 @router.post(
     "/tasks/{task_id}/temp-resources/{temp_id}/cleanup",
-    response={200: CleanupOut, **PROBLEMS},
+    response={200: CleanupOut},
     summary="Report what the external system said of a temp resource's delete",
-    openapi_extra={"parameters": [LEASE, IF_MATCH, IDEMPOTENCY]},
+    openapi_extra=documented(LEASE, IF_MATCH, IDEMPOTENCY, refuses=("temp_resource_not_found", *STEP_REFUSALS)),
 )
 def cleanup_report(request: HttpRequest, task_id: int, temp_id: int, payload: CleanupOutcomeIn) -> HttpResponse:
     """The answer to a ``cleanup`` directive: what the remote said of the delete (or of the lookup) under its op
@@ -311,9 +334,9 @@ def cleanup_report(request: HttpRequest, task_id: int, temp_id: int, payload: Cl
 
 @router.post(
     "/tasks/{task_id}/inputs",
-    response={200: TaskSummary, **PROBLEMS},
+    response={200: TaskSummary},
     summary="Report the inputs' current versions (after a hand-back)",
-    openapi_extra={"parameters": [LEASE, IF_MATCH, IDEMPOTENCY]},
+    openapi_extra=documented(LEASE, IF_MATCH, IDEMPOTENCY, refuses=STEP_REFUSALS),
 )
 def inputs_report(request: HttpRequest, task_id: int, payload: InputsIn) -> HttpResponse:
     """After a person handed the task back, the agent reads each input ref's version from its source: all

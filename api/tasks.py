@@ -9,11 +9,14 @@ from pydantic import Field
 
 from api.auth import agent_principal, token_of
 from api.http import (
+    ID_PATTERN,
     IDEMPOTENCY,
     IF_MATCH,
     LEASE,
     LEASE_HEADER,
+    VERSION_PATTERN,
     answer,
+    documented,
     expected_version,
     header_parameter,
     held_lease,
@@ -24,7 +27,6 @@ from api.schemas import (
     CancelIn,
     PlanIn,
     PlanRevisionOut,
-    Problem,
     TaskCreateIn,
     TaskOut,
     TaskPage,
@@ -46,18 +48,19 @@ PAGE_DEFAULT, PAGE_MAX = 50, 200
 
 router = Router(tags=["tasks"])
 
-PROBLEMS: dict[int, type[Problem]] = {
-    code: Problem for code in (400, 401, 403, 404, 409, 412, 413, 422, 423, 428, 429, 503)
-}
-OPTIONAL_LEASE = header_parameter(LEASE_HEADER, "The lease held on the task, if any.", required=False)
-OPTIONAL_IF_MATCH = header_parameter("If-Match", "Refuse (412) if the task moved past this version.", required=False)
+OPTIONAL_LEASE = header_parameter(
+    LEASE_HEADER, "The lease held on the task, if any.", required=False, pattern=ID_PATTERN
+)
+OPTIONAL_IF_MATCH = header_parameter(
+    "If-Match", "Refuse (412) if the task moved past this version.", required=False, pattern=VERSION_PATTERN
+)
 
 
 @router.post(
     "/tasks",
-    response={201: TaskOut, **PROBLEMS},
+    response={201: TaskOut},
     summary="Create a task with its plan",
-    openapi_extra={"parameters": [IDEMPOTENCY]},
+    openapi_extra=documented(IDEMPOTENCY, refuses=("permission_denied", "plan_invalid", "unknown_task_kind")),
 )
 def task_new(request: HttpRequest, payload: TaskCreateIn) -> HttpResponse:
     """Register a task and its first plan (validated: 422 plan_invalid, naming each problem). The kind or the
@@ -87,7 +90,7 @@ def task_new(request: HttpRequest, payload: TaskCreateIn) -> HttpResponse:
     return idempotent(request, token.agent_id, run)
 
 
-@router.get("/tasks/{task_id}", response={200: TaskOut, **PROBLEMS}, summary="Read a task")
+@router.get("/tasks/{task_id}", response={200: TaskOut}, summary="Read a task", openapi_extra=documented())
 def task_read(request: HttpRequest, task_id: int, response: HttpResponse) -> Any:
     """The task's status, version (also the ETag), plan version, current plan's nodes and unsettled operations,
     and ``remote_down`` while its remote stays unreachable (since when, how many tries, when it is asked next).
@@ -97,7 +100,12 @@ def task_read(request: HttpRequest, task_id: int, response: HttpResponse) -> Any
     return task_out(snap, remote_down(snap.task))
 
 
-@router.get("/tasks", response={200: TaskPage, **PROBLEMS}, summary="List the tasks in the token's scope")
+@router.get(
+    "/tasks",
+    response={200: TaskPage},
+    summary="List the tasks in the token's scope",
+    openapi_extra=documented(refuses=("invalid_cursor",)),
+)
 def task_list(
     request: HttpRequest,
     after: Annotated[str | None, Field(description="next_cursor of the previous page")] = None,
@@ -111,9 +119,14 @@ def task_list(
 
 @router.post(
     "/tasks/{task_id}/cancel",
-    response={200: TaskSummary, **PROBLEMS},
+    response={200: TaskSummary},
     summary="Request the task's cancel",
-    openapi_extra={"parameters": [OPTIONAL_LEASE, OPTIONAL_IF_MATCH, IDEMPOTENCY]},
+    openapi_extra=documented(
+        OPTIONAL_LEASE,
+        OPTIONAL_IF_MATCH,
+        IDEMPOTENCY,
+        refuses=("permission_denied", "lease_lost", "lease_expired", "invalid_transition"),
+    ),
 )
 def task_cancel(request: HttpRequest, task_id: int, payload: CancelIn) -> HttpResponse:
     """Nothing new starts from now on; what is in flight settles and is recorded as it truly ended. An agent may
@@ -137,9 +150,11 @@ def task_cancel(request: HttpRequest, task_id: int, payload: CancelIn) -> HttpRe
 
 @router.post(
     "/tasks/{task_id}/plans",
-    response={201: PlanRevisionOut, **PROBLEMS},
+    response={201: PlanRevisionOut},
     summary="Propose a re-plan",
-    openapi_extra={"parameters": [LEASE, IF_MATCH, IDEMPOTENCY]},
+    openapi_extra=documented(
+        LEASE, IF_MATCH, IDEMPOTENCY, refuses=("plan_invalid", "lease_lost", "lease_expired", "invalid_transition")
+    ),
 )
 def plan_new(request: HttpRequest, task_id: int, payload: PlanIn) -> HttpResponse:
     """Store a proposed plan (validated). It changes nothing about what runs until it is accepted."""
@@ -163,9 +178,14 @@ def plan_new(request: HttpRequest, task_id: int, payload: PlanIn) -> HttpRespons
 
 @router.post(
     "/tasks/{task_id}/plans/{revision}/accept",
-    response={200: TaskSummary, **PROBLEMS},
+    response={200: TaskSummary},
     summary="Accept a proposed plan",
-    openapi_extra={"parameters": [LEASE, IF_MATCH, IDEMPOTENCY]},
+    openapi_extra=documented(
+        LEASE,
+        IF_MATCH,
+        IDEMPOTENCY,
+        refuses=("lease_lost", "lease_expired", "invalid_transition", "operations_open", "proposal_superseded"),
+    ),
 )
 def plan_take(request: HttpRequest, task_id: int, revision: int) -> HttpResponse:
     """Make a proposed revision the task's plan: only while nobody advances the old one and no operation is open

@@ -10,27 +10,33 @@ from ninja import Router, Schema
 from pydantic import Field
 
 from api.auth import token_of
-from api.http import header_parameter
+from api.http import IDEMPOTENCY_KEY_PATTERN, documented, header_parameter
 from api.idempotency import idempotent
-from api.schemas import Problem
 from hooks.models import WEBHOOK_EVENTS, WebhookSubscription
 from hooks.services import webhook_list, webhook_subscribe, webhook_unsubscribe
 
 router = Router(tags=["webhooks"])
 
-PROBLEMS: dict[int, type[Problem]] = {code: Problem for code in (400, 401, 404, 409, 413, 422, 429)}
 IDEMPOTENCY = header_parameter(
     "Idempotency-Key",
     "Replays the first answer to the same request (with the same secret) for 24 hours.",
     required=False,
+    pattern=IDEMPOTENCY_KEY_PATTERN,
 )
 
 
 class SubscriptionIn(Schema):
     # An absolute http(s) URL without credentials (no user:password, no token in the query).
     url: Annotated[str, Field(min_length=1, max_length=4000)]
+    # The service names an unknown event (422 webhook_events_invalid); the document lists the known ones.
     events: Annotated[
-        list[str], Field(min_length=1, max_length=len(WEBHOOK_EVENTS), description=", ".join(WEBHOOK_EVENTS))
+        list[str],
+        Field(
+            min_length=1,
+            max_length=len(WEBHOOK_EVENTS),
+            description=", ".join(WEBHOOK_EVENTS),
+            json_schema_extra={"items": {"type": "string", "enum": list(WEBHOOK_EVENTS)}},
+        ),
     ]
 
 
@@ -62,9 +68,11 @@ def subscription_out(subscription: WebhookSubscription) -> SubscriptionOut:
 
 @router.post(
     "/webhooks",
-    response={201: SubscriptionCreated, **PROBLEMS},
+    response={201: SubscriptionCreated},
     summary="Subscribe to task events",
-    openapi_extra={"parameters": [IDEMPOTENCY]},
+    openapi_extra=documented(
+        IDEMPOTENCY, refuses=("webhook_url_invalid", "webhook_events_invalid", "webhook_limit_reached")
+    ),
 )
 def webhook_create(request: HttpRequest, payload: SubscriptionIn) -> HttpResponse:
     """Deliveries of ``events`` for the tasks in this token's scope are POSTed to ``url``, signed with the
@@ -82,13 +90,23 @@ def webhook_create(request: HttpRequest, payload: SubscriptionIn) -> HttpRespons
     return idempotent(request, token.agent_id, run)
 
 
-@router.get("/webhooks", response={200: list[SubscriptionOut], **PROBLEMS}, summary="List this agent's subscriptions")
+@router.get(
+    "/webhooks",
+    response={200: list[SubscriptionOut]},
+    summary="List this agent's subscriptions",
+    openapi_extra=documented(),
+)
 def webhook_index(request: HttpRequest) -> Any:
     """This agent's live subscriptions, oldest first, without their secrets."""
     return [subscription_out(s) for s in webhook_list(token_of(request))]
 
 
-@router.delete("/webhooks/{subscription_id}", response={204: None, **PROBLEMS}, summary="Delete a subscription")
+@router.delete(
+    "/webhooks/{subscription_id}",
+    response={204: None},
+    summary="Delete a subscription",
+    openapi_extra=documented(refuses=("webhook_not_found",)),
+)
 def webhook_delete(request: HttpRequest, subscription_id: int) -> HttpResponse:
     """Nothing more is sent to it, pending retries included. Another agent's subscription is 404."""
     webhook_unsubscribe(token_of(request), subscription_id)

@@ -1,21 +1,39 @@
 """Schemathesis against the live agent API (pytest-django's live server: real HTTP, its own database connections),
-over whatever operations the OpenAPI document holds when the test runs. Every response must:
+over whatever operations the OpenAPI document holds when the test runs, with every one of schemathesis' built-in
+checks that applies to this API. Every response must:
 
-- not be a server error (5xx);
-- conform to the document: its status one the operation declares, its content type and body those declared;
-- refuse (4xx) a request the document says is invalid;
+- not be a server error (5xx) — not_a_server_error;
+- conform to the document: its status one the operation declares, its content type, headers and body those
+  declared — status_code_conformance, content_type_conformance, response_headers_conformance,
+  response_schema_conformance;
+- refuse (4xx) a request the document says is invalid — negative_data_rejection (beyond the steering below);
+- take a request the document says is valid, unless the state refuses it (POSITIVE_REFUSALS: a lease another agent
+  holds, a stale If-Match, a task out of scope, a person's takeover) — positive_data_acceptance (beyond two rules of
+  text no JSON Schema of a free-form object can state: NUL and something credential-like);
+- answer a method the path does not take with 405 and ``Allow`` (unsupported_method; allow_header_conformance on
+  OPTIONS), a request without a required header with 428 (missing_required_header; 401 without Authorization),
+  and a request without or with a forged token with 401 where it answered 2xx with the token (ignored_auth);
+- not serve what was freed (use_after_free, and freed_stays_freed for what this API reads by no path under the
+  freed one: a released lease, named by a header, carries nothing but a directive to stop; a deleted webhook
+  subscription is not listed) and serve what was just created (ensure_resource_availability, except after an
+  Idempotency-Key replay);
 - if the request was rejected (status >= 400), leave the database exactly as it was: every row of every table
   (tasks, events, operations, leases, plan revisions, webhook subscriptions and deliveries, idempotency records,
   audit rows, …) is unchanged across the call. The one column exempt is a token's ``last_used_at``, a hint the
   authentication refreshes at most once a minute whatever the answer.
 
-Each operation gets positive (schema-valid) and negative (schema-invalid) requests; then a stateful run follows
-links (list → task → lease → renew / directive → intent → outcome → release, create → …, subscribe → delete) so
+Not run: object_level_authorization, which needs schemathesis' multi-identity authentication (a WFC auth document
+with peers) to replay one token's reads with another's; tests/test_api_scope.py does that for every route with an
+out-of-scope token, exactly. max_response_time: no bound is part of the contract.
+
+Each operation gets the coverage phase's probes of methods and missing headers (only those: _probes), then positive
+(schema-valid) and negative (schema-invalid) requests; then a stateful run follows links (list → task → lease →
+renew / directive → intent → outcome → release → directive / renew, create → …, subscribe → delete → list) so
 requests also land on live leases and current versions. The agent's token is in scope of a few tasks made by the
 services; inputs are steered toward them (task ids that exist, in and out of scope; the lease ids this agent and
-another hold; a valid plan, kind, webhook URL and events — negative requests send anything else). Only request
-schemas are steered; responses are checked against the document as served. Bounded (about a minute on 2 CPUs);
-PostgreSQL only (.ci/run's PostgreSQL pass)."""
+another hold; cursors the list handed out; a valid plan, kind and webhook URL — negative requests send anything
+else). Only request schemas are steered; responses are checked against the document as served. Bounded (about a
+minute on 2 CPUs); PostgreSQL only (.ci/run's PostgreSQL pass)."""
 
 import contextlib
 import copy
@@ -37,22 +55,35 @@ from hypothesis import HealthCheck, Phase, given
 from requests.structures import CaseInsensitiveDict
 from schemathesis import Case, GenerationMode
 from schemathesis.checks import CheckContext, not_a_server_error
+from schemathesis.config import PositiveDataAcceptanceConfig
+from schemathesis.config._checks import MissingRequiredHeaderConfig
 from schemathesis.core.failures import AcceptedNegativeData
+from schemathesis.core.parameters import ParameterLocation
 from schemathesis.core.transport import Response
+from schemathesis.generation.meta import CoveragePhaseData, CoverageScenario
 from schemathesis.specs.openapi.checks import (
+    allow_header_conformance,
     content_type_conformance,
+    ensure_resource_availability,
+    ignored_auth,
+    missing_required_header,
     negative_data_rejection,
+    positive_data_acceptance,
+    response_headers_conformance,
     response_schema_conformance,
     status_code_conformance,
+    unsupported_method,
+    use_after_free,
 )
 
 from api.api import api
+from api.http import LEASE_HEADER
 from api.models import ApiToken
 from api.tokens import api_token_issue
-from hooks.models import WEBHOOK_EVENTS
 from leases.services import lease_acquire
 from tasks.engine.plans import task_create
 from tasks.models import Task
+from tasks.reads.queries import cursor_of
 from tests.conftest import chain_plan, person
 
 ApiCase = Case[Any]
@@ -75,6 +106,15 @@ KIND = "copy"
 MAY_CHANGE = {("api_apitoken", "last_used_at")}
 # Django's own bookkeeping, which no API request touches either way.
 NOT_STATE = {"django_migrations", "django_session"}
+# How the state may refuse a schema-valid request (positive_data_acceptance): 401 / 403 the token (a kind outside
+# its scope), 404 a task out of the token's scope or an object that does not exist (ids are drawn), 409 another
+# holder's lease or a rule of the step, 412 an If-Match that is not the task's version (every version is
+# schema-valid, one is current), 423 a person holds the task, 429 a node backing off. Never 400, 413 or 422: a
+# schema-valid request is well formed (except for the hygiene of free-form text: positive_data_accepted_beyond_hygiene).
+POSITIVE_REFUSALS = ["2xx", "401", "403", "404", "409", "412", "423", "429"]
+# A request without a header its operation requires (missing_required_header): 428, "send the header the detail
+# names" (If-Match, Reckon-Lease). Without Authorization: 401 (schemathesis' own rule).
+MISSING_HEADER_REFUSALS = ["428"]
 
 
 # --- the database's state ---------------------------------------------------------------------------------------
@@ -147,6 +187,42 @@ def negative_data_rejected_beyond_the_steering(ctx: CheckContext, response: Resp
         raise
 
 
+def positive_data_accepted_beyond_hygiene(ctx: CheckContext, response: Response, case: ApiCase) -> bool | None:
+    """schemathesis' positive_data_acceptance, except for the two refusals of what a text holds, which no JSON
+    Schema of a free-form object (a receipt's ``data``, a debug artifact's fields) can state: NUL (U+0000) anywhere
+    (422 validation_error: no column can store it) and something credential-like (422 secret_in_payload), both in
+    docs/api.md; and for an Idempotency-Key an earlier request of the run used with another body (422
+    idempotency_key_reused: the key's history, not the request, refuses it). Every other refusal of a schema-valid
+    request is a failure, unless it is one of the refusals of state configured in ``POSITIVE_REFUSALS``."""
+    if response.status_code == 422:
+        sent = response.request
+        body = sent.body if isinstance(sent.body, bytes) else str(sent.body or "").encode()
+        if b"\\u0000" in body or b"\x00" in body or "%00" in (sent.url or ""):
+            return None
+        if _problem_code(response) in ("secret_in_payload", "idempotency_key_reused"):
+            return None
+    return positive_data_acceptance(ctx, response, case)
+
+
+def _problem_code(response: Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return ""
+    return str(body.get("code", "")) if isinstance(body, dict) else ""
+
+
+def created_stays_available_unless_replayed(ctx: CheckContext, response: Response, case: ApiCase) -> bool | None:
+    """schemathesis' ensure_resource_availability (what a POST just created is found by the link that follows it),
+    except after a replayed creation (``Idempotent-Replayed: true``): a replay answers what the key's first request
+    created, which may have been deleted since — that is what an Idempotency-Key means (docs/api.md)."""
+    parent = ctx.internals.find_parent(case_id=case.id)
+    created = ctx.internals.find_response(case_id=parent.id) if parent is not None else None
+    if created is not None and created.headers.get("idempotent-replayed"):
+        return None
+    return ensure_resource_availability(ctx, response, case)
+
+
 def no_state_change_on_a_rejected_request(guard: StateGuard) -> Check:
     def no_state_change_on_a_rejected_request(ctx: CheckContext, response: Response, case: ApiCase) -> bool | None:
         return guard.check(ctx, response, case)
@@ -165,6 +241,7 @@ class World:
     missing: int
     my_lease: int  # held by this token's agent
     their_lease: int  # held by another agent, on another task in scope
+    cursors: list[str]  # of the task list: each one page() could have handed out
 
     @property
     def auth(self) -> dict[str, str]:
@@ -191,6 +268,7 @@ def world(settings: Any, tmp_path: Any) -> World:
         missing=hidden.pk + 1000,
         my_lease=mine.pk,
         their_lease=theirs.pk,
+        cursors=[cursor_of(t.updated_at, t.pk) for t in tasks],
     )
 
 
@@ -216,6 +294,8 @@ def steered(document: dict[str, Any], world: World, *, leases_from_links: bool =
             name = parameter["name"].lower()
             if parameter["in"] == "path" and name == "task_id":
                 parameter["schema"] = {"type": "integer", "enum": task_ids}
+            elif parameter["in"] == "query" and name == "after":  # a cursor is one the list handed out
+                parameter["schema"] = {"type": "string", "enum": world.cursors}
             elif parameter["in"] == "path" and name == "kind":  # a kind in the scope (its actions) and one outside
                 parameter["schema"] = {"type": "string", "enum": [KIND, "not-in-scope"]}
             elif parameter["in"] == "header" and name == "reckon-lease":
@@ -231,7 +311,6 @@ def steered(document: dict[str, Any], world: World, *, leases_from_links: bool =
             properties["kind"] = {"type": "string", "enum": [KIND, "not-in-scope"]}
         if "url" in properties and "events" in properties:
             properties["url"] = {"type": "string", "enum": [WEBHOOK_URL]}
-            properties["events"] = {"type": "array", "items": {"enum": list(WEBHOOK_EVENTS)}, "minItems": 1}
     _link_all(doc)
     return doc
 
@@ -350,6 +429,20 @@ LINKS: list[tuple[tuple[str, str, str], tuple[str, str], dict[str, str], Any]] =
         {"path.subscription_id": "$response.body#/id"},
         None,
     ),
+    # What was freed, used again (freed_stays_freed).
+    (
+        ("delete", TASK + "/lease", "204"),
+        ("get", TASK + "/directive"),
+        {"path.task_id": "$request.path.task_id", "header.Reckon-Lease": "$request.header.Reckon-Lease"},
+        None,
+    ),
+    (
+        ("delete", TASK + "/lease", "204"),
+        ("post", TASK + "/lease/renew"),
+        {"path.task_id": "$request.path.task_id", "header.Reckon-Lease": "$request.header.Reckon-Lease"},
+        None,
+    ),
+    (("delete", "/api/v1/webhooks/{subscription_id}", "204"), ("get", "/api/v1/webhooks"), {}, None),
 ]
 
 
@@ -388,6 +481,10 @@ class Run:
     # (whose state moved on) the replay answers differently, hiding the failure behind a "flaky" error.
     failures: list[str] = field(default_factory=list)
 
+    auth_enforced: set[str] = field(default_factory=set)  # operations ignored_auth has seen refuse a missing token
+    released: set[tuple[str, str]] = field(default_factory=set)  # (task id, lease id) of every lease released
+    unsubscribed: set[int] = field(default_factory=set)  # webhook subscriptions deleted
+
     @property
     def checks(self) -> list[Check]:
         return [
@@ -395,22 +492,67 @@ class Run:
             status_code_conformance,
             content_type_conformance,  # errors are application/problem+json, and the document says so
             response_schema_conformance,
+            response_headers_conformance,
+            positive_data_accepted_beyond_hygiene,
             negative_data_rejected_beyond_the_steering,
+            missing_required_header,
+            unsupported_method,
+            allow_header_conformance,
+            self.ignored_auth_once,
+            use_after_free,
+            self.freed_stays_freed,
+            created_stays_available_unless_replayed,
             no_state_change_on_a_rejected_request(self.guard),
         ]
 
+    def ignored_auth_once(self, ctx: CheckContext, response: Response, case: ApiCase) -> bool | None:
+        if case.operation.label in self.auth_enforced:
+            return None
+        result = ignored_auth(ctx, response, case)
+        if 200 <= response.status_code < 300:
+            self.auth_enforced.add(case.operation.label)
+        return result
+
+    def freed_stays_freed(self, ctx: CheckContext, response: Response, case: ApiCase) -> bool | None:
+        """use_after_free for what this API frees but reads by no path under the freed one (which is all the built-in
+        check follows): a released lease is named by the Reckon-Lease header, and a deleted webhook subscription is
+        read in the list. Once released, a lease carries no request but another release (idempotent) and a
+        directive to stop; once deleted, a subscription is not listed."""
+        path = {name: str(value) for name, value in (case.path_parameters or {}).items()}
+        lease = CaseInsensitiveDict(case.headers or {}).get(LEASE_HEADER)
+        held = (path.get("task_id", ""), str(lease))
+        succeeded = 200 <= response.status_code < 300
+        stop = case.path.endswith("/directive") and succeeded and response.json().get("kind") == "stop"
+        if succeeded and lease is not None and held in self.released and case.method != "DELETE" and not stop:
+            raise AssertionError(f"lease {lease} of task {held[0]} was released, yet it carried {case.method}")
+        if succeeded and case.method == "GET" and case.path == "/api/v1/webhooks":
+            listed = {item.get("id") for item in response.json()} & self.unsubscribed
+            if listed:
+                raise AssertionError(f"deleted webhook subscriptions are still listed: {sorted(listed)}")
+        if succeeded and case.method == "DELETE" and case.path.endswith("/lease"):
+            self.released.add(held)
+        if succeeded and case.method == "DELETE" and "subscription_id" in path:
+            self.unsubscribed.add(int(path["subscription_id"]))
+        return True
+
     def authenticate(self, case: ApiCase) -> None:
         """The token on every request (the security scheme's generated headers are not this test's subject)."""
-        # A header a link took from a JSON number is sent as its text, as any client would send it.
+        # A header a link took from a JSON number is sent as its text, as any client would send it; the whitespace
+        # around a value is not part of it (RFC 9110, 5.5: servers strip it), so it is not sent as if it were.
         headers = {
-            name: str(value) if isinstance(value, int) else value for name, value in (case.headers or {}).items()
+            name: str(value).strip() if isinstance(value, int | str) else value
+            for name, value in (case.headers or {}).items()
         }
+        if _missing_header(case) == "authorization":
+            case.headers = CaseInsensitiveDict(headers)
+            return
         case.headers = CaseInsensitiveDict({**headers, **self.world.auth})
 
     def call_and_check(self, case: ApiCase) -> None:
         self.authenticate(case)
         self.guard.remember(case)
-        response = case.call(base_url=self.base_url, session=self.session, headers=self.world.auth)
+        auth = {} if _missing_header(case) == "authorization" else self.world.auth
+        response = case.call(base_url=self.base_url, session=self.session, headers=auth)
         self.check(case, response)
 
     def check(self, case: ApiCase, response: Response, *, stateful: bool = False, **kwargs: Any) -> None:
@@ -437,9 +579,15 @@ class Run:
 @pytest.fixture
 def run(world: World, live_server: Any) -> Iterator[Run]:
     document = json.loads(json.dumps(api.get_openapi_schema()))  # as served: plain JSON
+    schema = schemathesis.openapi.from_dict(steered(document, world))
+    stateful_schema = schemathesis.openapi.from_dict(steered(document, world, leases_from_links=True))
+    for each in (schema, stateful_schema):
+        checks = each.config.checks
+        checks.positive_data_acceptance = PositiveDataAcceptanceConfig(expected_statuses=POSITIVE_REFUSALS)
+        checks.missing_required_header = MissingRequiredHeaderConfig(expected_statuses=MISSING_HEADER_REFUSALS)
     checked = Run(
-        schema=schemathesis.openapi.from_dict(steered(document, world)),
-        stateful_schema=schemathesis.openapi.from_dict(steered(document, world, leases_from_links=True)),
+        schema=schema,
+        stateful_schema=stateful_schema,
         world=world,
         base_url=live_server.url,
         guard=StateGuard(_state_query()),
@@ -461,6 +609,8 @@ def test_every_operation_answers_within_the_document_and_a_rejection_changes_not
     operations = [result.ok() for result in run.schema.get_all_operations()]
     assert len(operations) >= 3, "the document lost its operations"
     for operation in operations:
+        for probe in _probes(run.schema, operation):
+            run.call_and_check(probe)
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
 
             @hypothesis.settings(SETTINGS, max_examples=EXAMPLES_PER_MODE)
@@ -512,6 +662,30 @@ def test_stateful_runs_along_the_links_answer_within_the_document_and_rejections
     _assert_reached(run, {"POST /api/v1/tasks": 201})
     on_a_task = [(label, status) for label, status in run.answers if "{task_id}/" in label and status < 300]
     assert on_a_task, f"no step on a task succeeded:\n{run.report()}"
+
+
+def _missing_header(case: ApiCase) -> str | None:
+    data = case.meta.phase.data if case.meta is not None else None
+    if (
+        isinstance(data, CoveragePhaseData)
+        and data.scenario == CoverageScenario.MISSING_PARAMETER
+        and data.parameter_location == ParameterLocation.HEADER
+        and data.parameter
+    ):
+        return data.parameter.lower()
+    return None
+
+
+def _probes(schema: Any, operation: Any) -> Iterator[ApiCase]:
+    """The coverage phase's requests that unsupported_method and missing_required_header judge (and only those: the
+    rest of the phase is a thousand boundary values the positive and negative runs already draw): each method the
+    path does not take (once per path), and the operation without each required header, Authorization included."""
+    generation = schema.config.generation_for(operation=operation, phase="coverage")
+    modes = [GenerationMode.POSITIVE, GenerationMode.NEGATIVE]  # both: the probes' other inputs are then valid
+    for case in schema.iter_coverage_cases(operation, generation_modes=modes, generation_config=generation):
+        data = case.meta.phase.data
+        if data.scenario == CoverageScenario.UNSPECIFIED_HTTP_METHOD or _missing_header(case):
+            yield case
 
 
 def _assert_reached(run: Run, wanted: dict[str, int]) -> None:
