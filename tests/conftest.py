@@ -1,4 +1,5 @@
 import importlib
+import os
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -9,6 +10,7 @@ from django.contrib.auth.models import Group, User
 from django.db import connection
 from hypothesis import settings as hypothesis_settings
 
+from audit import capture_sql
 from audit.principals import Principal
 from leases.clock import ControllableClock, use_clock
 from leases.models import Lease
@@ -29,8 +31,20 @@ _TRIGGER_MIGRATIONS = [
         "audit.migrations.0006_account_changes",
     )
 ]
-_SQLITE_TRIGGER_DROPS: list[str] = [sql for m in _TRIGGER_MIGRATIONS for sql in m.SQLITE_DROP]
-_SQLITE_TRIGGER_CREATES: list[str] = [sql for m in _TRIGGER_MIGRATIONS for sql in m.SQLITE]
+_ROLES = importlib.import_module("tasks.migrations.0003_roles")
+# The capture triggers on API tokens and scope grants (api/migrations/0003, tasks/migrations/0015): a flush's deletes
+# must not be captured either, or a test after a transactional one finds changes nobody made.
+_CAPTURED_TOO = [
+    table
+    for name in ("api.migrations.0003_token_changes_captured", "tasks.migrations.0015_scope_grant_changes_captured")
+    for table in importlib.import_module(name).TABLES
+]
+_SQLITE_TRIGGER_DROPS: list[str] = [
+    sql for m in _TRIGGER_MIGRATIONS for sql in m.SQLITE_DROP
+] + capture_sql.drop_capture(_CAPTURED_TOO, "sqlite")
+_SQLITE_TRIGGER_CREATES: list[str] = [
+    sql for m in _TRIGGER_MIGRATIONS for sql in m.SQLITE
+] + capture_sql.sqlite_capture(_CAPTURED_TOO)
 # PostgreSQL: a superuser's way past every trigger, for the current transaction only.
 _PAST_THE_TRIGGERS = "SET LOCAL session_replication_role = replica"
 
@@ -47,16 +61,23 @@ def _flush_past_the_append_only_triggers() -> None:
     """Transactional tests empty every table afterwards. Events, audit rows and the audit head refuse that in the
     database, as they must in production; the test suite empties them as someone with DDL rights would: PostgreSQL
     skips the triggers for the flush's own transaction (superuser), SQLite drops them for the flush and makes them
-    again."""
+    again.
+
+    The flush leaves the database as its migrations made it: the role groups (tasks/migrations/0003_roles.py) are
+    made again past the capture triggers, as the migration made them before those existed — so a test that runs
+    after a transactional one (in another order, or on another xdist worker) finds the same rows as one before."""
     from django.db.backends.base.operations import BaseDatabaseOperations
 
     original = BaseDatabaseOperations.execute_sql_flush
+    roles = ", ".join(f"('{name}')" for name in _ROLES.ROLES)
+    make_roles = f"INSERT INTO auth_group (name) VALUES {roles}"  # noqa: S608 - the migration's own names
 
     def execute_sql_flush(self: BaseDatabaseOperations, sql_list: list[str]) -> None:
+        again = [make_roles] if any('"auth_group"' in sql for sql in sql_list) else []
         if self.connection.vendor == "postgresql":
-            sql_list = [_PAST_THE_TRIGGERS, *sql_list]
+            sql_list = [_PAST_THE_TRIGGERS, *sql_list, *again]
         elif self.connection.vendor == "sqlite":
-            sql_list = [*_SQLITE_TRIGGER_DROPS, *sql_list, *_SQLITE_TRIGGER_CREATES]
+            sql_list = [*_SQLITE_TRIGGER_DROPS, *sql_list, *again, *_SQLITE_TRIGGER_CREATES]
         original(self, sql_list)
 
     BaseDatabaseOperations.execute_sql_flush = execute_sql_flush  # type: ignore[method-assign,assignment]
@@ -71,6 +92,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     from tests import backends
 
     backends.mark(items)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        backends.longest_first(items)
 
 
 hypothesis_settings.register_profile("ci", deadline=None, print_blob=True)
@@ -167,8 +190,8 @@ def store(simulator: Simulator) -> Simulator:
 
 
 def person(name: str, *roles: str, superuser: bool = False, staff: bool = False) -> Principal:
-    """A user in the given role groups, as a principal. The groups come from a migration; a transactional test
-    flushes them, so they are made again when missing."""
+    """A user in the given role groups, as a principal. The role groups come from a migration (made again after a
+    transactional test's flush); any other group is made here."""
     # Set-up state, saved as a fixture is loaded (raw): not a superuser change under test
     # (tasks/access/account_audit.py).
     user = User(username=name, is_superuser=superuser, is_staff=staff)

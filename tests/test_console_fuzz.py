@@ -402,6 +402,8 @@ def scene(
     for url in {url for urls in posts.values() for url in urls}:
         found = pages.forms.get(url, {})
         seeds[url] = good | {k: v or good.get(k, NOTE) for k, v in found.items() if k != "csrfmiddlewaretoken"}
+        if seeds[url].get("seen"):  # a bulk run is confirmed by typing how many tasks it changes, not a task's id
+            seeds[url]["confirm"] = str(len(seeds[url]["seen"].split()))
     file_fields = [f"n-{key}-file" for key in task.nodes.values_list("key", flat=True)]
     # The cursors: a page links them only when there is a next page.
     params = {"after": "", "before": ""} | pages.params
