@@ -77,9 +77,7 @@ def idempotent(
             request,
             code="validation_error",
             detail=f"An {HEADER} is 1 to {KEY_MAX} printable ASCII characters.",
-            errors=[
-                {"field": f"header.{HEADER}", "code": "invalid", "message": "1 to 200 printable ASCII characters"}
-            ],
+            errors=[{"field": f"header.{HEADER}", "code": "invalid", "message": "1 to 200 printable ASCII characters"}],
         )
     fingerprint = _fingerprint(request)
     if not guarded:

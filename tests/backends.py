@@ -287,38 +287,6 @@ POSTGRES_PASS_ONLY: tuple[Group, ...] = (
 )
 
 
-# Each pass runs on two xdist workers that take whole files (.ci/run: -n 2 --dist loadfile), in the order collected.
-# The files that take longest go first, so that the short ones even out the end instead of one long file running
-# alone on one worker at the end of the pass (longest processing time first). Measured one by one (each pass alone,
-# seconds of wall time): a file missing here only costs time.
-LONGEST_FIRST: tuple[str, ...] = (
-    "test_agent_e2e.py",  # 75 (PostgreSQL pass)
-    "test_kill_matrix.py",  # 66 SQLite, 50 PostgreSQL
-    "test_partitions.py",  # 51
-    "test_model_check.py",  # 47
-    "test_production_topology.py",  # 45
-    "test_api_schemathesis.py",  # 43
-    "browser/test_scan.py",  # 34
-    "test_worker.py",  # 29 SQLite, 17 PostgreSQL
-    "test_bench.py",  # 25
-    "browser/test_flows.py",  # 22
-    "browser/test_screenshots.py",  # 19
-    "browser/test_access.py",  # 19
-    "test_secure_defaults.py",  # 18
-    "browser/test_takeover_browser.py",  # 16
-    "browser/test_demo_console.py",  # 15
-    "test_beat_lease.py",  # 15
-    "test_demo.py",  # 15
-    "test_webhooks.py",  # 14
-    "test_console_refusals.py",  # 14
-    "test_console_fuzz.py",  # 13
-    "test_takeover.py",  # 13
-    "test_races_postgres.py",  # 13
-    "browser/test_reconcile_browser.py",  # 13
-    "test_final_not_found.py",  # 12
-)
-
-
 def _entries(groups: tuple[Group, ...]) -> frozenset[str]:
     return frozenset(entry for group in groups for entry in group.tests)
 
@@ -338,7 +306,6 @@ def _check_entries() -> None:
             problems.append(f"{entry}: no file tests/{file}")
         elif name and not re.search(rf"^\s*(async )?def {re.escape(name.split('::')[-1])}\(", path.read_text(), re.M):
             problems.append(f"{entry}: no test {name} in tests/{file}")
-    problems += [f"LONGEST_FIRST: no file tests/{file}" for file in LONGEST_FIRST if not (TESTS / file).is_file()]
     for entry in sorted(BOTH & POSTGRES_ONLY):
         problems.append(f"{entry}: named in both BOTH_PASSES and POSTGRES_PASS_ONLY")
     if problems:
@@ -347,13 +314,6 @@ def _check_entries() -> None:
 
 def _file(item: pytest.Item) -> str:
     return item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else item.path.name
-
-
-def longest_first(items: list[pytest.Item]) -> None:
-    """On xdist workers: the files of LONGEST_FIRST first, in its order; the rest as collected. Every worker
-    collects the same order (xdist requires it)."""
-    rank = {file: n for n, file in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(_file(item), len(rank)))
 
 
 def mark(items: list[pytest.Item]) -> None:

@@ -1,5 +1,4 @@
 import importlib
-import os
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -92,8 +91,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     from tests import backends
 
     backends.mark(items)
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        backends.longest_first(items)
 
 
 hypothesis_settings.register_profile("ci", deadline=None, print_blob=True)
