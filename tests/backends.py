@@ -312,15 +312,11 @@ def _check_entries() -> None:
         raise pytest.UsageError("tests/backends.py:\n  " + "\n  ".join(problems))
 
 
-def _file(item: pytest.Item) -> str:
-    return item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else item.path.name
-
-
 def mark(items: list[pytest.Item]) -> None:
     """pytest_collection_modifyitems (tests/conftest.py): the ``backend`` and ``once_postgres`` markers."""
     _check_entries()
     for item in items:
-        file = _file(item)
+        file = item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else item.path.name
         cls = getattr(item, "cls", None)
         name = getattr(item, "originalname", item.name)
         names = {file, f"{file}::{name}"} | ({f"{file}::{cls.__name__}::{name}"} if cls else set())
