@@ -7,7 +7,8 @@
 Each run: ``spin -a`` with the configuration's bounds (-D…), ``gcc`` the verifier (pan) — ``-DSAFETY`` for the
 assertions and invalid end states, without it and with ``pan -a -f`` for the liveness formula under weak fairness —
 then ``pan``; its report is parsed for "errors: N", the states stored, the depth, the memory and the seconds. No
-bitstate or hash compaction: the search is exhaustive (``-DCOLLAPSE`` only compresses the stored states, losslessly).
+bitstate or hash compaction: the search is exhaustive, each state stored whole (``-DCOLLAPSE`` would compress them
+losslessly: at these bounds it saved at most 110 MB and took 1.3 to 1.8 times as long).
 The model is split into configurations because all the faults and all the people at once are too many states for
 CI's two minutes: each configuration states its bounds, and docs/verification.md lists them.
 """
@@ -166,7 +167,7 @@ def check(config: Config, *extra: str, optimise: bool = False) -> Result:
         work = Path(scratch)
         shutil.copy(MODEL, work / MODEL.name)
         _run(["spin", "-a", *defines, MODEL.name], work)
-        flags = ["-DCOLLAPSE"] + (["-DNFAIR=4"] if config.liveness else ["-DSAFETY", "-DNOCLAIM"])
+        flags = ["-DNFAIR=4"] if config.liveness else ["-DSAFETY", "-DNOCLAIM"]
         _run(["gcc", "-O2" if optimise else "-O0", "-w", *flags, "-o", "pan", "pan.c"], work)
         args = ["./pan", f"-m{DEPTH_LIMIT}"] + (["-a", "-f"] if config.liveness else [])
         report = _run(args, work, check=False)

@@ -2,8 +2,8 @@
 
 - axe-core (the copy shipped in the PyPI package axe-playwright-python, MPL-2.0) finds nothing serious or critical
   on any console page — login, the two queues, a task page in every state worth one, the takeover, re-plan, actions,
-  cancel, notes and bulk pages, the admin's and the auditor's pages, the refusal and not-found pages — in light and
-  in dark mode;
+  cancel, notes and bulk pages, the admin's and the auditor's pages, the refusal and not-found pages — in light
+  mode with every rule, in dark mode with the rules about colour (all that dark mode changes);
 - the work queue shows at least 12 rows above the fold when no filter is active, and its last column is not cut off;
 - no element on a task page scrolls sideways (receipts and digests wrap);
 - "taken over", a normal state, is not told in the alarm colour that failed and quarantined tasks are;
@@ -47,14 +47,21 @@ demo = test_demo_console.demo  # the demo's fixture: load_demo against the simul
 # axe-core as the PyPI package axe-playwright-python ships it (axe.min.js, MPL-2.0), injected into each page.
 AXE_SCRIPT = (files("axe_playwright_python") / "axe.min.js").read_text(encoding="utf-8")
 GRAVE = ("serious", "critical")
+# Dark mode changes colours only (static/console/*.css: custom properties under prefers-color-scheme): in it, only
+# axe's rules about colour can find anything the light run did not.
+COLOUR_RULES = ("color-contrast", "link-in-text-block")
 DIGEST = "sha256:" + "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08" * 2
 
 
-def axe_findings(page: Page) -> list[str]:
-    """axe-core's serious and critical violations on the page as it is now, one line per rule, with its targets."""
+def axe_findings(page: Page, rules: tuple[str, ...] = ()) -> list[str]:
+    """axe-core's serious and critical violations on the page as it is now, one line per rule, with its targets;
+    only ``rules``' when given."""
     if not page.evaluate("() => typeof window.axe === 'object'"):
         page.evaluate(AXE_SCRIPT)
-    result: dict[str, Any] = page.evaluate("() => axe.run(document, {resultTypes: ['violations']})")
+    options: dict[str, Any] = {"resultTypes": ["violations"]}
+    if rules:
+        options["runOnly"] = {"type": "rule", "values": list(rules)}
+    result: dict[str, Any] = page.evaluate("(options) => axe.run(document, options)", options)
     lines = []
     for violation in result["violations"]:
         if violation["impact"] not in GRAVE:
@@ -82,8 +89,8 @@ PRIMARIES = """() => {
 
 
 class Walk:
-    """On each page visited: axe in light and in dark mode, and the forms with more than one primary button. Every
-    finding is kept until ``check``, so one run lists every page's."""
+    """On each page visited: axe in light mode, its colour rules in dark mode, and the forms with more than one
+    primary button. Every finding is kept until ``check``, so one run lists every page's."""
 
     def __init__(self, page: Page) -> None:
         self.page = page
@@ -92,9 +99,9 @@ class Walk:
 
     def take(self, name: str) -> None:
         self.page.wait_for_load_state()
-        for scheme in ("light", "dark"):
+        for scheme, rules in (("light", ()), ("dark", COLOUR_RULES)):
             self.page.emulate_media(color_scheme=scheme)
-            self.findings += [f"{name} ({scheme}): {line}" for line in axe_findings(self.page)]
+            self.findings += [f"{name} ({scheme}): {line}" for line in axe_findings(self.page, rules)]
             self.primaries += [f"{name} ({scheme}): {names}" for names in self.page.evaluate(PRIMARIES)]
         self.page.emulate_media(color_scheme="no-preference")
 
@@ -227,6 +234,11 @@ def test_axe_finds_nothing_serious_on_the_pages_an_admin_and_an_outsider_see(
       document.querySelector('main').append(img); }""")
     found = " ".join(axe_findings(page))
     assert "listitem" in found and "image-alt" in found, found
+    # The dark run's colour rules see what they look for: a heading in a grey the dark background hides is found.
+    page.emulate_media(color_scheme="dark")
+    page.evaluate("() => { document.querySelector('h1').style.color = 'rgb(48, 54, 61)'; }")
+    found = " ".join(axe_findings(page, COLOUR_RULES))
+    assert "color-contrast" in found and "listitem" not in found, found
 
 
 # --- the demo at 1280x800: the queue above the fold, nothing sideways, the colours of the states -------------------
