@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from django.conf import settings
@@ -99,11 +99,14 @@ class Walk:
 
     def take(self, name: str) -> None:
         self.page.wait_for_load_state()
-        for scheme, rules in (("light", ()), ("dark", COLOUR_RULES)):
-            self.page.emulate_media(color_scheme=scheme)
-            self.findings += [f"{name} ({scheme}): {line}" for line in axe_findings(self.page, rules)]
-            self.primaries += [f"{name} ({scheme}): {names}" for names in self.page.evaluate(PRIMARIES)]
+        self._scan(name, "light", ())
+        self._scan(name, "dark", COLOUR_RULES)
         self.page.emulate_media(color_scheme="no-preference")
+
+    def _scan(self, name: str, scheme: Literal["light", "dark"], rules: tuple[str, ...]) -> None:
+        self.page.emulate_media(color_scheme=scheme)
+        self.findings += [f"{name} ({scheme}): {line}" for line in axe_findings(self.page, rules)]
+        self.primaries += [f"{name} ({scheme}): {names}" for names in self.page.evaluate(PRIMARIES)]
 
     def visit(self, url: str, name: str, status: int = 200) -> None:
         answer = self.page.goto(url)
