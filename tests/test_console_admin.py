@@ -45,12 +45,6 @@ def matched(pattern: str, text: str) -> re.Match[str]:
     return found
 
 
-@pytest.fixture(autouse=True)
-def quick_hashes(settings):
-    """A cheap password hash: these tests are about who may act, not about the hash's cost."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def state() -> tuple[Any, ...]:
     """Everything a refused action must leave as it was: Reckon's rows, role memberships, accounts."""
     groups = sorted(User.groups.through.objects.values_list("user__username", "group__name"))

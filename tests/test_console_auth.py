@@ -21,12 +21,6 @@ pytestmark = pytest.mark.django_db
 PASSWORD = "correct horse battery staple"
 
 
-@pytest.fixture(autouse=True)
-def quick_hashes(settings):
-    """A cheap password hash: these tests are about the doors, not about the hash's cost."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def account(name: str, *roles: str, superuser: bool = False) -> User:
     user: User = person(name, *roles, superuser=superuser).user
     user.set_password(PASSWORD)

@@ -45,11 +45,6 @@ EVERY_STATUS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def fast_passwords(settings) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def load(simulator: Simulator) -> str:
     out = StringIO()
     call_command("load_demo", store_url=simulator.url, wait=5, stdout=out)

@@ -30,8 +30,7 @@ SCREENSHOT = {"alder", "birch", "dogwood", "elm", "juniper", "larch", "maple", "
 
 
 @pytest.fixture
-def demo(simulator: Simulator, settings) -> list[Task]:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+def demo(simulator: Simulator) -> list[Task]:
     call_command("load_demo", store_url=simulator.url, wait=5, stdout=StringIO())
     return list(Task.objects.filter(created_by=CREATED_BY).order_by("pk"))
 
