@@ -251,8 +251,12 @@ AUTH_PASSWORD_VALIDATORS: list[dict[str, object]] = [
 ]
 if RECKON_ENV == "test":
     # The suite sets and checks passwords hundreds of times (every browser login twice); Django's default hasher
-    # (PBKDF2, 1,000,000 rounds) spends 0.45 s of CPU on each. Production and development keep it.
-    PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    # (PBKDF2, 1,000,000 rounds) spends 0.45 s of CPU on each. Production and development keep it; a test whose
+    # password a server in production mode checks hashes it with PBKDF2 (tests/test_production_server.py).
+    PASSWORD_HASHERS = [
+        "django.contrib.auth.hashers.MD5PasswordHasher",
+        "django.contrib.auth.hashers.PBKDF2PasswordHasher",
+    ]
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

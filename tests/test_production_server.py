@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+from django.contrib.auth.hashers import make_password
 
 from api.tokens import api_token_issue
 from harness.killmatrix import database_url
@@ -172,7 +173,7 @@ def test_gunicorn_serves_the_console_and_the_api_from_several_workers_and_stops_
     # (the session lives in the database, the secret key is the same in every worker).
     admin = person("root", "admin")
     password = secrets.token_urlsafe(16)
-    admin.user.set_password(password)
+    admin.user.password = make_password(password, hasher="pbkdf2_sha256")  # the server's hasher, not the tests'
     admin.user.save(update_fields=["password"])
     with httpx.Client(base_url=served.url, timeout=30, headers={"Connection": "close"}) as browser:
         form = browser.get("/login/")
