@@ -6,11 +6,13 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse
+from django.utils.module_loading import import_string
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.openapi.docs import Swagger
 from ninja.parser import Parser
 
+from api import routers
 from api.auth import AgentToken
 from api.errors import CONTENT_TYPE, database_unavailable, declared_problems, problem, problem_of, validation_errors
 from api.http import REFUSES, ApiError
@@ -197,3 +199,5 @@ api.add_router("/", tasks_router)
 api.add_router("/", steps_router)
 api.add_router("/", retained_router)
 api.add_router("/", kinds_router)
+for _prefix, _router in routers.added():  # the other apps' routers (api/routers.py), registered when they were ready
+    api.add_router(_prefix, import_string(_router))

@@ -14,8 +14,8 @@ class HooksConfig(AppConfig):
         from tasks.engine.events import listen
 
         listen(SOURCE_EVENTS, outbox_listener, on_finish=True)
-        # The agent API's /webhooks routes are this app's (hooks/api.py), added to the one API: hooks builds on api.
-        from api.api import api
-        from hooks.api import router
+        # The agent API's /webhooks routes are this app's (hooks/api.py), added to the one API when it is built
+        # (api/routers.py): hooks builds on api.
+        from api.routers import add_router
 
-        api.add_router("/", router)
+        add_router("/", "hooks.api.router")

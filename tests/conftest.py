@@ -1,4 +1,5 @@
 import importlib
+import os
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -18,6 +19,11 @@ from tasks.core.actions import register_action
 from tasks.engine.plans import task_create
 from tasks.models import Task
 from tests.simulator_fixture import Simulator
+
+# The Celery workers the tests start (about 200 in CI: the kill matrix, the partitions, the worker and browser tests)
+# skip Django's system checks at start, which import the URLconf and with it every view and the API's schemas (0.2 s
+# of CPU each); the suite runs the checks itself (`manage.py check`, `check --deploy` in .ci/run).
+os.environ.setdefault("CELERY_SKIP_CHECKS", "1")
 
 # The append-only and capture triggers on SQLite (tasks/migrations/0009, audit/migrations/0002, 0003 and 0006): how to
 # drop and re-make them.
