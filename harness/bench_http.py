@@ -39,6 +39,7 @@ from typing import Any
 
 import httpx
 from django.db import connections
+from django.test import override_settings
 
 from api.models import ApiToken
 from api.tokens import TOKEN_PREFIX, token_hash
@@ -119,6 +120,11 @@ def run_http_bench(config: HttpBenchConfig, log: Callable[[str], None] = print) 
 
 
 def _in_process(config: HttpBenchConfig, steps: int) -> dict[str, float]:
+    with override_settings(DEBUG=False):  # as the web server runs (and production): no query log
+        return _in_process_run(config, steps)
+
+
+def _in_process_run(config: HttpBenchConfig, steps: int) -> dict[str, float]:
     plan = chain_plan(config.nodes)
     leases = []
     for i in range(config.tasks):
@@ -229,7 +235,7 @@ class _web_server:
             "RECKON_BIND": f"127.0.0.1:{port}",
             "RECKON_WEB_WORKERS": str(self.workers),
             "RECKON_API_RATE": "0",
-            "DJANGO_DEBUG": "1",  # static files from the apps' folders: nothing to collect for a benchmark
+            "DJANGO_DEBUG": "0",  # as in production: no query log (Django's CursorDebugWrapper); only the API is asked
             "RECKON_BENCH_COUNTS": self._counts.name,
         }
         gunicorn = Path(sys.executable).with_name("gunicorn")
