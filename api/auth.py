@@ -12,6 +12,7 @@ no task can be of."""
 from django.http import HttpRequest
 from ninja.security import HttpBearer
 
+from api.http import LEASE_HEADER
 from api.models import ApiToken
 from api.ratelimit import rate_limit
 from api.tokens import api_token_authenticate, require_kind_scope, require_scope
@@ -32,7 +33,12 @@ class AgentToken(HttpBearer):
         match = request.resolver_match
         raw = match.kwargs.get(TASK_PARAMETER) if match is not None else None
         # The token and the kind and project of the task the path names, in one query.
-        row = api_token_authenticate(token, task_id=ascii_int(str(raw)) if raw is not None else None)
+        task_id = ascii_int(str(raw)) if raw is not None else None
+        # The lease the request names is read with the token (one query); an unreadable header is left to the
+        # handler, which refuses it by name — after the scope, as everything else.
+        lease_header = request.headers.get(LEASE_HEADER)
+        lease_id = ascii_int(lease_header.strip()) if lease_header is not None and task_id is not None else None
+        row = api_token_authenticate(token, task_id=task_id, lease_id=lease_id)
         if row is None:
             return None
         rate_limit(row.token_hash[:32])  # RateLimited (429) past the token's rate

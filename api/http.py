@@ -3,7 +3,7 @@ lease it is made under (``Reckon-Lease``), and how answers carry the version bac
 
 from collections.abc import Sequence
 from functools import cache
-from typing import Any
+from typing import Any, Literal
 
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -91,11 +91,38 @@ def optional_lease(request: HttpRequest, token: ApiToken, task_id: int) -> Lease
     lease_id = ascii_int(raw.strip())
     if lease_id is None:
         raise InvalidHeader(f"{LEASE_HEADER} is a lease id (a number), not {raw[:40]!r}.")
-    found = list(Lease.objects.raw(_lease_sql(), [lease_id, task_id, HolderKind.AGENT.value, token.agent_id]))
-    lease = found[0] if found else None
+    lease = prefetched_lease(token, lease_id, task_id)
+    if lease is False:
+        found = list(Lease.objects.raw(_lease_sql(), [lease_id, task_id, HolderKind.AGENT.value, token.agent_id]))
+        lease = found[0] if found else None
     if lease is None:
         raise LeaseNotHeld(f"Lease {lease_id} is not a lease of agent {token.agent_id} on task {task_id}.")
     return lease
+
+
+def prefetched_lease(token: ApiToken, lease_id: int, task_id: int) -> Lease | Literal[False] | None:
+    """The lease read with the token (``api_token_authenticate(…, lease_id=…)``): the Lease (its id, task, holder,
+    epoch and ttl loaded — what a step's write uses; any other field is read when first used), None when it is not
+    this agent's lease on that task, or False when it was not read with the token (ask the database)."""
+    if getattr(token, "scope_lease", None) != (lease_id, task_id):
+        return False
+    found = getattr(token, "scope_lease_id", None)
+    if found is None:
+        return None
+    ttl = getattr(token, "scope_lease_ttl", None)
+    column = Lease._meta.get_field("ttl").get_col(Lease._meta.db_table)
+    for convert in connection.ops.get_db_converters(column) + column.get_db_converters(connection):
+        ttl = convert(ttl, column, connection)  # as the ORM reads the column (microseconds on SQLite)
+    known = {
+        "id": found,
+        "task_id": task_id,
+        "holder_kind": HolderKind.AGENT.value,
+        "holder_id": token.agent_id,
+        "epoch": getattr(token, "scope_lease_epoch", None),
+        "ttl": ttl,
+    }
+    names = [f.attname for f in Lease._meta.concrete_fields if f.attname in known]  # from_db takes the model's order
+    return Lease.from_db(None, names, [known[name] for name in names])
 
 
 @cache

@@ -19,6 +19,7 @@ from api.models import ApiToken
 from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
+from leases.models import HolderKind, Lease
 from tasks.access.permissions import require_admin
 from tasks.core.errors import TaskNotFound
 from tasks.core.parsing import ascii_int
@@ -113,17 +114,22 @@ def api_token_revoke(*, actor: Principal, token_id: int, reason: str) -> ApiToke
     return row
 
 
-def api_token_authenticate(plaintext: str, *, task_id: int | None = None) -> ApiToken | None:
+def api_token_authenticate(
+    plaintext: str, *, task_id: int | None = None, lease_id: int | None = None
+) -> ApiToken | None:
     """The live token whose plaintext this is, or None (unknown or revoked). One query; and at most once a minute
     per token, one more to note when it was last used. ``task_id``: the task a request addresses, whose kind and
-    project (what ``require_scope`` judges) are read in the same query."""
+    project (what ``require_scope`` judges) are read in the same query; ``lease_id``: the lease the request names,
+    read with them if it is this agent's lease on that task (``prefetched_lease``)."""
     if not plaintext.startswith(TOKEN_PREFIX) or len(plaintext) > 100:
         return None
-    found = list(ApiToken.objects.raw(_token_sql(), [task_id, token_hash(plaintext)]))
+    lease_of = lease_id if task_id is not None else None
+    found = list(ApiToken.objects.raw(_token_sql(), [task_id, lease_of, HolderKind.AGENT.value, token_hash(plaintext)]))
     row = found[0] if found else None
     if row is None:
         return None
     row.scope_task = task_id  # type: ignore[attr-defined]  # whose kind and project were read with it, if any
+    row.scope_lease = (lease_of, task_id) if lease_of is not None else None  # type: ignore[attr-defined]
     now = timezone.now()  # the app server's clock: a hint, and the database clock would cost a query per request
     if row.last_used_at is None or row.last_used_at <= now - LAST_USED_GRANULARITY:
         ApiToken.objects.filter(pk=row.pk).update(last_used_at=now)
@@ -138,9 +144,13 @@ def _token_sql() -> str:
     token, task = ApiToken._meta, Task._meta
     q = connection.ops.quote_name
     columns = ", ".join(f"k.{q(str(f.column))}" for f in token.concrete_fields)
+    lease = Lease._meta
     return (
-        f"SELECT {columns}, t.{q('kind')} AS scope_kind, t.{q('project')} AS scope_project"  # noqa: S608
+        f"SELECT {columns}, t.{q('kind')} AS scope_kind, t.{q('project')} AS scope_project,"  # noqa: S608
+        f" l.{q('id')} AS scope_lease_id, l.{q('epoch')} AS scope_lease_epoch, l.{q('ttl')} AS scope_lease_ttl"
         f" FROM {q(token.db_table)} k LEFT JOIN {q(task.db_table)} t ON t.{q('id')} = %s"
+        f" LEFT JOIN {q(lease.db_table)} l ON l.{q('id')} = %s AND l.{q('task_id')} = t.{q('id')}"
+        f" AND l.{q('holder_kind')} = %s AND l.{q('holder_id')} = k.{q('agent_id')}"
         f" WHERE k.{q('token_hash')} = %s AND k.{q('revoked_at')} IS NULL"
     )
 

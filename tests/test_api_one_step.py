@@ -168,7 +168,7 @@ def counted() -> Iterator[Any]:
 @pytest.mark.django_db(transaction=True)
 def test_a_steady_state_node_costs_one_request_and_one_commit(client: Client, admin: Principal, counted: Any) -> None:
     """Outside a test transaction, as a web server runs it (autocommit): a node in the middle of a chain is one
-    outcome request, one commit, and a pinned number of statements — the token read with the task's scope, the
+    outcome request, one commit, and a pinned number of statements — the token read with the task's scope and the
     lease, the snapshot's three reads, then the write: the receipt, the next node's start and the Idempotency-Key's
     record of the answer in one statement on PostgreSQL (no BEGIN, no COMMIT), one transaction on SQLite. The key is
     not looked up first: a compare-and-set that committed cannot commit again, so it is looked up only when refused
@@ -185,7 +185,21 @@ def test_a_steady_state_node_costs_one_request_and_one_commit(client: Client, ad
     print(f"\n[one step over the API] {counted.statements} statements, {counted.commits} commits")
     pg = connection.vendor == "postgresql"
     assert counted.commits == 1 and counted.transactions == (0 if pg else 1)
-    # token and scope, lease, three snapshot reads; then the write with the key's record: PostgreSQL one statement;
-    # SQLite ten (lease, task, two nodes, two operations, receipt, two events, the record). BEGIN is not counted.
-    assert counted.statements == 5 + (1 if pg else 10)
+    # token, scope and lease in one read, three snapshot reads; then the write with the key's record: PostgreSQL one
+    # statement; SQLite ten (lease, task, two nodes, two operations, receipt, two events, the record). BEGIN is not
+    # counted.
+    assert counted.statements == 4 + (1 if pg else 10)
     assert Lease.objects.get(pk=lease).released_at is None
+
+
+def test_the_lease_read_with_the_token_must_be_this_agents_on_this_task(agent: Agent) -> None:
+    """The lease is read in the token's query (api/auth.py): one of the agent's leases on another task is not a lease
+    on this one — refused as before that read joined the token's, and nothing written."""
+    task_id, lease, op, version = first_intent(agent)
+    other_task, other_lease, _other_op, _v = first_intent(agent)
+    events = Event.objects.filter(task_id=task_id).count()
+    refused = report(agent, task_id, other_lease, op["op_key"], version)
+    assert refused.status_code == 409 and refused.json()["code"] == "lease_not_held", refused.content
+    assert Event.objects.filter(task_id=task_id).count() == events and version_of(task_id) == version
+    assert report(agent, task_id, lease, op["op_key"], version).status_code == 200  # its own lease still works
+    assert other_task != task_id
