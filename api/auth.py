@@ -37,7 +37,7 @@ class AgentToken(HttpBearer):
         # The lease the request names is read with the token (one query); an unreadable header is left to the
         # handler, which refuses it by name — after the scope, as everything else.
         lease_header = request.headers.get(LEASE_HEADER)
-        lease_id = ascii_int(lease_header.strip()) if lease_header is not None and task_id is not None else None
+        lease_id = ascii_int(lease_header.strip()) if lease_header is not None else None
         row = api_token_authenticate(token, task_id=task_id, lease_id=lease_id)
         if row is None:
             return None

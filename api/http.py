@@ -110,8 +110,8 @@ def prefetched_lease(token: ApiToken, lease_id: int, task_id: int) -> Lease | Li
     if found is None:
         return None
     ttl = getattr(token, "scope_lease_ttl", None)
-    column = Lease._meta.get_field("ttl").get_col(Lease._meta.db_table)
-    for convert in connection.ops.get_db_converters(column) + column.get_db_converters(connection):
+    column, converters = _ttl_converters()
+    for convert in converters:
         ttl = convert(ttl, column, connection)  # as the ORM reads the column (microseconds on SQLite)
     known = {
         "id": found,
@@ -123,6 +123,13 @@ def prefetched_lease(token: ApiToken, lease_id: int, task_id: int) -> Lease | Li
     }
     names = [f.attname for f in Lease._meta.concrete_fields if f.attname in known]  # from_db takes the model's order
     return Lease.from_db(None, names, [known[name] for name in names])
+
+
+@cache
+def _ttl_converters() -> tuple[Any, list[Any]]:
+    """The lease's ttl column and the converters the ORM reads it through on this backend: found once."""
+    column = Lease._meta.get_field("ttl").get_col(Lease._meta.db_table)
+    return column, connection.ops.get_db_converters(column) + column.get_db_converters(connection)
 
 
 @cache

@@ -119,12 +119,8 @@ def run_http_bench(config: HttpBenchConfig, log: Callable[[str], None] = print) 
         return report
 
 
+@override_settings(DEBUG=False)  # as the web server runs (and production): no query log
 def _in_process(config: HttpBenchConfig, steps: int) -> dict[str, float]:
-    with override_settings(DEBUG=False):  # as the web server runs (and production): no query log
-        return _in_process_run(config, steps)
-
-
-def _in_process_run(config: HttpBenchConfig, steps: int) -> dict[str, float]:
     plan = chain_plan(config.nodes)
     leases = []
     for i in range(config.tasks):
