@@ -7,6 +7,7 @@ receipt proves — are the services'. Every write is the services' compare-and-s
 epoch, so a stale agent changes nothing."""
 
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from django.db import transaction
@@ -62,7 +63,7 @@ from tasks.engine.protocol import (
     record_outcome,
     snapshot_at,
 )
-from tasks.engine.snapshot import task_snapshot
+from tasks.engine.snapshot import RecentSnapshots, task_snapshot
 from tasks.models import Operation, TempResource
 
 router = Router(tags=["steps"])
@@ -88,12 +89,26 @@ START_REFUSALS = (
 SETTLE_REFUSALS = ("evidence_insufficient", "not_found_not_final", "stored_fact_altered")
 
 
+# The snapshot this process last answered of each task: the holder's next request names its version in If-Match,
+# and the task's row alone then says whether its nodes and operations are still these (tasks.engine.snapshot).
+RECENT = RecentSnapshots()
+
+
 def _snapshot(task_id: int, lease: Lease, expected: int | None = None) -> Snapshot:
     """The task's snapshot (at ``expected`` when given). The task is in the token's scope: api/auth.py checked it
     before the handler ran."""
+    known = RECENT.get(task_id)
     if expected is None:
-        return task_snapshot(task_id=task_id, lease=lease)
-    return snapshot_at(task_id=task_id, lease=lease, expected_version=expected)
+        snap = task_snapshot(task_id=task_id, lease=lease, known=known)
+    else:
+        snap = snapshot_at(task_id=task_id, lease=lease, expected_version=expected, known=known)
+    return _kept(snap)
+
+
+def _kept(snap: Snapshot) -> Snapshot:
+    """``snap``, held for the task's next request once what it shows is committed (at once outside a transaction)."""
+    transaction.on_commit(partial(RECENT.keep, snap))
+    return snap
 
 
 def _lease_answer(lease: Lease, status: int) -> HttpResponse:
@@ -200,7 +215,7 @@ def operation_register(request: HttpRequest, task_id: int, payload: OperationSta
     def run() -> HttpResponse:
         snap = _snapshot(task_id, lease, version)
         begun = operation_start(snap, payload.node_key, lease=lease)
-        op, new = begun.operation, begun.snapshot
+        op, new = begun.operation, _kept(begun.snapshot)
         return answer(operation_detail(op, payload.node_key), 201, version=new.version)
 
     return idempotent(request, token.agent_id, run, guarded=True)
@@ -291,7 +306,7 @@ def _outcome_answer(task_id: int, lease: Lease, settled: Step, start_next: bool)
         except (Refused, LeaseError):  # the task moved meanwhile: next is null, the agent reads the directive
             following = None
     body = OutcomeOut(operation=operation_detail(op, node), task=task_summary(new.task), next=following)
-    return answer(body, version=new.version)
+    return answer(body, version=_kept(new).version)
 
 
 def _node_key(snap: Snapshot, op: Operation) -> str:
@@ -347,7 +362,7 @@ def inputs_report(request: HttpRequest, task_id: int, payload: InputsIn) -> Http
 
     def run() -> HttpResponse:
         snap = _snapshot(task_id, lease, version)
-        new = inputs_confirm(snap, dict(payload.current_versions), lease=lease)
+        new = _kept(inputs_confirm(snap, dict(payload.current_versions), lease=lease))
         return answer(task_summary(new.task), version=new.version)
 
     return idempotent(request, token.agent_id, run, guarded=True)

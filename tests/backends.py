@@ -58,6 +58,7 @@ BOTH_PASSES: tuple[Group, ...] = (
             "test_smoke_protocol.py",
             "test_shared_commit.py",
             "test_api_one_step.py",
+            "test_snapshot_reuse.py",
             "test_permits.py",
             "test_takeover.py",
             "test_takeover_smoke.py",

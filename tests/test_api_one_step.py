@@ -169,9 +169,10 @@ def counted() -> Iterator[Any]:
 def test_a_steady_state_node_costs_one_request_and_one_commit(client: Client, admin: Principal, counted: Any) -> None:
     """Outside a test transaction, as a web server runs it (autocommit): a node in the middle of a chain is one
     outcome request, one commit, and a pinned number of statements — the token read with the task's scope and the
-    lease, the snapshot's three reads, then the write: the receipt, the next node's start and the Idempotency-Key's
-    record of the answer in one statement on PostgreSQL (no BEGIN, no COMMIT), one transaction on SQLite. The key is
-    not looked up first: a compare-and-set that committed cannot commit again, so it is looked up only when refused
+    lease, the task's row (its nodes and operations are the ones the previous answer left, still at that version:
+    api.steps.RECENT), then the write: the receipt, the next node's start and the Idempotency-Key's record of the
+    answer in one statement on PostgreSQL (no BEGIN, no COMMIT), one transaction on SQLite. The key is not looked up
+    first: a compare-and-set that committed cannot commit again, so it is looked up only when refused
     (api/idempotency.py)."""
     from api.tokens import api_token_issue
 
@@ -185,10 +186,10 @@ def test_a_steady_state_node_costs_one_request_and_one_commit(client: Client, ad
     print(f"\n[one step over the API] {counted.statements} statements, {counted.commits} commits")
     pg = connection.vendor == "postgresql"
     assert counted.commits == 1 and counted.transactions == (0 if pg else 1)
-    # token, scope and lease in one read, three snapshot reads; then the write with the key's record: PostgreSQL one
+    # token, scope and lease in one read, the task's row; then the write with the key's record: PostgreSQL one
     # statement; SQLite ten (lease, task, two nodes, two operations, receipt, two events, the record). BEGIN is not
     # counted.
-    assert counted.statements == 4 + (1 if pg else 10)
+    assert counted.statements == 2 + (1 if pg else 10)
     assert Lease.objects.get(pk=lease).released_at is None
 
 

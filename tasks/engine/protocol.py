@@ -52,14 +52,13 @@ __all__ = [
 ]
 
 
-def snapshot_at(*, task_id: int, lease: LeaseRef | None, expected_version: int) -> Snapshot:
+def snapshot_at(
+    *, task_id: int, lease: LeaseRef | None, expected_version: int, known: Snapshot | None = None
+) -> Snapshot:
     """The task's snapshot if it is still at ``expected_version`` (the version the caller decided on), else
-    VersionConflict: the start of every write made on a version read earlier (the agent API's If-Match)."""
-    return _fresh(None, task_id, lease, expected_version)
-
-
-def _fresh(snapshot: Snapshot | None, task_id: int, lease: LeaseRef | None, expected_version: int) -> Snapshot:
-    snap = snapshot if snapshot is not None else task_snapshot(task_id=task_id, lease=lease)
+    VersionConflict: the start of every write made on a version read earlier (the agent API's If-Match). ``known``:
+    an earlier snapshot of the task (task_snapshot)."""
+    snap = task_snapshot(task_id=task_id, lease=lease, known=known)
     if snap.version != expected_version:
         raise VersionConflict(
             f"task {task_id} is at version {snap.version}, not {expected_version}",

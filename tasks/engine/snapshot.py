@@ -6,7 +6,8 @@ After a write the compare-and-set returns the snapshot of the new version, built
 next step of the same holder reads nothing again.
 """
 
-from collections import Counter
+import threading
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
@@ -29,16 +30,20 @@ from tasks.models import Node, Operation, Task
 _UNSETTLED = [s.value for s in UNSETTLED_OPERATION_STATUSES]
 
 
-def task_snapshot(*, task_id: int, lease: LeaseRef | None = None) -> Snapshot:
+def task_snapshot(*, task_id: int, lease: LeaseRef | None = None, known: Snapshot | None = None) -> Snapshot:
     """Read the task with its lease, reservation and the database time (one query), its unsettled operations (one)
     and the current plan's nodes (one). Raises TaskNotFound.
+
+    ``known``: a snapshot of this task read or written earlier (RecentSnapshots). When the task row just read is
+    still at its version, its nodes and operations are the ones the database holds (every change of them moves the
+    version), so the two reads are skipped: the row, the time, the reservation and the lease are always read anew.
 
     The three reads are one snapshot of one version: every change of these rows moves the task's version in the
     same commit, and the last read also reads the version again — if another commit landed after the task row was
     read, the version differs and the snapshot is read again (a torn read would pair one version with another's
     rows: a wrong directive, or a refusal naming a condition no version showed)."""
     for _attempt in range(_ATTEMPTS):
-        snap = _read(task_id, lease)
+        snap = _read(task_id, lease, known)
         if snap is not None:
             return snap
     raise VersionConflict(f"task {task_id} kept changing while it was read; read it again", task_id=task_id)
@@ -47,7 +52,46 @@ def task_snapshot(*, task_id: int, lease: LeaseRef | None = None) -> Snapshot:
 _ATTEMPTS = 5
 
 
-def _read(task_id: int, lease: LeaseRef | None) -> Snapshot | None:
+class RecentSnapshots:
+    """The last snapshot a process read or wrote of each task, as ``task_snapshot(known=…)`` takes it: a holder's next
+    request over HTTP then reads one row, not the task's nodes and operations, as a worker in process reads nothing
+    again after its own write. Bounded by the rows it holds (least recently kept dropped first); thread-safe.
+
+    Keep only what a commit made visible (``transaction.on_commit``): a snapshot a rolled-back write left would name
+    a version a later commit reuses with other rows. A kept snapshot is never changed (every write copies the rows it
+    changes, tasks.engine.cas and ``after_write``)."""
+
+    def __init__(self, max_rows: int = 50_000) -> None:
+        self.max_rows = max_rows
+        self._lock = threading.Lock()
+        self._by_task: OrderedDict[int, tuple[Snapshot, int]] = OrderedDict()
+        self._rows = 0
+
+    def get(self, task_id: int) -> Snapshot | None:
+        with self._lock:
+            kept = self._by_task.get(task_id)
+            return kept[0] if kept is not None else None
+
+    def keep(self, snap: Snapshot) -> None:
+        """Hold ``snap`` for its task unless a later version of the same task is held already."""
+        size = 1 + len(snap.nodes) + len(snap.unsettled)
+        with self._lock:
+            held = self._by_task.get(snap.task.id)
+            if held is not None:
+                if held[0].task.uid == snap.task.uid and held[0].version > snap.version:
+                    return
+                self._rows -= held[1]
+                del self._by_task[snap.task.id]
+            if size > self.max_rows:
+                return
+            self._by_task[snap.task.id] = (snap, size)
+            self._rows += size
+            while self._rows > self.max_rows:
+                _task, (_snap, dropped) = self._by_task.popitem(last=False)
+                self._rows -= dropped
+
+
+def _read(task_id: int, lease: LeaseRef | None, known: Snapshot | None) -> Snapshot | None:
     now_sql, clock_params = clock.now_sql()
     now_params: list[Any] = [connection.ops.adapt_datetimefield_value(value) for value in clock_params]
     if not clock_params:  # the database's clock: SQLite's expression holds % signs, doubled in a statement with params
@@ -64,6 +108,8 @@ def _read(task_id: int, lease: LeaseRef | None) -> Snapshot | None:
         now = clock.as_utc(extra[0])
         reserved_for: str = extra[1]
         lease_expires_at = clock.as_utc(extra[2]) if lease is not None and extra[2] is not None else None
+        if known is not None and known.task.uid == task.uid and known.version == task.version:
+            return replace(known, task=task, now=now, lease_expires_at=lease_expires_at, reserved_for=reserved_for)
         cursor.execute(statements.operations, [task_id, *_UNSETTLED])
         operations = _Rows.of(Operation)
         nodes_of_ops = _Rows.of(Node)
@@ -198,11 +244,15 @@ def after_write(
         new_nodes.append(node)
     by_pk = {n.id: n for n in new_nodes}
     written = {op.id: op for op in operations}
+    was_written = set(written)
     kept = [written.pop(op.id, op) for op in snap.unsettled]  # the ones written replace the ones read
     unsettled = []
     for op in [*kept, *written.values()]:  # then the ones the write inserted
-        if op.node_id in by_pk:
-            op.node = by_pk[op.node_id]
+        its_node = by_pk.get(op.node_id)
+        if its_node is not None and op._state.fields_cache.get("node") is not its_node:
+            if op.id not in was_written:  # the old snapshot's row: a copy points to the new node, not the row itself
+                op = rows.clone(op)
+            op.node = its_node
         if op.status in UNSETTLED_OPERATION_STATUSES:
             unsettled.append(op)
     return replace(
