@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from api import steps
 from audit.principals import Principal
@@ -25,7 +26,7 @@ from tasks.decide.change import Snapshot
 from tasks.engine import snapshot as snapshot_module
 from tasks.engine.protocol import operation_start, record_outcome
 from tasks.engine.snapshot import RecentSnapshots, after_write, task_snapshot
-from tasks.models import Operation, Task
+from tasks.models import Node, Operation, Task
 from tasks.people.cancel import task_request_cancel
 from tasks.people.takeover import takeover_claim
 from tests.conftest import chain_plan, person, snapshot
@@ -236,7 +237,7 @@ def test_a_node_changed_under_an_operation_not_written_is_a_copy_in_the_new_snap
 def test_recent_snapshots_keep_the_latest_version_within_their_bound() -> None:
     def snap(task_id: int, version: int, nodes: int = 1, uid: Any = None) -> Snapshot:
         task = Task(id=task_id, version=version, **({"uid": uid} if uid is not None else {}))
-        return Snapshot(task=task, nodes=tuple(object() for _ in range(nodes)), unsettled=(), now=None)  # type: ignore[arg-type]
+        return Snapshot(task=task, nodes=tuple(Node() for _ in range(nodes)), unsettled=(), now=timezone.now())
 
     recent = RecentSnapshots(max_rows=10)
     newer = snap(1, 5)
