@@ -101,35 +101,12 @@ def optional_lease(request: HttpRequest, token: ApiToken, task_id: int) -> Lease
 
 
 def prefetched_lease(token: ApiToken, lease_id: int, task_id: int) -> Lease | Literal[False] | None:
-    """The lease read with the token (``api_token_authenticate(…, lease_id=…)``): the Lease (its id, task, holder,
-    epoch and ttl loaded — what a step's write uses; any other field is read when first used), None when it is not
-    this agent's lease on that task, or False when it was not read with the token (ask the database)."""
-    if getattr(token, "scope_lease", None) != (lease_id, task_id):
+    """The lease read with the token (``api_token_authenticate(…, lease_id=…)``): the Lease, None when it is not this
+    agent's lease on that task, or False when it was not read with the token (ask the database)."""
+    read = token.task_read
+    if read is None or (read.task_id, read.lease_id) != (task_id, lease_id):
         return False
-    found = getattr(token, "scope_lease_id", None)
-    if found is None:
-        return None
-    ttl = getattr(token, "scope_lease_ttl", None)
-    column, converters = _ttl_converters()
-    for convert in converters:
-        ttl = convert(ttl, column, connection)  # as the ORM reads the column (microseconds on SQLite)
-    known = {
-        "id": found,
-        "task_id": task_id,
-        "holder_kind": HolderKind.AGENT.value,
-        "holder_id": token.agent_id,
-        "epoch": getattr(token, "scope_lease_epoch", None),
-        "ttl": ttl,
-    }
-    names = [f.attname for f in Lease._meta.concrete_fields if f.attname in known]  # from_db takes the model's order
-    return Lease.from_db(None, names, [known[name] for name in names])
-
-
-@cache
-def _ttl_converters() -> tuple[Any, list[Any]]:
-    """The lease's ttl column and the converters the ORM reads it through on this backend: found once."""
-    column = Lease._meta.get_field("ttl").get_col(Lease._meta.db_table)
-    return column, connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+    return read.lease
 
 
 @cache

@@ -1,6 +1,23 @@
 """Agent API tokens: the plaintext is shown once when issued and never stored; only its SHA-256 is kept."""
 
+from dataclasses import dataclass
+
 from django.db import models
+
+from leases.models import Lease
+
+
+@dataclass(frozen=True)
+class TaskRead:
+    """What a request's token was read with (api.tokens.api_token_authenticate): the task its path names — its kind
+    and project, or ``kind`` None when there is no such task — and the lease its ``Reckon-Lease`` names (``lease_id``;
+    ``lease`` None when that is not a lease of the token's agent on this task)."""
+
+    task_id: int
+    kind: str | None
+    project: str
+    lease_id: int | None
+    lease: Lease | None
 
 
 class ApiToken(models.Model):
@@ -19,6 +36,9 @@ class ApiToken(models.Model):
     revoked_by = models.CharField(max_length=200, blank=True)
     revoke_reason = models.CharField(max_length=500, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+
+    # Not a column: what this request's authentication read with the token (None: nothing; api.tokens).
+    task_read: TaskRead | None = None
 
     class Meta:
         ordering = ("-created_at", "-pk")

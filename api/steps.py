@@ -112,7 +112,7 @@ def _kept(snap: Snapshot) -> Snapshot:
 
 
 def _lease_answer(lease: Lease, status: int) -> HttpResponse:
-    snap = task_snapshot(task_id=lease.task_id)
+    snap = _kept(task_snapshot(task_id=lease.task_id, known=RECENT.get(lease.task_id)))
     body = lease_out(
         lease,
         task_version=snap.version,

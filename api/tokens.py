@@ -9,17 +9,19 @@ import secrets
 from collections.abc import Sequence
 from datetime import timedelta
 from functools import cache
+from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from api.http import KindNotFound
-from api.models import ApiToken
+from api.models import ApiToken, TaskRead
 from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
 from leases.models import HolderKind, Lease
+from tasks import rows
 from tasks.access.permissions import require_admin
 from tasks.core.errors import TaskNotFound
 from tasks.core.parsing import ascii_int
@@ -120,16 +122,21 @@ def api_token_authenticate(
     """The live token whose plaintext this is, or None (unknown or revoked). One query; and at most once a minute
     per token, one more to note when it was last used. ``task_id``: the task a request addresses, whose kind and
     project (what ``require_scope`` judges) are read in the same query; ``lease_id``: the lease the request names,
-    read with them if it is this agent's lease on that task (``prefetched_lease``)."""
+    read with them if it is this agent's lease on that task — both as the token's ``task_read``."""
     if not plaintext.startswith(TOKEN_PREFIX) or len(plaintext) > 100:
         return None
     lease_of = lease_id if task_id is not None else None
-    found = list(ApiToken.objects.raw(_token_sql(), [task_id, lease_of, HolderKind.AGENT.value, token_hash(plaintext)]))
-    row = found[0] if found else None
-    if row is None:
+    with connection.cursor() as cursor:
+        cursor.execute(_token_sql(), [task_id, lease_of, HolderKind.AGENT.value, token_hash(plaintext)])
+        found = cursor.fetchone()
+    if found is None:
         return None
-    row.scope_task = task_id  # type: ignore[attr-defined]  # whose kind and project were read with it, if any
-    row.scope_lease = (lease_of, task_id) if lease_of is not None else None  # type: ignore[attr-defined]
+    columns = rows.Columns.of(ApiToken)
+    row = columns.instance(found)
+    if task_id is not None:
+        kind, project, lease_pk, epoch, ttl = found[len(columns.fields) :]
+        lease = _lease(lease_pk, task_id, row.agent_id, epoch, ttl) if lease_pk is not None else None
+        row.task_read = TaskRead(task_id, kind, project or "", lease_of, lease)
     now = timezone.now()  # the app server's clock: a hint, and the database clock would cost a query per request
     if row.last_used_at is None or row.last_used_at <= now - LAST_USED_GRANULARITY:
         ApiToken.objects.filter(pk=row.pk).update(last_used_at=now)
@@ -137,17 +144,41 @@ def api_token_authenticate(
     return row
 
 
+def _lease(lease_id: int, task_id: int, agent_id: str, epoch: int, ttl: Any) -> Lease:
+    """The lease read with the token: its id, task, holder, epoch and ttl loaded (what a step's write uses; any other
+    field is read when first used), the ttl through the converters the ORM reads it with (microseconds on SQLite)."""
+    column, converters = _ttl_converters()
+    for convert in converters:
+        ttl = convert(ttl, column, connection)
+    known = {
+        "id": lease_id,
+        "task_id": task_id,
+        "holder_kind": HolderKind.AGENT.value,
+        "holder_id": agent_id,
+        "epoch": epoch,
+        "ttl": ttl,
+    }
+    names = [f.attname for f in Lease._meta.concrete_fields if f.attname in known]  # from_db takes the model's order
+    return Lease.from_db(None, names, [known[name] for name in names])
+
+
+@cache
+def _ttl_converters() -> tuple[Any, list[Any]]:
+    """The lease's ttl column and the converters the ORM reads it through on this backend: found once."""
+    column = Lease._meta.get_field("ttl").get_col(Lease._meta.db_table)
+    return column, connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+
+
 @cache
 def _token_sql() -> str:
     """The live token by its hash, with the kind and project of the task whose id is the first parameter (null for
-    none): SQL made once (the ORM compiled the query again on every request, at more CPU than the query)."""
-    token, task = ApiToken._meta, Task._meta
+    none) and the lease whose id is the second if the token's agent holds it on that task: SQL made once (the ORM
+    compiled the query again on every request, at more CPU than the query)."""
+    token, task, lease = ApiToken._meta, Task._meta, Lease._meta
     q = connection.ops.quote_name
-    columns = ", ".join(f"k.{q(str(f.column))}" for f in token.concrete_fields)
-    lease = Lease._meta
     return (
-        f"SELECT {columns}, t.{q('kind')} AS scope_kind, t.{q('project')} AS scope_project,"  # noqa: S608
-        f" l.{q('id')} AS scope_lease_id, l.{q('epoch')} AS scope_lease_epoch, l.{q('ttl')} AS scope_lease_ttl"
+        f"SELECT {rows.Columns.of(ApiToken).columns('k')}, t.{q('kind')}, t.{q('project')},"  # noqa: S608
+        f" l.{q('id')}, l.{q('epoch')}, l.{q('ttl')}"
         f" FROM {q(token.db_table)} k LEFT JOIN {q(task.db_table)} t ON t.{q('id')} = %s"
         f" LEFT JOIN {q(lease.db_table)} l ON l.{q('id')} = %s AND l.{q('task_id')} = t.{q('id')}"
         f" AND l.{q('holder_kind')} = %s AND l.{q('holder_id')} = k.{q('agent_id')}"
@@ -182,9 +213,9 @@ def require_scope(token: ApiToken, raw_task_id: str) -> None:
         if raw_task_id.startswith("-") and ascii_int(raw_task_id[1:]) is not None:  # a number no task has
             raise TaskNotFound(f"task {raw_task_id} does not exist")
         return
-    if getattr(token, "scope_task", None) == task_id:
-        kind, project = getattr(token, "scope_kind", None), getattr(token, "scope_project", None)
-        row = (kind, project) if kind is not None else None
+    read = token.task_read
+    if read is not None and read.task_id == task_id:
+        row = (read.kind, read.project) if read.kind is not None else None
     else:
         row = Task.objects.filter(pk=task_id).values_list("kind", "project").first()
     if row is None or not covers(token.kinds, token.projects, kind=row[0], project=row[1] or ""):

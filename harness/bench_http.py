@@ -18,7 +18,15 @@ in-process run; over HTTP the lease is part of each run, as it is for an agent).
 point is the ratio of the two paths measured together, not a tuned throughput. Per node, each run also counts the
 requests, the statements its database connections sent (Django's per-request connection health check included)
 and the commits that wrote: in process on the bench's connection, over HTTP in the web server's processes
-(harness/counting_gunicorn.py: Reckon's gunicorn configuration plus the counters).
+(harness/counting_gunicorn.py: Reckon's gunicorn configuration plus the counters) — and the CPU time per node of
+each side: the agent's process (this one), the web server's workers, and PostgreSQL's backends for the run's
+database (read from /proc: PostgreSQL on this machine; "-" otherwise, and on SQLite, whose work is the processes').
+
+The **floor** rows are what any request costs on the same client and server: ``GET /healthz`` (Django's whole
+middleware, no database), by 1 and by N agent threads. A step over HTTP does what the step in process does (decide,
+write, commit, call the remote) plus at least one request, so with one agent its steps/s cannot pass
+``1 / (1 / in-process steps/s + 1 / floor requests/s)`` — printed as the ceiling; with N agents on a machine whose
+cores are all busy, the CPU columns say where the time goes.
 """
 
 from __future__ import annotations
@@ -111,16 +119,21 @@ def run_http_bench(config: HttpBenchConfig, log: Callable[[str], None] = print) 
         with _web_server(_database_url(name), config.web_workers) as server:
             for agents in config.agents:
                 log(f"over HTTP: {agents} agent(s) x {config.tasks} tasks x {config.nodes} nodes")
-                run = _over_http(config, server, token, agents)
+                run = _over_http(config, server, token, agents, name)
                 report["runs"].append({"path": "over HTTP", "agents": agents, **run})
+            report["floor"] = [{"agents": agents, **_floor(server, agents, steps)} for agents in config.agents]
         base = report["runs"][0]["steps_per_s"]
         for run in report["runs"]:
             run["ratio"] = run["steps_per_s"] / base if base else 0.0
+        one = next((f for f in report["floor"] if f["agents"] == 1), None)
+        if one is not None and base:
+            ceiling = 1 / (1 / base + 1 / one["requests_per_s"])
+            report["ceiling_1_agent"] = {"steps_per_s": ceiling, "ratio": ceiling / base}
         return report
 
 
 @override_settings(DEBUG=False)  # as the web server runs (and production): no query log
-def _in_process(config: HttpBenchConfig, steps: int) -> dict[str, float]:
+def _in_process(config: HttpBenchConfig, steps: int) -> dict[str, float | None]:
     plan = chain_plan(config.nodes)
     leases = []
     for i in range(config.tasks):
@@ -128,6 +141,8 @@ def _in_process(config: HttpBenchConfig, steps: int) -> dict[str, float]:
         leases.append(lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="bench-in-process"))
     connector = BenchConnector()
     counter = StatementCounter(connections["default"])
+    name = str(connections["default"].settings_dict["NAME"])
+    cpu = _Cpu(name)
     start = time.perf_counter()
     with counter.installed():
         for lease in leases:
@@ -136,10 +151,12 @@ def _in_process(config: HttpBenchConfig, steps: int) -> dict[str, float]:
                 raise RuntimeError(f"task {lease.task_id} did not complete in process: {report}")
     wall = time.perf_counter() - start
     counts = {"requests": 0, "statements": counter.statements, "commits": counter.commits}
-    return {"steps": steps, "wall_s": wall, "steps_per_s": steps / wall, **_per_node(counts, steps)}
+    return {"steps": steps, "wall_s": wall, "steps_per_s": steps / wall, **_per_node(counts, steps), **cpu.per(steps)}
 
 
-def _over_http(config: HttpBenchConfig, server: _web_server, token: str, agents: int) -> dict[str, float]:
+def _over_http(
+    config: HttpBenchConfig, server: _web_server, token: str, agents: int, name: str
+) -> dict[str, float | None]:
     from reckon_client import Reckon
 
     url = server.url
@@ -164,16 +181,102 @@ def _over_http(config: HttpBenchConfig, server: _web_server, token: str, agents:
     for thread in threads:
         thread.start()
     barrier.wait()
+    cpu = _Cpu(name)
     start = time.perf_counter()
     for thread in threads:
         thread.join()
     wall = time.perf_counter() - start
+    used = cpu.per(len(ids) * config.nodes)
     if failures:
         raise RuntimeError("over HTTP, tasks did not complete: " + "; ".join(failures[:3]))
     steps = len(ids) * config.nodes
     after = server.counts()
-    counts = {name: after[name] - before.get(name, 0) for name in ("requests", "statements", "commits")}
-    return {"steps": steps, "wall_s": wall, "steps_per_s": steps / wall, **_per_node(counts, steps)}
+    counts = {key: after[key] - before.get(key, 0) for key in ("requests", "statements", "commits")}
+    web_ms = (after.get("cpu_us", 0) - before.get("cpu_us", 0)) / 1000 / steps
+    return {
+        "steps": steps,
+        "wall_s": wall,
+        "steps_per_s": steps / wall,
+        **_per_node(counts, steps),
+        **used,
+        "web_cpu_ms_per_node": web_ms,
+    }
+
+
+def _floor(server: _web_server, agents: int, requests: int) -> dict[str, float]:
+    """``requests`` GETs of /healthz shared by ``agents`` threads, each on its own kept-alive httpx client (as the
+    Python client sends): requests/s, and the CPU per request of the client and of the web server."""
+    each = max(1, requests // agents)
+    barrier = threading.Barrier(agents + 1)
+    failures: list[int] = []
+
+    def agent() -> None:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            barrier.wait()
+            for _ in range(each):
+                status = client.get("/healthz").status_code
+                if status != 200:
+                    failures.append(status)
+
+    threads = [threading.Thread(target=agent) for _ in range(agents)]
+    before = server.counts()
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    client_cpu = time.process_time()
+    start = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - start
+    client_cpu = time.process_time() - client_cpu
+    if failures:
+        raise RuntimeError(f"GET /healthz answered {failures[:3]}")
+    after = server.counts()
+    total = each * agents
+    return {
+        "requests": total,
+        "requests_per_s": total / wall,
+        "client_cpu_ms": client_cpu * 1000 / total,
+        "web_cpu_ms": (after.get("cpu_us", 0) - before.get("cpu_us", 0)) / 1000 / total,
+    }
+
+
+class _Cpu:
+    """CPU time from now on: this process's (all its threads) and, on PostgreSQL on this machine, that of the
+    backends connected to database ``name`` (/proc; None when they cannot be read)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.process = time.process_time()
+        self.database = _backends_cpu(name)
+
+    def per(self, steps: int) -> dict[str, float | None]:
+        process = time.process_time() - self.process
+        database = _backends_cpu(self.name)
+        db_ms = None
+        if database is not None and self.database is not None:
+            spent = sum(ticks - self.database.get(pid, 0) for pid, ticks in database.items())
+            db_ms = spent / os.sysconf("SC_CLK_TCK") * 1000 / steps
+        return {"client_cpu_ms_per_node": process * 1000 / steps, "db_cpu_ms_per_node": db_ms}
+
+
+def _backends_cpu(name: str) -> dict[int, int] | None:
+    """Clock ticks of user + system CPU of each PostgreSQL backend connected to ``name``, by pid; None on SQLite or
+    when /proc does not show them (a database server on another machine)."""
+    connection = connections["default"]
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", [name])
+        pids = [row[0] for row in cursor.fetchall()]
+    ticks: dict[int, int] = {}
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        ticks[pid] = int(fields[11]) + int(fields[12])  # utime and stime: the stat file's 14th and 15th fields
+    return ticks
 
 
 def _per_node(counts: Mapping[str, int], steps: int) -> dict[str, float]:
@@ -271,12 +374,31 @@ def format_http_report(report: dict[str, Any]) -> str:
         f"Step over HTTP vs in process — {report['vendor']}, {report['tasks']} tasks x {report['nodes']} nodes per "
         "agent and run",
         f"{'path':<12} {'agents':>6} {'steps':>7} {'wall s':>8} {'steps/s':>9} {'x in-process':>13} "
-        f"{'req/node':>9} {'stmt/node':>10} {'commits/node':>13}",
+        f"{'req/node':>9} {'stmt/node':>10} {'commits/node':>13}   CPU ms/node: {'agent':>6} {'web':>6} {'db':>6}",
     ]
     for run in report["runs"]:
         lines.append(
             f"{run['path']:<12} {run['agents']:>6} {run['steps']:>7} {run['wall_s']:>8.2f} "
             f"{run['steps_per_s']:>9.1f} {run['ratio']:>13.2f} {run['requests_per_node']:>9.2f} "
             f"{run['statements_per_node']:>10.2f} {run['commits_per_node']:>13.2f}"
+            f"{'':>16}{_ms(run['client_cpu_ms_per_node']):>6} {_ms(run.get('web_cpu_ms_per_node')):>6} "
+            f"{_ms(run['db_cpu_ms_per_node']):>6}"
+        )
+    lines.append("HTTP floor: GET /healthz (the middleware, no database) on the same client and server")
+    lines.append(f"{'agents':>6} {'requests':>9} {'requests/s':>11}   CPU ms/request: {'agent':>6} {'web':>6}")
+    for floor in report.get("floor", []):
+        lines.append(
+            f"{floor['agents']:>6} {floor['requests']:>9} {floor['requests_per_s']:>11.1f}{'':>19}"
+            f"{_ms(floor['client_cpu_ms']):>6} {_ms(floor['web_cpu_ms']):>6}"
+        )
+    ceiling = report.get("ceiling_1_agent")
+    if ceiling is not None:
+        lines.append(
+            f"ceiling with 1 agent (the in-process step plus one floor request): {ceiling['steps_per_s']:.1f} steps/s "
+            f"= {ceiling['ratio']:.2f} x in process"
         )
     return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"

@@ -1,9 +1,9 @@
 """gunicorn's configuration for bench_http: Reckon's own (console/gunicorn.conf.py, loaded as it is) plus a count of
 what each worker's database connections send — statements, commits (harness.bench.StatementCounter) and Django's
-connection health check (one ``SELECT 1`` per request that reuses a connection) — written by a thread of each worker
-to ``$RECKON_BENCH_COUNTS/<pid>.json`` within 50 ms of a change (not after every request: a file written per
-request cost the server 12 % of its time in a profile), which the benchmark sums before and after a run, reading
-until two readings agree."""
+connection health check (one ``SELECT 1`` per request that reuses a connection), and the worker's CPU time — written
+by a thread of each worker to ``$RECKON_BENCH_COUNTS/<pid>.json`` within 50 ms of a change (not after every request:
+a file written per request cost the server 12 % of its time in a profile), which the benchmark sums before and after
+a run, reading until two readings agree."""
 
 import json
 import os
@@ -64,8 +64,10 @@ def _write_counts() -> None:
                 "health_checks": _health_checks[0],
             }
         if totals != written:
+            # The worker's CPU as of now (within 50 ms of its last request): what serving them cost this process.
+            cpu_us = int(time.process_time() * 1_000_000)
             temporary = directory / f".{os.getpid()}.tmp"
-            temporary.write_text(json.dumps(totals))
+            temporary.write_text(json.dumps({**totals, "cpu_us": cpu_us}))
             temporary.replace(directory / f"{os.getpid()}.json")
             written = totals
         time.sleep(0.05)

@@ -1,11 +1,12 @@
 """Rows as the step makes and names them, below every service: an unsaved row made without Model.__init__'s
-general path, a copy of one, a node's name in the log, the task row or TaskNotFound."""
+general path, a copy of one, rows read by hand-written SQL made instances as the ORM makes them, a node's name in
+the log, the task row or TaskNotFound."""
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from functools import cache
-from typing import Any
+from typing import Any, ClassVar
 
-from django.db import models
+from django.db import DEFAULT_DB_ALIAS, connection, models
 from django.db.models import signals
 from django.db.models.base import ModelState
 
@@ -68,6 +69,42 @@ def new_row[M: models.Model](
     if related:
         row._state.fields_cache.update(related)
     return row
+
+
+class Columns[M: models.Model]:
+    """A model's concrete columns in order, and rows of them (read by hand-written SQL) turned into instances as the
+    ORM turns them: each value through the converters the backend and the field apply (the ORM's compiler does the
+    same)."""
+
+    _made: ClassVar[dict[type[models.Model], "Columns[Any]"]] = {}
+
+    def __init__(self, model: type[M]) -> None:
+        self.model = model
+        self.fields = tuple(model._meta.concrete_fields)
+        self.attnames = [f.attname for f in self.fields]
+        self.converters = []
+        for field in self.fields:
+            col = field.get_col(model._meta.db_table)
+            found = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+            self.converters.append((found, col))
+
+    @classmethod
+    def of(cls, model: type[M]) -> "Columns[M]":
+        rows = cls._made.get(model)
+        if rows is None:
+            rows = cls._made[model] = cls(model)
+        return rows
+
+    def columns(self, alias: str) -> str:
+        return ", ".join(f"{alias}.{connection.ops.quote_name(str(f.column))}" for f in self.fields)
+
+    def instance(self, row: Sequence[Any]) -> M:
+        values = []
+        for value, (converters, col) in zip(row, self.converters, strict=False):
+            for converter in converters:
+                value = converter(value, col, connection)
+            values.append(value)
+        return self.model.from_db(DEFAULT_DB_ALIAS, self.attnames, values)
 
 
 def row_values(instance: models.Model, names: Iterable[str]) -> dict[str, Any]:

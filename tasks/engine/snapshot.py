@@ -8,14 +8,12 @@ next step of the same holder reads nothing again.
 
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 from functools import cache
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, NamedTuple
 
-from django.db import DEFAULT_DB_ALIAS, connection
-from django.db.models import Model
+from django.db import connection
 
 from leases import clock
 from leases.db import step_cursor
@@ -103,23 +101,23 @@ def _read(task_id: int, lease: LeaseRef | None, known: Snapshot | None) -> Snaps
         row = cursor.fetchone()
         if row is None:
             raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
-        task = _Rows.of(Task).instance(row)
-        extra = row[len(_Rows.of(Task).fields) :]
+        task = rows.Columns.of(Task).instance(row)
+        extra = row[len(rows.Columns.of(Task).fields) :]
         now = clock.as_utc(extra[0])
         reserved_for: str = extra[1]
         lease_expires_at = clock.as_utc(extra[2]) if lease is not None and extra[2] is not None else None
         if known is not None and known.task.uid == task.uid and known.version == task.version:
             return replace(known, task=task, now=now, lease_expires_at=lease_expires_at, reserved_for=reserved_for)
         cursor.execute(statements.operations, [task_id, *_UNSETTLED])
-        operations = _Rows.of(Operation)
-        nodes_of_ops = _Rows.of(Node)
+        operations = rows.Columns.of(Operation)
+        nodes_of_ops = rows.Columns.of(Node)
         unsettled = []
         for row in cursor.fetchall():
             op = operations.instance(row)
             op.node = nodes_of_ops.instance(row[len(operations.fields) :])
             unsettled.append(op)
         cursor.execute(statements.nodes, [OperationStatus.REJECTED.value, task_id, task_id, task.plan_version])
-        node_rows = _Rows.of(Node)
+        node_rows = rows.Columns.of(Node)
         nodes = []
         version_now = None
         for row in cursor.fetchall():
@@ -146,41 +144,6 @@ def _read(task_id: int, lease: LeaseRef | None, known: Snapshot | None) -> Snaps
     )
 
 
-class _Rows[M: Model]:
-    """A model's concrete columns in order, and rows of them turned into instances as the ORM turns them: each
-    value through the converters the backend and the field apply (the ORM's compiler does the same)."""
-
-    _made: ClassVar[dict[type[Model], "_Rows[Any]"]] = {}
-
-    def __init__(self, model: type[M]) -> None:
-        self.model = model
-        self.fields = tuple(model._meta.concrete_fields)
-        self.attnames = [f.attname for f in self.fields]
-        self.converters = []
-        for field in self.fields:
-            col = field.get_col(model._meta.db_table)
-            found = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
-            self.converters.append((found, col))
-
-    @classmethod
-    def of(cls, model: type[M]) -> "_Rows[M]":
-        rows = cls._made.get(model)
-        if rows is None:
-            rows = cls._made[model] = cls(model)
-        return rows
-
-    def columns(self, alias: str) -> str:
-        return ", ".join(f"{alias}.{connection.ops.quote_name(str(f.column))}" for f in self.fields)
-
-    def instance(self, row: Sequence[Any]) -> M:
-        values = []
-        for value, (converters, col) in zip(row, self.converters, strict=False):
-            for converter in converters:
-                value = converter(value, col, connection)
-            values.append(value)
-        return self.model.from_db(DEFAULT_DB_ALIAS, self.attnames, values)
-
-
 class _Statements(NamedTuple):
     task: str
     operations: str
@@ -192,7 +155,7 @@ class _Statements(NamedTuple):
 def _statements() -> _Statements:
     """The reads, in SQL made once from the models' columns (the ORM compiled them on every read: most of a
     snapshot's cost)."""
-    task, op, node = _Rows.of(Task), _Rows.of(Operation), _Rows.of(Node)
+    task, op, node = rows.Columns.of(Task), rows.Columns.of(Operation), rows.Columns.of(Node)
     statuses = ", ".join(["%s"] * len(_UNSETTLED))
     # Only column names from the models' own metadata are formatted in: no text from outside.
     task_sql = (
