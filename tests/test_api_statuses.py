@@ -8,9 +8,9 @@ says its services refuse with (api.http.documented). These tests hold the declar
 - every status the inputs imply is provoked, on every operation of the served document, by a request that differs
   from a good one in that input only.
 
-The statuses only a service's rule reaches (403, 409 lease_held, 410, 423, …) are provoked where those rules are
-tested (test_api_steps.py, test_api_retained.py, test_webhooks.py, test_takeover.py); schemathesis
-(test_api_schemathesis.py) checks the other direction on every answer: no status is answered that is not declared."""
+The statuses only a service's rule reaches (403, 409 lease_held, 410, 423, …: each route's ``refuses``) are provoked
+per operation and code in test_api_refusals_declared.py; schemathesis (test_api_schemathesis.py) checks the other
+direction on every answer: no status is answered that is not declared."""
 
 import json
 from collections.abc import Callable, Iterator
