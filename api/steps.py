@@ -11,6 +11,7 @@ from functools import partial
 from typing import Any
 
 from django.db import transaction
+from django.db.backends.signals import connection_created
 from django.db.models import Model
 from django.http import HttpRequest, HttpResponse
 from ninja import Router
@@ -92,6 +93,7 @@ SETTLE_REFUSALS = ("evidence_insufficient", "not_found_not_final", "stored_fact_
 # The snapshot this process last answered of each task: the holder's next request names its version in If-Match,
 # and the task's row alone then says whether its nodes and operations are still these (tasks.engine.snapshot).
 RECENT = RecentSnapshots()
+connection_created.connect(RECENT.clear, weak=False)
 
 
 def _snapshot(task_id: int, lease: Lease, expected: int | None = None) -> Snapshot:

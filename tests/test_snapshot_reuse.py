@@ -70,9 +70,9 @@ def checked(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
         return snap
 
     monkeypatch.setattr(snapshot_module, "_read", read)
-    steps.RECENT = RecentSnapshots()  # nothing kept from another test
+    steps.RECENT.clear()  # nothing kept from another test
     yield reused
-    steps.RECENT = RecentSnapshots()
+    steps.RECENT.clear()
 
 
 def outcome(agent: Agent, task_id: int, lease: int, op_key: str, version: int) -> Any:
@@ -171,7 +171,7 @@ def test_a_lease_that_lapsed_since_the_kept_answer_is_refused_and_writes_nothing
 @pytest.mark.django_db(transaction=True)
 def test_a_write_rolled_back_is_not_kept(make_task: Callable[..., Task]) -> None:
     task = make_task(plan=chain_plan("a"))
-    steps.RECENT = RecentSnapshots()
+    steps.RECENT.clear()
     read = steps._kept(task_snapshot(task_id=task.pk))  # outside a transaction: kept at once
     assert steps.RECENT.get(task.pk) is read
     with transaction.atomic():
@@ -179,7 +179,7 @@ def test_a_write_rolled_back_is_not_kept(make_task: Callable[..., Task]) -> None
         steps._kept(moved)
         transaction.set_rollback(True)
     assert steps.RECENT.get(task.pk) is read
-    steps.RECENT = RecentSnapshots()
+    steps.RECENT.clear()
 
 
 @pytest.mark.django_db
@@ -252,3 +252,16 @@ def test_recent_snapshots_keep_the_latest_version_within_their_bound() -> None:
     assert recent.get(1) is None and recent.get(2) is not None and recent.get(3) is not None
     recent.keep(snap(4, 1, nodes=20))  # larger than the bound: not kept, nothing dropped for it
     assert recent.get(4) is None and recent.get(3) is not None
+
+
+@pytest.mark.django_db
+def test_a_new_database_connection_forgets_every_kept_snapshot(make_task: Callable[..., Task]) -> None:
+    """A new connection may reach another server (a standby promoted after a failover may not hold a version kept
+    here): nothing kept before it is used after it."""
+    from django.db.backends.signals import connection_created
+
+    task = make_task(plan=chain_plan("a"))
+    steps.RECENT.keep(task_snapshot(task_id=task.pk))
+    assert steps.RECENT.get(task.pk) is not None
+    connection_created.send(sender=type(connection), connection=connection)
+    assert steps.RECENT.get(task.pk) is None

@@ -65,6 +65,13 @@ class RecentSnapshots:
         self._by_task: OrderedDict[int, tuple[Snapshot, int]] = OrderedDict()
         self._rows = 0
 
+    def clear(self, **_signal: Any) -> None:
+        """Forget every snapshot: on a new database connection, which may reach another server (a failover to a
+        standby that may not hold the versions kept here), or another database."""
+        with self._lock:
+            self._by_task.clear()
+            self._rows = 0
+
     def get(self, task_id: int) -> Snapshot | None:
         with self._lock:
             kept = self._by_task.get(task_id)
