@@ -71,9 +71,12 @@ router = Router(tags=["steps"])
 
 # What the step's compare-and-set refuses a write under a lease with (tasks.engine.cas): the lease is no longer
 # the task's, or a rule of the task's state; a start also its budget, its backoff, an approval, a person or a stored
-# request that is not the one the log registered; a settlement a receipt that is none or a not-found too early.
-STEP_REFUSALS = ("lease_lost", "lease_expired", "invalid_transition", "task_not_runnable")
+# request that is not the one the log registered; a settlement a receipt that is none or holds a credential.
+# Each route declares exactly what it can answer (tests/test_api_refusals_declared.py provokes every pair).
+LEASE_REFUSALS = ("lease_lost", "lease_expired")
 START_REFUSALS = (
+    "task_not_runnable",
+    "evidence_insufficient",
     "stored_fact_altered",
     "node_not_ready",
     "operations_open",
@@ -87,7 +90,9 @@ START_REFUSALS = (
     "approval_plan_moved",
     "approval_expired",
 )
-SETTLE_REFUSALS = ("evidence_insufficient", "not_found_not_final", "stored_fact_altered")
+SETTLE_REFUSALS = ("invalid_transition", "task_not_runnable", "evidence_insufficient", "secret_in_payload")
+CLEANUP_REFUSALS = ("invalid_transition", "task_not_runnable", "secret_in_payload")
+INPUTS_REFUSALS = ("task_not_runnable", "inputs_recheck_required", "secret_in_payload")
 
 
 # The snapshot this process last answered of each task: the holder's next request names its version in If-Match,
@@ -178,7 +183,7 @@ def lease_give_back(request: HttpRequest, task_id: int) -> HttpResponse:
     "/tasks/{task_id}/directive",
     response={200: DirectiveOut},
     summary="What to do next",
-    openapi_extra=documented(LEASE, refuses=STEP_REFUSALS),
+    openapi_extra=documented(LEASE, refuses=(*LEASE_REFUSALS, "invalid_transition", "stored_fact_altered")),
 )
 def directive_read(request: HttpRequest, task_id: int) -> HttpResponse:
     """The next step for the lease holder: execute a node, reconcile an op key, wait, stop (with the reason) or
@@ -205,7 +210,7 @@ def _directive_answer(task_id: int, lease: Lease, snap: Snapshot) -> tuple[Direc
     "/tasks/{task_id}/operations",
     response={201: OperationDetail},
     summary="Register a node's operation (the intent) and mark it sent",
-    openapi_extra=documented(LEASE, IF_MATCH, IDEMPOTENCY, refuses=(*STEP_REFUSALS, *START_REFUSALS)),
+    openapi_extra=documented(LEASE, IF_MATCH, IDEMPOTENCY, refuses=(*LEASE_REFUSALS, *START_REFUSALS)),
 )
 def operation_register(request: HttpRequest, task_id: int, payload: OperationStartIn) -> HttpResponse:
     """Commit 1 of a node: the operation and its op key are recorded, "may have been sent", before the agent calls
@@ -231,7 +236,7 @@ def operation_register(request: HttpRequest, task_id: int, payload: OperationSta
         LEASE,
         IF_MATCH,
         IDEMPOTENCY,
-        refuses=("operation_not_found", *STEP_REFUSALS, *SETTLE_REFUSALS),
+        refuses=("operation_not_found", *LEASE_REFUSALS, *SETTLE_REFUSALS),
     ),
 )
 def outcome_report(request: HttpRequest, task_id: int, op_key: str, payload: StepOutcomeIn) -> HttpResponse:
@@ -319,7 +324,9 @@ def _node_key(snap: Snapshot, op: Operation) -> str:
     "/tasks/{task_id}/temp-resources/{temp_id}/cleanup",
     response={200: CleanupOut},
     summary="Report what the external system said of a temp resource's delete",
-    openapi_extra=documented(LEASE, IF_MATCH, IDEMPOTENCY, refuses=("temp_resource_not_found", *STEP_REFUSALS)),
+    openapi_extra=documented(
+        LEASE, IF_MATCH, IDEMPOTENCY, refuses=("temp_resource_not_found", *LEASE_REFUSALS, *CLEANUP_REFUSALS)
+    ),
 )
 def cleanup_report(request: HttpRequest, task_id: int, temp_id: int, payload: CleanupOutcomeIn) -> HttpResponse:
     """The answer to a ``cleanup`` directive: what the remote said of the delete (or of the lookup) under its op
@@ -353,7 +360,7 @@ def cleanup_report(request: HttpRequest, task_id: int, temp_id: int, payload: Cl
     "/tasks/{task_id}/inputs",
     response={200: TaskSummary},
     summary="Report the inputs' current versions (after a hand-back)",
-    openapi_extra=documented(LEASE, IF_MATCH, IDEMPOTENCY, refuses=STEP_REFUSALS),
+    openapi_extra=documented(LEASE, IF_MATCH, IDEMPOTENCY, refuses=(*LEASE_REFUSALS, *INPUTS_REFUSALS)),
 )
 def inputs_report(request: HttpRequest, task_id: int, payload: InputsIn) -> HttpResponse:
     """After a person handed the task back, the agent reads each input ref's version from its source: all

@@ -60,7 +60,7 @@ OPTIONAL_IF_MATCH = header_parameter(
     "/tasks",
     response={201: TaskOut},
     summary="Create a task with its plan",
-    openapi_extra=documented(IDEMPOTENCY, refuses=("permission_denied", "plan_invalid", "unknown_task_kind")),
+    openapi_extra=documented(IDEMPOTENCY, refuses=("permission_denied", "plan_invalid", "secret_in_payload")),
 )
 def task_new(request: HttpRequest, payload: TaskCreateIn) -> HttpResponse:
     """Register a task and its first plan (validated: 422 plan_invalid, naming each problem). The kind or the
@@ -125,7 +125,7 @@ def task_list(
         OPTIONAL_LEASE,
         OPTIONAL_IF_MATCH,
         IDEMPOTENCY,
-        refuses=("permission_denied", "lease_lost", "lease_expired", "invalid_transition"),
+        refuses=("permission_denied", "lease_lost", "lease_expired", "secret_in_payload"),
     ),
 )
 def task_cancel(request: HttpRequest, task_id: int, payload: CancelIn) -> HttpResponse:
@@ -153,7 +153,7 @@ def task_cancel(request: HttpRequest, task_id: int, payload: CancelIn) -> HttpRe
     response={201: PlanRevisionOut},
     summary="Propose a re-plan",
     openapi_extra=documented(
-        LEASE, IF_MATCH, IDEMPOTENCY, refuses=("plan_invalid", "lease_lost", "lease_expired", "invalid_transition")
+        LEASE, IF_MATCH, IDEMPOTENCY, refuses=("plan_invalid", "lease_lost", "lease_expired", "task_not_runnable")
     ),
 )
 def plan_new(request: HttpRequest, task_id: int, payload: PlanIn) -> HttpResponse:
@@ -184,7 +184,14 @@ def plan_new(request: HttpRequest, task_id: int, payload: PlanIn) -> HttpRespons
         LEASE,
         IF_MATCH,
         IDEMPOTENCY,
-        refuses=("lease_lost", "lease_expired", "invalid_transition", "operations_open", "proposal_superseded"),
+        refuses=(
+            "lease_lost",
+            "lease_expired",
+            "invalid_transition",
+            "task_not_runnable",
+            "operations_open",
+            "proposal_superseded",
+        ),
     ),
 )
 def plan_take(request: HttpRequest, task_id: int, revision: int) -> HttpResponse:

@@ -10,9 +10,9 @@ what an operation's inputs imply; these tests hold the rest — 403, 409 lease_h
   token: it answers ``STATUS_OF[code]`` with that code, and writes nothing (every Reckon row, and every retained
   file, as before);
 - a declared pair that is neither provoked here nor named elsewhere (with the test that provokes it) fails the
-  suite, so a new declaration comes with its provocation;
-- a declared code the operation never answers, and a code it answers that it does not declare, are listed with
-  why, as strict xfails: declaring it (or making it reachable) turns them into failures to move here."""
+  suite, so a new declaration comes with its provocation, and a declared code no request can provoke cannot stay
+  declared;
+- a provocation whose pair its route does not declare fails too: a code answered is a code declared."""
 
 import base64
 import json
@@ -287,11 +287,6 @@ def _create_invalid(w: World) -> Request:
     return lambda: w.send(TASK_NEW, {"kind": KIND, "title": "t", "plan": bad_plan()})
 
 
-def _create_unregistered_kind(w: World) -> Request:
-    # KIND has no connector on this server (tasks/engine/registry.py): the nearest a create comes to one.
-    return lambda: w.send(TASK_NEW, {"kind": KIND, "title": "t", "plan": chain_plan("a")})
-
-
 def _list_bad_cursor(w: World) -> Request:
     w.task()
     return lambda: w.send(TASK_LIST, query="?after=not-a-cursor")
@@ -310,16 +305,6 @@ def _cancel_under(lease_of: Callable[[World, Task], Lease]) -> Provoker:
         return lambda: w.send(TASK_CANCEL, {"reason": "stop it"}, lease=lease, task_id=task.pk)
 
     return provoke
-
-
-def _cancel_invalid_transition(w: World) -> Request:
-    # Every status an agent's lease may cancel in moves to stopping or stopped (tasks.core.lifecycle): a human task
-    # under the agent's old lease is the nearest, and is answered as its lease.
-    task = w.task()
-    lease = w.lease(task)
-    lease_release(lease=lease)
-    operator_holds(w, task)
-    return lambda: w.send(TASK_CANCEL, {"reason": "stop it"}, lease=lease, task_id=task.pk)
 
 
 def _propose(body: Callable[[], dict[str, Any]], lease_of: Callable[[World, Task], Lease]) -> Provoker:
@@ -451,12 +436,6 @@ def _directive_on_a_deleted_temp_marked_due_again(w: World) -> Request:
         expected_version=version(task),
     )
     TempResource.objects.filter(pk=temp.pk).update(status="active")
-    return lambda: w.send(DIRECTIVE, lease=lease, task_id=task.pk)
-
-
-def _directive_on_a_quarantined_task(w: World) -> Request:
-    task, lease = completed_with_temp(w)
-    quarantined(task)
     return lambda: w.send(DIRECTIVE, lease=lease, task_id=task.pk)
 
 
@@ -644,18 +623,6 @@ def _in_flight(w: World) -> tuple[Task, Lease, str]:
     task = w.task()
     lease = w.lease(task)
     return task, lease, send(task, lease, "a").op_key
-
-
-def _in_flight_after_a_cancel(w: World) -> tuple[Task, Lease, str]:
-    task, lease, op_key = _in_flight(w)
-    task_request_cancel(actor=Principal.agent(AGENT), task_id=task.pk, reason="withdrawn")
-    return task, lease, op_key
-
-
-def _in_flight_whose_request_changed(w: World) -> tuple[Task, Lease, str]:
-    task, lease, op_key = _in_flight(w)
-    Operation.objects.filter(op_key=op_key).update(target="tgt/prod/everything")
-    return task, lease, op_key
 
 
 def _cleanup(setup: Callable[[World], tuple[Task, Lease, int, str]]) -> Provoker:
@@ -860,51 +827,15 @@ PROVOKED: dict[tuple[str, str], Provoker | tuple[Provoker, ...]] = {
     (SUBSCRIBE, "webhook_events_invalid"): _subscribe({"events": ["no_such_event"]}),
     (SUBSCRIBE, "webhook_limit_reached"): _subscribe_past_the_limit,
     (UNSUBSCRIBE, "webhook_not_found"): _unsubscribe_a_colleagues,
-}
-
-# Declared, and never answered by the operation: each provocation is the nearest request to the code, answered
-# otherwise. Strict xfails: once the route stops declaring the code, the pair leaves the declarations and this
-# table (the coverage test says so); if the code becomes reachable, the xfail passes and fails the suite.
-NEVER_ANSWERED: dict[tuple[str, str], tuple[str, Provoker]] = {
-    (TASK_NEW, "unknown_task_kind"): (
-        "task_create raises no UnknownTaskKind: a kind agents drive needs no connector (docs/api.md, Who drives a "
-        "kind); only a worker's connector_for raises it",
-        _create_unregistered_kind,
-    ),
-    (TASK_CANCEL, "invalid_transition"): (
-        "every status an agent may cancel in moves to stopping or stopped, a transition the table allows; a status "
-        "it may not is task_not_runnable, or lease_lost when its lease is no longer live",
-        _cancel_invalid_transition,
-    ),
-    (PLAN_NEW, "invalid_transition"): (
-        "a proposal changes no status: _check_transitions has nothing to refuse (a status the permit table does "
-        "not allow is task_not_runnable, undeclared: see UNDECLARED)",
-        _propose_on_a_completed_task,
-    ),
-    (DIRECTIVE, "task_not_runnable"): (
-        "the directive writes only a cleanup (asked only of a task whose status the cleanup permit allows) or an "
-        "approval's proposal (asked only in a status a proposal is permitted in)",
-        _directive_on_a_quarantined_task,
-    ),
-    (START, "invalid_transition"): (
-        "a start moves a pending node to running and a runnable task to running, an intent to dispatched: all in "
-        "the tables; every other case is refused by name before (node_not_ready, task_not_runnable, …)",
-        _start(_paused, "b"),
-    ),
-    (OUTCOME, "not_found_not_final"): (
-        "an agent's not_found before the deadline is recorded (operation_not_found_yet, 200); NotFoundNotFinal is "
-        "raised only by a person's settlement (decisions.settle_not_done)",
-        _report(_in_flight_after_a_cancel, {"result": "not_found"}),
-    ),
-    (OUTCOME, "stored_fact_altered"): (
-        "record_outcome verifies no stored fact (only operation_start and the cleanup's delete do); a start_next's "
-        "refusal is answered as next: null",
-        _report(_in_flight_whose_request_changed),
-    ),
-    (INPUTS, "invalid_transition"): (
-        "a confirmation pauses an active task (a transition the table allows) or changes no status",
-        _inputs(_with_refs, {"copy.source": "8"}),
-    ),
+    # A proposal in a status the permit table does not allow it in (completed), an accept while the task runs.
+    (PLAN_NEW, "task_not_runnable"): _propose_on_a_completed_task,
+    (PLAN_TAKE, "task_not_runnable"): _accept_on_a_running_task,
+    # The cleanup's delete is not registered for a temp resource whose row names another locator than the log.
+    (DIRECTIVE, "stored_fact_altered"): _directive_on_a_temp_locator_changed,
+    # An intent sent again whose stored request no longer matches its digest.
+    (START, "evidence_insufficient"): _start(_intent_whose_request_changed),
+    # A confirmation that leaves out an input ref's version.
+    (INPUTS, "inputs_recheck_required"): _inputs(_with_refs),
 }
 
 CREDENTIAL = "password=hunter2hunter2"
@@ -925,59 +856,26 @@ def _secret_cleanup_detail(w: World) -> Request:
     return lambda: w.send(CLEANUP, body, lease=lease, at=task, task_id=task.pk, temp_id=temp.pk)
 
 
-# Answered, and not declared by the operation's route: strict xfails until the route declares the code (then the
-# pair moves to PROVOKED). The reason says where the refusal comes from.
-UNDECLARED: dict[tuple[str, str], tuple[str, Provoker]] = {
-    (TASK_NEW, "secret_in_payload"): (
-        "task_create checks the task's own text (a title or project holding a credential: check_payload)",
-        _secret_title,
+def _secret_cleanup_receipt_data(w: World) -> Request:
+    # The delete's receipt holding a credential in its data: refused as a node's receipt is (tasks.decide.receipts).
+    task, lease, temp, op_key = deleting(w)
+    body = {"op_key": op_key, "result": "committed", "remote_id": "r-del", "data": {"password": "hunter2hunter2"}}
+    return lambda: w.send(CLEANUP, body, lease=lease, at=task, task_id=task.pk, temp_id=temp.pk)
+
+
+# Refusals whose provocations need the credential above: the same table, continued.
+PROVOKED |= {
+    (TASK_NEW, "secret_in_payload"): _secret_title,
+    (TASK_CANCEL, "secret_in_payload"): _secret_cancel_reason,
+    (OUTCOME, "secret_in_payload"): _report(
+        _in_flight, {"result": "committed", "remote_id": "r-a", "data": {"password": "hunter2hunter2"}}
     ),
-    (TASK_CANCEL, "secret_in_payload"): (
-        "the cancel's audit row is checked before the write (audit_check): a reason holding a credential",
-        _secret_cancel_reason,
-    ),
-    (PLAN_NEW, "task_not_runnable"): (
-        "a proposal in a status the permit table does not allow it in (completed) is the compare-and-set's "
-        "task_not_runnable",
-        _propose_on_a_completed_task,
-    ),
-    (PLAN_TAKE, "task_not_runnable"): (
-        "an accept while the task runs (no operation open) is the compare-and-set's task_not_runnable",
-        _accept_on_a_running_task,
-    ),
-    (DIRECTIVE, "stored_fact_altered"): (
-        "the cleanup directive checks the temp resource's locator against the log (temp_locator_verified) after "
-        "it registered the delete, outside any transaction: the refusal also leaves that intent written "
-        "(cleanup_registered), so the write check fails too",
-        _directive_on_a_temp_locator_changed,
-    ),
-    (START, "evidence_insufficient"): (
-        "an intent sent again whose stored request no longer matches its digest (decisions._send_again, before "
-        "operation_request_verified's stored_fact_altered)",
-        _start(_intent_whose_request_changed),
-    ),
-    (OUTCOME, "secret_in_payload"): (
-        "a receipt's data holding a credential (decisions.settle's check_payload, and the event's)",
-        _report(_in_flight, {"result": "committed", "remote_id": "r-a", "data": {"password": "hunter2hunter2"}}),
-    ),
-    (CLEANUP, "secret_in_payload"): (
-        "a delete's failure detail holding a credential (the event's check_payload)",
-        _secret_cleanup_detail,
-    ),
-    (INPUTS, "inputs_recheck_required"): (
-        "a confirmation that leaves out an input ref's version (decisions.confirm_inputs)",
-        _inputs(_with_refs),
-    ),
-    (INPUTS, "secret_in_payload"): (
-        "a version holding a credential (the inputs_confirmed event's check_payload)",
-        _inputs(_with_refs, {"copy.source": CREDENTIAL}),
-    ),
+    (CLEANUP, "secret_in_payload"): (_secret_cleanup_detail, _secret_cleanup_receipt_data),
+    (INPUTS, "secret_in_payload"): _inputs(_with_refs, {"copy.source": CREDENTIAL}),
 }
-# Of those, the refusals that also write: their write check fails as well (xfail on any assertion).
-WRITES_WHEN_REFUSED = {(DIRECTIVE, "stored_fact_altered")}
 
 # Declared pairs provoked in another file, as (file under tests/, test function): only what cannot reasonably be
-# provoked here (none today: every declared pair is provoked above, or is NEVER_ANSWERED). Each name is checked to
+# provoked here (none today: every declared pair is provoked above). Each name is checked to
 # be a test function of that file.
 PROVOKED_ELSEWHERE: dict[tuple[str, str], tuple[str, str]] = {}
 
@@ -987,10 +885,6 @@ PROVOKED_ELSEWHERE: dict[tuple[str, str], tuple[str, str]] = {}
 
 class NotAnswered(AssertionError):
     """The provocation was not answered with the code it is for."""
-
-
-class Undeclared(AssertionError):
-    """The operation answered a code its route does not declare."""
 
 
 def _answered(response: Any, code: str) -> dict[str, Any]:
@@ -1003,7 +897,7 @@ def _answered(response: Any, code: str) -> dict[str, Any]:
 
 
 def _ways(pair: tuple[str, str]) -> tuple[Provoker, ...]:
-    found = PROVOKED.get(pair) or NEVER_ANSWERED[pair][1]
+    found = PROVOKED[pair]
     return found if isinstance(found, tuple) else (found,)
 
 
@@ -1011,17 +905,9 @@ def _id(pair: tuple[str, str], way: int = 0) -> str:
     return ":".join(pair) + (f"#{way + 1}" if way else "")
 
 
-def _xfail(why: str, raises: type[AssertionError]) -> Any:
-    return pytest.mark.xfail(strict=True, raises=raises, reason=why)
-
-
 @pytest.mark.parametrize(
     ("operation", "code", "way"),
-    [pytest.param(*pair, way, id=_id(pair, way)) for pair in sorted(PROVOKED) for way in range(len(_ways(pair)))]
-    + [
-        pytest.param(*pair, 0, id=_id(pair), marks=_xfail(why, NotAnswered))
-        for pair, (why, _) in sorted(NEVER_ANSWERED.items())
-    ],
+    [pytest.param(*pair, way, id=_id(pair, way)) for pair in sorted(PROVOKED) for way in range(len(_ways(pair)))],
 )
 def test_each_declared_refusal_is_answered_by_name_and_writes_nothing(
     world: World, operation: str, code: str, way: int
@@ -1035,41 +921,19 @@ def test_each_declared_refusal_is_answered_by_name_and_writes_nothing(
     assert world.state() == before, f"{operation} refused with {code} and wrote"
 
 
-@pytest.mark.parametrize(
-    ("operation", "code"),
-    [
-        pytest.param(
-            *pair, id=_id(pair), marks=_xfail(why, AssertionError if pair in WRITES_WHEN_REFUSED else Undeclared)
-        )
-        for pair, (why, _) in sorted(UNDECLARED.items())
-    ],
-)
-def test_each_code_an_operation_answers_is_declared(world: World, operation: str, code: str) -> None:
-    """A refusal the operation does answer (and that writes nothing) is one its route declares."""
-    request = UNDECLARED[(operation, code)][1](world)
-    world.prime()
-    before = world.state()
-    _answered(request(), code)
-    assert world.state() == before, f"{operation} refused with {code} and wrote"
-    if code not in declared_refusals()[operation]:
-        raise Undeclared(f"{operation} answers {code}, which its route does not declare")
-
-
 def test_every_declared_refusal_is_provoked_here_or_named_where_it_is() -> None:
-    """A declaration without a provocation fails: each declared pair is in PROVOKED, NEVER_ANSWERED or
-    PROVOKED_ELSEWHERE (naming a test function that exists in that file), in one of them only, and none of them
-    names a pair no route declares."""
+    """A declaration without a provocation fails: each declared pair is in PROVOKED or PROVOKED_ELSEWHERE (naming a
+    test function that exists in that file), in one of them only, and neither names a pair no route declares (a code
+    a route stops declaring leaves its provocation behind: the route answers it undeclared, or never)."""
     declared = {(operation, code) for operation, codes in declared_refusals().items() for code in codes}
     tables = {
         "PROVOKED": set(PROVOKED),
-        "NEVER_ANSWERED": set(NEVER_ANSWERED),
         "PROVOKED_ELSEWHERE": set(PROVOKED_ELSEWHERE),
     }
     covered = set().union(*tables.values())
     assert sorted(declared - covered) == [], "declared and provoked nowhere: add a provocation to PROVOKED"
     for name, pairs in tables.items():
         assert sorted(pairs - declared) == [], f"{name} names pairs no route declares"
-    assert not set(UNDECLARED) & declared, "declared now: move the case to PROVOKED"
     assert sum(len(pairs) for pairs in tables.values()) == len(covered), "a pair is in two tables"
     tests = Path(__file__).resolve().parent
     for (operation, code), (file, function) in PROVOKED_ELSEWHERE.items():

@@ -3,6 +3,7 @@ here once: the row, the log's summary of it and a node's output all hold the sam
 
 from typing import Any
 
+from audit.hygiene import check_payload
 from tasks import rows
 from tasks.core.errors import EvidenceInsufficient
 from tasks.core.lifecycle import NodeStatus
@@ -11,7 +12,10 @@ from tasks.models import Operation, Receipt
 
 
 def receipt_of(op: Operation, outcome: Committed) -> Receipt:
-    """The receipt row for what the remote committed (inserted by the recording compare-and-set)."""
+    """The receipt row for what the remote committed (inserted by the recording compare-and-set): its data is not
+    covered by an event's append (the event carries the receipt's fields only), so it is checked here, for every
+    path that records a receipt (a node's settlement, a compensation, a temp resource's delete)."""
+    check_payload(outcome.data, what="receipt data")
     values = {"operation_id": op.pk, **receipt_summary(outcome), "data": outcome.data}
     return rows.new_row(Receipt, values, {"operation": op})
 

@@ -155,10 +155,12 @@ def cleanup_next(temp: TempResource, lease: LeaseRef, *, expected_version: int |
         if spent >= MAX_CLEANUP_ATTEMPTS * (1 + resets_of(temp)):
             _give_up(temp, spent, lease, expected_version)
             return None
+        temp_locator_verified(temp)  # before a delete of it is registered: a refusal leaves nothing written
         op = _register(temp, cleanup_tries(temp), lease, expected_version)
         expected_version = None
-    if op.status == OperationStatus.INTENT:
+    elif op.status == OperationStatus.INTENT:
         temp_locator_verified(temp)  # the row alone is not trusted with what gets deleted
+    if op.status == OperationStatus.INTENT:
         op = _dispatch(op, lease, expected_version)
         return CleanupWork(temp, "delete", op.op_key)
     if op.status in OPEN_OPERATION_STATUSES:
