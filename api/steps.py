@@ -103,23 +103,24 @@ connection_created.connect(RECENT.clear, weak=False)
 
 def _snapshot(task_id: int, lease: Lease, expected: int | None = None) -> Snapshot:
     """The task's snapshot (at ``expected`` when given). The task is in the token's scope: api/auth.py checked it
-    before the handler ran."""
-    known = RECENT.get(task_id)
+    before the handler ran. A kept snapshot is taken, not shared: the request keeps the one it answers at when it
+    succeeds, so after any refusal — rows changed behind the version among the possible causes — the next request
+    reads the task whole."""
+    known = RECENT.take(task_id)
     if expected is None:
-        snap = task_snapshot(task_id=task_id, lease=lease, known=known)
-    else:
-        snap = snapshot_at(task_id=task_id, lease=lease, expected_version=expected, known=known)
-    return _kept(snap)
+        return task_snapshot(task_id=task_id, lease=lease, known=known)
+    return snapshot_at(task_id=task_id, lease=lease, expected_version=expected, known=known)
 
 
 def _kept(snap: Snapshot) -> Snapshot:
-    """``snap``, held for the task's next request once what it shows is committed (at once outside a transaction)."""
+    """``snap``, held for the task's next request once what it shows is committed (at once outside a transaction).
+    Called with what a request answers at, after its write returned: never with a write's projection."""
     transaction.on_commit(partial(RECENT.keep, snap))
     return snap
 
 
 def _lease_answer(lease: Lease, status: int) -> HttpResponse:
-    snap = _kept(task_snapshot(task_id=lease.task_id, known=RECENT.get(lease.task_id)))
+    snap = _kept(task_snapshot(task_id=lease.task_id, known=RECENT.take(lease.task_id)))
     body = lease_out(
         lease,
         task_version=snap.version,
@@ -191,7 +192,7 @@ def directive_read(request: HttpRequest, task_id: int) -> HttpResponse:
     token = token_of(request)
     lease = held_lease(request, token, task_id)
     body, snap = _directive_answer(task_id, lease, _snapshot(task_id, lease))
-    return answer(body, version=snap.version)
+    return answer(body, version=_kept(snap).version)
 
 
 def _directive_answer(task_id: int, lease: Lease, snap: Snapshot) -> tuple[DirectiveOut, Snapshot]:
@@ -260,13 +261,13 @@ def outcome_report(request: HttpRequest, task_id: int, op_key: str, payload: Ste
         # When the remote was asked, at the latest: after the directive the agent echoes (never later than now), or,
         # unsaid, after the version it read was written.
         asked_at = min(payload.asked_at, snap.now) if payload.asked_at is not None else snap.task.updated_at
-        kept: list[HttpResponse] = []
+        kept: list[tuple[HttpResponse, Snapshot]] = []
 
         def record(step: Step) -> tuple[type[Model], dict[str, Any]]:
             if keep is None or (payload.start_next and step.started is None):
                 raise _AnsweredAfter
             kept.append(_outcome_answer(task_id, lease, step, payload.start_next))
-            return keep(kept[0])
+            return keep(kept[0][0])
 
         try:
             settled = record_outcome(
@@ -280,9 +281,11 @@ def outcome_report(request: HttpRequest, task_id: int, op_key: str, payload: Ste
             )
         except _AnsweredAfter:
             return None
-        if keep is not None:
-            return kept[0] if kept else None  # nothing written: the answer and its record go the common way
-        return _outcome_answer(task_id, lease, settled, payload.start_next)
+        if keep is not None and not kept:
+            return None  # nothing written: the answer and its record go the common way
+        response, answered_at = kept[0] if kept else _outcome_answer(task_id, lease, settled, payload.start_next)
+        _kept(answered_at)  # once the write has committed (the answer was made before it, in the joined case)
+        return response
 
     def run() -> HttpResponse:
         answered = settle(None)
@@ -298,7 +301,8 @@ class _AnsweredAfter(Exception):
     the write's own statement."""
 
 
-def _outcome_answer(task_id: int, lease: Lease, settled: Step, start_next: bool) -> HttpResponse:
+def _outcome_answer(task_id: int, lease: Lease, settled: Step, start_next: bool) -> tuple[HttpResponse, Snapshot]:
+    """The answer to an outcome, and the snapshot it was answered at."""
     op, new = settled.operation, settled.snapshot
     node = _node_key(new, op)
     following = None
@@ -313,7 +317,7 @@ def _outcome_answer(task_id: int, lease: Lease, settled: Step, start_next: bool)
         except (Refused, LeaseError):  # the task moved meanwhile: next is null, the agent reads the directive
             following = None
     body = OutcomeOut(operation=operation_detail(op, node), task=task_summary(new.task), next=following)
-    return answer(body, version=_kept(new).version)
+    return answer(body, version=new.version), new
 
 
 def _node_key(snap: Snapshot, op: Operation) -> str:

@@ -21,8 +21,10 @@ from api import steps
 from audit.principals import Principal
 from leases.services import lease_acquire, lease_reserve
 from tasks.access.permissions import permission_grant
+from tasks.core.errors import VersionConflict
 from tasks.core.outcomes import Committed
 from tasks.decide.change import Snapshot
+from tasks.engine import cas
 from tasks.engine import snapshot as snapshot_module
 from tasks.engine.protocol import operation_start, record_outcome
 from tasks.engine.snapshot import RecentSnapshots, after_write, task_snapshot
@@ -53,25 +55,38 @@ def same(reused: Snapshot, full: Snapshot) -> None:
     assert (reused.reserved_for, reused.lease_expires_at) == (full.reserved_for, full.lease_expires_at)
 
 
-@pytest.fixture
-def checked(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """Each reuse compared with a full read made right after it; yields the ids of the tasks whose snapshot was
-    reused (a test that expects reuse asserts it happened: a check that never runs proves nothing)."""
+def _watched(monkeypatch: pytest.MonkeyPatch, compare: bool) -> list[int]:
     real = snapshot_module._read
     reused: list[int] = []
 
     def read(task_id: int, lease: Any, known: Snapshot | None) -> Snapshot | None:
         snap = real(task_id, lease, known)
         if known is not None and snap is not None and snap.nodes is known.nodes:
-            full = real(task_id, lease, None)
-            assert full is not None
-            same(snap, full)
+            if compare:
+                full = real(task_id, lease, None)
+                assert full is not None
+                same(snap, full)
             reused.append(task_id)
         return snap
 
     monkeypatch.setattr(snapshot_module, "_read", read)
     steps.RECENT.clear()  # nothing kept from another test
-    yield reused
+    return reused
+
+
+@pytest.fixture
+def checked(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """Each reuse compared with a full read made right after it; yields the ids of the tasks whose snapshot was
+    reused (a test that expects reuse asserts it happened: a check that never runs proves nothing)."""
+    yield _watched(monkeypatch, compare=True)
+    steps.RECENT.clear()
+
+
+@pytest.fixture
+def reuses(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """The ids of the tasks whose snapshot was reused, without the comparison: for rows changed behind the version,
+    where a reuse differs from a full read by construction."""
+    yield _watched(monkeypatch, compare=False)
     steps.RECENT.clear()
 
 
@@ -162,9 +177,14 @@ def test_a_lease_that_lapsed_since_the_kept_answer_is_refused_and_writes_nothing
     op_key = agent.start(task["id"], lease, "a", d["task_version"]).json()["op_key"]
     clock.advance(timedelta(minutes=10))  # past the ttl and its grace
     rows = snapshot()
-    refused = outcome(agent, task["id"], lease, op_key, d["task_version"] + 1)
+    path = f"/tasks/{task['id']}/operations/{op_key}/outcome"
+    headers = {"Reckon_Lease": str(lease), "If_Match": f'"{d["task_version"] + 1}"', "Idempotency_Key": "late"}
+    refused = agent.call("post", path, COMMITTED, **headers)
     assert refused.status_code == 409 and refused.json()["code"] in ("lease_expired", "lease_lost"), refused.content
     assert snapshot() == rows
+    # Its answer was made before the write (the Idempotency-Key's record rides in the write's statement) and never
+    # committed: nothing is kept that a later commit of the same version could be mistaken for.
+    assert steps.RECENT.get(task["id"]) is None
     assert task["id"] in checked
 
 
@@ -265,3 +285,62 @@ def test_a_new_database_connection_forgets_every_kept_snapshot(make_task: Callab
     assert steps.RECENT.get(task.pk) is not None
     connection_created.send(sender=type(connection), connection=connection)
     assert steps.RECENT.get(task.pk) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_row_changed_by_hand_is_refused_though_the_snapshot_was_reused(
+    agent: Agent, reuses: list[int]
+) -> None:
+    """An operation's row changed behind the version (raw SQL, no event) is still caught before it is sent again:
+    the check reads the row itself, not the snapshot a process kept."""
+    task_id, lease, op_key, version = started(agent, ("a", "b"))
+    path = f"/tasks/{task_id}/operations/{op_key}/outcome"
+    not_yet = agent.call("post", path, {"result": "not_found"}, Reckon_Lease=str(lease), If_Match=f'"{version}"')
+    assert not_yet.status_code == 200, not_yet.content
+    d = agent.directive(task_id, lease)
+    assert (d["kind"], d["node_key"]) == ("execute", "a"), d
+    Operation.objects.filter(op_key=op_key).update(target="tgt/prod/everything")
+    rows = snapshot()
+
+    again = agent.start(task_id, lease, "a", d["task_version"])
+
+    problem_of(again, 409, "stored_fact_altered")
+    assert snapshot() == rows
+    assert task_id in reuses  # decided on the kept snapshot: the row was read again all the same
+
+
+@pytest.mark.django_db(transaction=True)
+def test_after_a_refusal_the_next_request_reads_the_task_whole(agent: Agent, reuses: list[int]) -> None:
+    """A refused request keeps nothing: a node changed behind the version makes the write refuse, and the next
+    request must see the row as the database holds it, not the snapshot kept before."""
+    task_id, lease, op_key, version = started(agent, ("a", "b"))
+    Node.objects.filter(task_id=task_id, key="a").update(status="failed")  # behind the version
+    refused = outcome(agent, task_id, lease, op_key, version)
+    assert refused.status_code in (409, 412), refused.content
+    assert steps.RECENT.get(task_id) is None
+    assert task_id in reuses  # the refused request was decided on the kept snapshot
+    reused_before = reuses.count(task_id)
+
+    agent.directive(task_id, lease)
+
+    assert reuses.count(task_id) == reused_before  # read whole: nothing was kept to reuse
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_answer_made_before_a_write_the_database_then_refuses_is_not_kept(
+    agent: Agent, checked: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With an Idempotency-Key the answer is made before the write (its record rides in the write's statement): if
+    the database then refuses the write (a row changed under the version), that answer's snapshot never existed
+    and must not be kept — a later commit of the same version would be mistaken for it."""
+    task_id, lease, op_key, version = started(agent)
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise VersionConflict("a row of the change changed under the task version")
+
+    monkeypatch.setattr(cas, "_run", refused)
+    path = f"/tasks/{task_id}/operations/{op_key}/outcome"
+    headers = {"Reckon_Lease": str(lease), "If_Match": f'"{version}"', "Idempotency_Key": "refused-late"}
+    problem_of(agent.call("post", path, COMMITTED, **headers), 412, "version_conflict")
+    assert task_id in checked  # the answer was made on the kept snapshot
+    assert steps.RECENT.get(task_id) is None

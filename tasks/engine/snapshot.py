@@ -77,6 +77,15 @@ class RecentSnapshots:
             kept = self._by_task.get(task_id)
             return kept[0] if kept is not None else None
 
+    def take(self, task_id: int) -> Snapshot | None:
+        """The task's snapshot, no longer held: whoever takes it keeps the one it ends at, if it ends well."""
+        with self._lock:
+            kept = self._by_task.pop(task_id, None)
+            if kept is None:
+                return None
+            self._rows -= kept[1]
+            return kept[0]
+
     def keep(self, snap: Snapshot) -> None:
         """Hold ``snap`` for its task unless a later version of the same task is held already."""
         size = 1 + len(snap.nodes) + len(snap.unsettled)

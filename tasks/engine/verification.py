@@ -181,29 +181,35 @@ def temp_locator_verified(resource: TempResource) -> None:
 
 
 def approval_binding_verified(approvals: list[Node]) -> None:
-    """Before a gated operation starts: each approval's binding on its node row is the one the log recorded at the
-    approval's event (the row alone is not trusted with what was approved, nor until when)."""
+    """Before a gated operation starts: each approval's binding is the one the log recorded at the approval's event
+    — the binding the caller decided on, and the one its node row holds now, read again here (neither a row nor a
+    snapshot of it kept by a process is trusted with what was approved, nor until when)."""
+    fields = ("id", "approval_seq", "approval_plan_version", *BINDING_FIELDS)
+    stored = {row["id"]: row for row in Node.objects.filter(pk__in=[n.pk for n in approvals]).values(*fields)}
     for node in approvals:
-        if node.approval_seq is None:
-            continue
-        payload = (
-            Event.objects.filter(task_id=node.task_id, seq=node.approval_seq, type="node_approved")
-            .values_list("payload", flat=True)
-            .first()
-        )
-        logged = (payload or {}).get("nodes", {}).get(f"p{node.approval_plan_version}/{node.key}", {})
-        if any(logged.get(name) != jsonable(getattr(node, name)) for name in BINDING_FIELDS):
-            raise StoredFactAltered(
-                f"approval {node.key}'s binding is not the one the log recorded at event {node.approval_seq}: "
-                "nothing is started under it",
-                node=node.key,
+        held = [{name: getattr(node, name) for name in fields}, stored.get(node.pk, {})]
+        for row in held:
+            if row.get("approval_seq") is None:
+                continue
+            payload = (
+                Event.objects.filter(task_id=node.task_id, seq=row["approval_seq"], type="node_approved")
+                .values_list("payload", flat=True)
+                .first()
             )
+            logged = (payload or {}).get("nodes", {}).get(f"p{row['approval_plan_version']}/{node.key}", {})
+            if any(logged.get(name) != jsonable(row.get(name)) for name in BINDING_FIELDS):
+                raise StoredFactAltered(
+                    f"approval {node.key}'s binding is not the one the log recorded at event {row['approval_seq']}: "
+                    "nothing is started under it",
+                    node=node.key,
+                )
 
 
 def operation_request_verified(op: Operation) -> None:
-    """Before an operation is sent again: its stored request is the one whose digest the log recorded when it was
-    registered, and its target and purpose (which call sends it: submit or compensate) are the log's too (the row
-    alone is not trusted with what is sent, nor with how)."""
+    """Before an operation is sent again: its request is the one whose digest the log recorded when it was
+    registered, and its target and purpose (which call sends it: submit or compensate) are the log's too — as the
+    caller holds them, and as its row holds them now, read again here (neither a row nor a snapshot of it kept by a
+    process is trusted with what is sent, nor with how)."""
     logged: dict[str, Any] = {}
     for operations in (
         Event.objects.filter(task_id=op.task_id, payload__operations__has_key=op.op_key)
@@ -212,18 +218,21 @@ def operation_request_verified(op: Operation) -> None:
     ):
         if isinstance(operations, dict) and isinstance(operations.get(op.op_key), dict):
             logged.update(operations[op.op_key])
+    fields = ("request", "request_digest", "target", "purpose")
+    stored = Operation.objects.filter(pk=op.pk).values(*fields).first()
     digest = logged.get("request_digest")
-    if digest is None or digest != op.request_digest or digest_of(op.request) != digest:
-        raise StoredFactAltered(
-            f"operation {op.op_key}'s stored request is not the one the log registered: it is not sent",
-            op_key=op.op_key,
-        )
-    for name in ("target", "purpose"):
-        if logged.get(name, getattr(op, name)) != getattr(op, name):
+    for row in ({name: getattr(op, name) for name in fields}, stored or {}):
+        if digest is None or digest != row.get("request_digest") or digest_of(row.get("request")) != digest:
             raise StoredFactAltered(
-                f"operation {op.op_key}'s stored {name} is not the one the log registered: it is not sent",
+                f"operation {op.op_key}'s stored request is not the one the log registered: it is not sent",
                 op_key=op.op_key,
             )
+        for name in ("target", "purpose"):
+            if logged.get(name, row[name]) != row[name]:
+                raise StoredFactAltered(
+                    f"operation {op.op_key}'s stored {name} is not the one the log registered: it is not sent",
+                    op_key=op.op_key,
+                )
 
 
 def input_refs_verified(task: Task) -> None:
