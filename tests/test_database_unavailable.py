@@ -94,7 +94,9 @@ def holding(table: str, row_id: int) -> Iterator[psycopg.Connection[Any]]:
 def deadlocked_on(table: str, row_id: int, then_table: str, then_id: int) -> Iterator[threading.Thread]:
     """Another transaction holds ``then_table``'s row ``then_id``; once the web connection waits on a lock (on that
     row, holding ``table``'s row ``row_id``), it asks for ``row_id`` too: a deadlock. The web connection's
-    deadlock_timeout is the shorter, so PostgreSQL ends the web's statement, not the other's."""
+    deadlock_timeout is the shorter, so PostgreSQL ends the web's statement, not the other's. PostgreSQL looks for a
+    deadlock once, when a waiter's deadlock_timeout runs out: the web's is long enough (1 s) for the circle to be
+    closed by then on a loaded machine (at 50 ms the check could come first, find none, and leave it to the other's)."""
     pid = web_pid()
     errors: list[BaseException] = []
 
@@ -111,11 +113,11 @@ def deadlocked_on(table: str, row_id: int, then_table: str, then_id: int) -> Ite
             errors.append(error)
 
     with holding(then_table, then_id) as other:
-        other.execute("SET deadlock_timeout = '10s'")
+        other.execute("SET deadlock_timeout = '15s'")
         circle = threading.Thread(target=close_the_circle, args=(other,))
         circle.start()
         # The statement timeout only turns a lock order that does not deadlock into a failure instead of a hang.
-        with web_session("deadlock_timeout", "50ms"), web_session("statement_timeout", "20s"):
+        with web_session("deadlock_timeout", "1s"), web_session("statement_timeout", "20s"):
             yield circle
         circle.join(30)
     assert not errors, errors
