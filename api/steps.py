@@ -10,6 +10,7 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.backends.signals import connection_created
 from django.db.models import Model
@@ -97,7 +98,7 @@ INPUTS_REFUSALS = ("task_not_runnable", "inputs_recheck_required", "secret_in_pa
 
 # The snapshot this process last answered of each task: the holder's next request names its version in If-Match,
 # and the task's row alone then says whether its nodes and operations are still these (tasks.engine.snapshot).
-RECENT = RecentSnapshots()
+RECENT = RecentSnapshots(max_rows=settings.RECKON_API_SNAPSHOT_ROWS)
 connection_created.connect(RECENT.clear, weak=False)
 
 

@@ -272,6 +272,9 @@ def test_recent_snapshots_keep_the_latest_version_within_their_bound() -> None:
     assert recent.get(1) is None and recent.get(2) is not None and recent.get(3) is not None
     recent.keep(snap(4, 1, nodes=20))  # larger than the bound: not kept, nothing dropped for it
     assert recent.get(4) is None and recent.get(3) is not None
+    none = RecentSnapshots(max_rows=0)  # RECKON_API_SNAPSHOT_ROWS=0: every request reads the task whole
+    none.keep(snap(5, 1))
+    assert none.get(5) is None
 
 
 @pytest.mark.django_db

@@ -59,7 +59,7 @@ class RecentSnapshots:
     a version a later commit reuses with other rows. A kept snapshot is never changed (every write copies the rows it
     changes, tasks.engine.cas and ``after_write``)."""
 
-    def __init__(self, max_rows: int = 50_000) -> None:
+    def __init__(self, max_rows: int) -> None:
         self.max_rows = max_rows
         self._lock = threading.Lock()
         self._by_task: OrderedDict[int, tuple[Snapshot, int]] = OrderedDict()
