@@ -6,6 +6,7 @@ The token's scope is checked before any handler runs (api/auth.py). Each handler
 receipt proves — are the services'. Every write is the services' compare-and-set on ``If-Match`` and the lease's
 epoch, so a stale agent changes nothing."""
 
+from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -254,8 +255,8 @@ def outcome_report(request: HttpRequest, task_id: int, op_key: str, payload: Ste
 
     def settle(keep: Keep | None) -> HttpResponse | None:
         """The outcome recorded and answered. With ``keep``, the answer's Idempotency-Key record is written in the
-        outcome's own statement when the answer is known before the write (no directive to read after it); else
-        nothing is written and the answer is None (the key's record is then written in a transaction around)."""
+        outcome's own statement when the answer is known before the write (no directive to read after it); else in
+        a transaction around the write and the answer, decided on the same snapshot."""
         snap = _snapshot(task_id, lease, version)
         if snap.operation(op_key) is None and not Operation.objects.filter(task_id=task_id, op_key=op_key).exists():
             raise OperationNotFound(f"task {task_id} has no operation {op_key!r}")
@@ -270,20 +271,24 @@ def outcome_report(request: HttpRequest, task_id: int, op_key: str, payload: Ste
             kept.append(_outcome_answer(task_id, lease, step, payload.start_next))
             return keep(kept[0][0])
 
-        try:
-            settled = record_outcome(
-                snap,
-                op_key,
-                payload.outcome(),
-                lease=lease,
-                asked_at=asked_at,
-                start_next=payload.start_next,
-                also=record if keep is not None else None,
+        def recorded(also: Callable[[Step], tuple[type[Model], dict[str, Any]]] | None) -> Step:
+            outcome = payload.outcome()
+            start_next = payload.start_next
+            return record_outcome(
+                snap, op_key, outcome, lease=lease, asked_at=asked_at, start_next=start_next, also=also
             )
-        except _AnsweredAfter:
-            return None
+
+        try:
+            settled = recorded(record if keep is not None else None)
+        except _AnsweredAfter:  # the answer is read after the write: the write, the answer and its record as one
+            assert keep is not None  # noqa: S101 - raised only by ``record``
+            with transaction.atomic():
+                settled = recorded(None)
+                kept.append(_outcome_answer(task_id, lease, settled, payload.start_next))
+                model, row = keep(kept[0][0])
+                model._default_manager.create(**row)
         if keep is not None and not kept:
-            return None  # nothing written: the answer and its record go the common way
+            return None  # nothing written (nothing new to record): the common way answers it
         response, answered_at = kept[0] if kept else _outcome_answer(task_id, lease, settled, payload.start_next)
         _kept(answered_at)  # once the write has committed (the answer was made before it, in the joined case)
         return response
