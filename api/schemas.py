@@ -221,6 +221,9 @@ class TaskCreateIn(Schema):
 class LeaseIn(Schema):
     # How long the lease (and each renewal, and each write) lasts; default RECKON_LEASE_TTL_SECONDS.
     ttl_seconds: Annotated[int, Field(strict=True, ge=5, le=3600), Integral] | None = None
+    # Acquire only: the first directive in the answer (LeaseOut.next) and, when it is to execute a node, that node's
+    # operation registered and marked sent in the same request — what GET …/directive and POST …/operations do.
+    start_next: Annotated[bool, Field(strict=True)] = False
 
 
 class LeaseRenewIn(Schema):
@@ -350,6 +353,9 @@ class LeaseOut(Schema):
     # Stop starting side effects: settle what is in flight, then release.
     cancel_requested: bool
     takeover_requested: bool
+    # Asked for with start_next when acquiring: what to do first, at the answer's ETag; null when not asked (or when
+    # the task moved before it could be answered: read GET …/directive).
+    next: "DirectiveOut | None" = None
 
 
 class OperationDetail(Schema):
@@ -431,6 +437,9 @@ class OutcomeOut(Schema):
     task: TaskSummary
     # Asked for with start_next: what to do next, at the answer's version (its ETag); null when not asked.
     next: DirectiveOut | None = None
+
+
+LeaseOut.model_rebuild()  # its ``next`` names DirectiveOut, defined after it
 
 
 class PlanRevisionOut(Schema):

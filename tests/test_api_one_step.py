@@ -204,3 +204,58 @@ def test_the_lease_read_with_the_token_must_be_this_agents_on_this_task(agent: A
     assert Event.objects.filter(task_id=task_id).count() == events and version_of(task_id) == version
     assert report(agent, task_id, lease, op["op_key"], version).status_code == 200  # its own lease still works
     assert other_task != task_id
+
+
+def grant(agent: Agent, task_id: int, start_next: bool = True, **headers: str) -> Any:
+    return agent.call("post", f"/tasks/{task_id}/lease", {"ttl_seconds": 300, "start_next": start_next}, **headers)
+
+
+def test_the_grant_answers_the_first_node_already_started(agent: Agent) -> None:
+    """``POST …/lease`` with ``start_next``: the grant, the first directive and the first node's operation registered
+    and marked sent — what GET …/directive and POST …/operations would have done, in one request."""
+    task = created(agent, plan=chain_plan("a", "b"))
+    version = version_of(task["id"])
+
+    answered = grant(agent, task["id"])
+
+    assert answered.status_code == 201, answered.content
+    body = answered.json()
+    first = body["next"]
+    assert (first["kind"], first["node_key"], first["started"]) == ("execute", "a", True)
+    assert first["operation"]["status"] == "dispatched" and first["operation"]["op_key"] == first["op_key"]
+    after = version_of(task["id"])
+    assert after > version and first["task_version"] == body["task_version"] == after
+    assert answered["ETag"] == f'"{after}"'
+    assert Operation.objects.get(op_key=first["op_key"]).status == "dispatched"
+    # The agent goes on from there as from any started directive: the outcome, then the next node.
+    following = report(agent, task["id"], body["lease_id"], first["op_key"], after)
+    assert following.status_code == 200 and following.json()["next"]["node_key"] == "b"
+
+
+def test_a_grant_after_a_crash_answers_the_reconcile_and_starts_nothing(agent: Agent) -> None:
+    """Reconcile first, as the directive says: an operation left open by the last holder is looked up before any
+    new side effect — the grant's answer starts nothing."""
+    task_id, lease, op, _version = first_intent(agent)
+    assert agent.call("delete", f"/tasks/{task_id}/lease", Reckon_Lease=str(lease)).status_code == 204
+    operations = Operation.objects.filter(task_id=task_id).count()
+
+    first = grant(agent, task_id).json()["next"]
+
+    assert (first["kind"], first["op_key"], first["started"]) == ("reconcile", op["op_key"], False)
+    assert Operation.objects.filter(task_id=task_id).count() == operations
+
+
+def test_without_start_next_the_grant_answers_no_directive_and_starts_nothing(agent: Agent) -> None:
+    task = created(agent, plan=chain_plan("a"))
+    answered = grant(agent, task["id"], start_next=False)
+    assert answered.status_code == 201 and answered.json()["next"] is None
+    assert not Operation.objects.filter(task_id=task["id"]).exists()
+
+
+def test_a_replayed_grant_answers_the_same_first_node_and_starts_it_once(agent: Agent) -> None:
+    task = created(agent, plan=chain_plan("a", "b"))
+    first = grant(agent, task["id"], Idempotency_Key="grant-1")
+    again = grant(agent, task["id"], Idempotency_Key="grant-1")
+    assert first.status_code == again.status_code == 201 and again["Idempotent-Replayed"] == "true"
+    assert again.json() == first.json()
+    assert Operation.objects.filter(task_id=task["id"]).count() == 1

@@ -50,7 +50,8 @@ class FakeReckon:
     released: bool = False
     fence: bool = False  # the directive's reconcile says fence (a cancel is recorded on the server)
     not_after: str = ""  # the deadline the server gives each operation
-    answers_next: bool = False  # an outcome with start_next answers the next directive, a fresh node started
+    # A grant or an outcome with start_next answers the next directive, a node it says to execute started.
+    answers_next: bool = False
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         self.seen.append(request)
@@ -63,7 +64,14 @@ class FakeReckon:
                 return answer
         body = json.loads(request.content) if request.content else {}
         if (request.method, path) == ("POST", "/lease"):
-            return httpx.Response(201, json=self._lease(renewal_seq=0))
+            granted = self._lease(renewal_seq=0)
+            if self.answers_next and body.get("start_next"):  # the first directive, a node it says to execute started
+                following = self._directive()
+                if following["kind"] == "execute":
+                    op = self._start(following["node_key"])
+                    following |= {"op_key": op["op_key"], "operation": op, "started": True}
+                granted |= {"next": following | {"task_version": self.version}, "task_version": self.version}
+            return httpx.Response(201, json=granted, headers={"ETag": f'"{self.version}"'})
         if (request.method, path) == ("POST", "/lease/renew"):
             return httpx.Response(200, json=self._lease(renewal_seq=body["renewal_seq"] + 1))
         if (request.method, path) == ("DELETE", "/lease"):
@@ -207,14 +215,22 @@ def test_a_node_in_steady_state_is_one_request_the_outcome_whose_answer_started_
     assert result.done and result.steps == 3 and store.sent == ["op-a", "op-b", "op-c"]
     calls = [(r.method, r.url.path.removeprefix(f"/api/v1/tasks/{TASK}")) for r in fake.seen]
     assert calls == [
-        ("POST", "/lease"),
-        ("GET", "/directive"),
-        ("POST", "/operations"),  # the first node only
+        ("POST", "/lease"),  # the grant's answer carries the first node, already started: no directive, no intent
         *[("POST", f"/operations/op-{key}/outcome") for key in "abc"],
         ("DELETE", "/lease"),
     ]
-    # Each outcome is conditional on the version the previous answer left (its ETag): intent 4, then two per node.
+    assert json.loads(fake.calls("POST", "/lease")[0].content)["start_next"] is True
+    # Each outcome is conditional on the version the previous answer left (its ETag): the start 4, then two per node.
     assert [r.headers["If-Match"] for r in fake.calls("POST", "/outcome")] == ['"4"', '"6"', '"8"']
+
+
+def test_a_server_that_answers_no_first_directive_is_asked_for_it(slept: list[float]) -> None:
+    """A grant without ``next`` (a server before start_next, or a task that moved before it could answer): the run
+    reads the directive and registers the first intent itself."""
+    fake, store = FakeReckon(["a", "b"]), Store()
+    assert client(fake).run(TASK, store).done and store.sent == ["op-a", "op-b"]
+    first = [(r.method, r.url.path.removeprefix(f"/api/v1/tasks/{TASK}")) for r in fake.seen][:3]
+    assert first == [("POST", "/lease"), ("GET", "/directive"), ("POST", "/operations")]
 
 
 def test_a_started_node_is_not_sent_once_a_stop_is_said_and_is_looked_up_instead(slept: list[float]) -> None:
@@ -453,7 +469,8 @@ def test_the_async_client_reconciles_first_and_sends_each_node_once() -> None:
 def test_the_async_client_also_sends_each_started_node_once_without_its_intent() -> None:
     fake, store = FakeReckon(["a", "b", "c"], answers_next=True), Store()
     assert arun(fake, store).done and store.sent == ["op-a", "op-b", "op-c"]
-    assert len(fake.calls("POST", "/operations")) == 1 and len(fake.calls("GET", "/directive")) == 1
+    # The first node started by the grant's answer, every other by the previous outcome's: no intent, no directive.
+    assert len(fake.calls("POST", "/operations")) == 0 and len(fake.calls("GET", "/directive")) == 0
 
 
 def test_the_async_client_stops_on_cancel_and_releases() -> None:

@@ -6,10 +6,11 @@ rules (intent before call, the stop flag checked before each side effect, reconc
 that cannot reach the remote ends the run) live here only, and the drivers only move bytes.
 
 What the loop follows is the server's directive: reconcile comes before execute in it, so a run that starts after a
-crash (SIGKILL anywhere) asks the remote what became of the operation in flight before it sends anything new. Each
-outcome is posted with ``start_next``: its answer carries the next directive — when that is to execute a fresh node,
-with the node's operation already registered and marked sent in the receipt's commit — so a node in steady state is
-one request (docs/api.md, "A step in one request").
+crash (SIGKILL anywhere) asks the remote what became of the operation in flight before it sends anything new. The
+lease is asked for, and each outcome posted, with ``start_next``: the answer carries the next directive — when that
+is to execute a node, with its operation already registered and marked sent (in the receipt's commit, after an
+outcome) — so a node in steady state is one request, and a task of n nodes n + 2 (docs/api.md, "A step in one
+request").
 """
 
 import base64
@@ -168,15 +169,19 @@ class LeaseState:
     renewal_seq: int
     stop_reason: str = ""
     lost: bool = False
+    # The first directive the grant's answer carried (start_next), for the loop to follow before reading any.
+    first: Mapping[str, Any] | None = None
 
     @classmethod
     def of(cls, body: Mapping[str, Any]) -> "LeaseState":
+        following = body.get("next")
         state = cls(
             task_id=int(body["task_id"]),
             lease_id=str(body["lease_id"]),
             epoch=int(body.get("epoch", 0)),
             ttl_seconds=float(body.get("ttl_seconds") or 30),
             renewal_seq=int(body.get("renewal_seq", 0)),
+            first=following if isinstance(following, Mapping) else None,
         )
         state.heard(body)
         return state
@@ -338,7 +343,8 @@ def acquire(task_id: int, *, ttl_seconds: int | None, lease_wait: float) -> Step
     key = f"rk-client:lease:{uuid.uuid4()}"  # a lost answer retried replays the grant, not "held by you"
     waited = 0.0
     while True:
-        body = {"ttl_seconds": round(ttl_seconds)} if ttl_seconds else {}
+        # start_next: the answer carries the first directive, and a node it says to execute is already started.
+        body = ({"ttl_seconds": round(ttl_seconds)} if ttl_seconds else {}) | {"start_next": True}
         reply = yield Call("POST", f"/tasks/{task_id}/lease", body, {"Idempotency-Key": key})
         if 200 <= reply.status < 300:
             return LeaseState.of(reply.body)
@@ -393,7 +399,8 @@ def steps(
     directive ``cleanup``); without it the run stops there (``cleanup_unsupported``) and they wait for a person."""
     base = f"/tasks/{state.task_id}"
     done = conflicts = 0
-    following: Mapping[str, Any] | None = None  # the next directive an outcome's answer carried (start_next)
+    # The next directive an answer carried (start_next): the grant's first, then each outcome's.
+    following, state.first = state.first, None
     while True:
         if state.lost:
             return RunResult("stopped", state.stop_reason, steps=done)
