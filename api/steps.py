@@ -126,13 +126,13 @@ def _lease_answer(lease: Lease, status: int, *, start_next: bool = False) -> Htt
     node it says to execute started (``_first_work``)."""
     held = lease if start_next else None  # the directive judges the lease: read it with the task
     snap = task_snapshot(task_id=lease.task_id, lease=held, known=RECENT.take(lease.task_id))
-    following = None
+    following, refused = None, False
     if start_next:
         try:
             with transaction.atomic():  # a refusal here leaves the grant: its own savepoint
                 following, snap = _first_work(lease, snap)
         except (Refused, LeaseError):  # the task moved meanwhile: next is null, the agent reads the directive
-            following = None
+            refused = True
     body = lease_out(
         lease,
         task_version=snap.version,
@@ -140,7 +140,9 @@ def _lease_answer(lease: Lease, status: int, *, start_next: bool = False) -> Htt
         takeover_requested=bool(snap.reserved_for) or snap.task.status == "human",
     )
     body.next = following
-    return answer(body, status, version=_kept(snap).version)
+    if not refused:  # after a refusal the next request reads the task whole (``_snapshot``)
+        _kept(snap)
+    return answer(body, status, version=snap.version)
 
 
 def _first_work(lease: Lease, snap: Snapshot) -> tuple[DirectiveOut, Snapshot]:

@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from api import steps
 from audit.principals import Principal
+from leases.models import Lease
 from leases.services import lease_acquire, lease_reserve
 from tasks.access.permissions import permission_grant
 from tasks.core.errors import VersionConflict
@@ -347,3 +348,25 @@ def test_an_answer_made_before_a_write_the_database_then_refuses_is_not_kept(
     problem_of(agent.call("post", path, COMMITTED, **headers), 412, "version_conflict")
     assert task_id in checked  # the answer was made on the kept snapshot
     assert steps.RECENT.get(task_id) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_grant_whose_first_start_is_refused_stands_answers_no_next_and_keeps_nothing(
+    agent: Agent, checked: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``POST …/lease`` with start_next: the task moved between the grant and the first node's start (a race made
+    here by the start refusing). The lease stands, ``next`` is null, no operation is written, and the snapshot the
+    answer was made at is not kept: the agent's next request reads the task whole."""
+    task = created(agent, plan=chain_plan("a"))
+
+    def moved(*args: Any, **kwargs: Any) -> Any:
+        raise VersionConflict("the task moved")
+
+    monkeypatch.setattr(steps, "operation_start", moved)
+    answered = agent.call("post", f"/tasks/{task['id']}/lease", {"start_next": True})
+
+    assert answered.status_code == 201, answered.content
+    assert answered.json()["next"] is None
+    assert Lease.objects.filter(pk=answered.json()["lease_id"], released_at__isnull=True).exists()
+    assert not Operation.objects.filter(task_id=task["id"]).exists()
+    assert steps.RECENT.get(task["id"]) is None
