@@ -146,27 +146,9 @@ def api_token_authenticate(
 
 def _lease(lease_id: int, task_id: int, agent_id: str, epoch: int, ttl: Any) -> Lease:
     """The lease read with the token: its id, task, holder, epoch and ttl loaded (what a step's write uses; any other
-    field is read when first used), the ttl through the converters the ORM reads it with (microseconds on SQLite)."""
-    column, converters = _ttl_converters()
-    for convert in converters:
-        ttl = convert(ttl, column, connection)
-    known = {
-        "id": lease_id,
-        "task_id": task_id,
-        "holder_kind": HolderKind.AGENT.value,
-        "holder_id": agent_id,
-        "epoch": epoch,
-        "ttl": ttl,
-    }
-    names = [f.attname for f in Lease._meta.concrete_fields if f.attname in known]  # from_db takes the model's order
-    return Lease.from_db(None, names, [known[name] for name in names])
-
-
-@cache
-def _ttl_converters() -> tuple[Any, list[Any]]:
-    """The lease's ttl column and the converters the ORM reads it through on this backend: found once."""
-    column = Lease._meta.get_field("ttl").get_col(Lease._meta.db_table)
-    return column, connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+    field is read when first used), as the ORM reads them (the ttl in microseconds on SQLite)."""
+    known = {"id": lease_id, "task_id": task_id, "holder_kind": HolderKind.AGENT.value, "holder_id": agent_id}
+    return rows.Columns.of(Lease).loaded(known | {"epoch": epoch, "ttl": ttl})
 
 
 @cache

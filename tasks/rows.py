@@ -2,7 +2,7 @@
 general path, a copy of one, rows read by hand-written SQL made instances as the ORM makes them, a node's name in
 the log, the task row or TaskNotFound."""
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cache
 from typing import Any, ClassVar
 
@@ -99,12 +99,24 @@ class Columns[M: models.Model]:
         return ", ".join(f"{alias}.{connection.ops.quote_name(str(f.column))}" for f in self.fields)
 
     def instance(self, row: Sequence[Any]) -> M:
-        values = []
-        for value, (converters, col) in zip(row, self.converters, strict=False):
-            for converter in converters:
-                value = converter(value, col, connection)
-            values.append(value)
+        values = [_converted(value, *found) for value, found in zip(row, self.converters, strict=False)]
         return self.model.from_db(DEFAULT_DB_ALIAS, self.attnames, values)
+
+    def loaded(self, values: Mapping[str, Any]) -> M:
+        """An instance with only ``values`` loaded (by attribute name, as the database gave them), each through its
+        column's converters; any other field is read when first used, as ``QuerySet.only`` leaves it."""
+        names, converted = [], []
+        for attname, found in zip(self.attnames, self.converters, strict=True):  # from_db takes the model's order
+            if attname in values:
+                names.append(attname)
+                converted.append(_converted(values[attname], *found))
+        return self.model.from_db(DEFAULT_DB_ALIAS, names, converted)
+
+
+def _converted(value: Any, converters: list[Any], col: Any) -> Any:
+    for converter in converters:
+        value = converter(value, col, connection)
+    return value
 
 
 def row_values(instance: models.Model, names: Iterable[str]) -> dict[str, Any]:

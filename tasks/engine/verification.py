@@ -187,8 +187,7 @@ def approval_binding_verified(approvals: list[Node]) -> None:
     fields = ("id", "approval_seq", "approval_plan_version", *BINDING_FIELDS)
     stored = {row["id"]: row for row in Node.objects.filter(pk__in=[n.pk for n in approvals]).values(*fields)}
     for node in approvals:
-        held = [{name: getattr(node, name) for name in fields}, stored.get(node.pk, {})]
-        for row in held:
+        for row in _held_and_stored({name: getattr(node, name) for name in fields}, stored.get(node.pk, {})):
             if row.get("approval_seq") is None:
                 continue
             payload = (
@@ -221,7 +220,7 @@ def operation_request_verified(op: Operation) -> None:
     fields = ("request", "request_digest", "target", "purpose")
     stored = Operation.objects.filter(pk=op.pk).values(*fields).first()
     digest = logged.get("request_digest")
-    for row in ({name: getattr(op, name) for name in fields}, stored or {}):
+    for row in _held_and_stored({name: getattr(op, name) for name in fields}, stored or {}):
         if digest is None or digest != row.get("request_digest") or digest_of(row.get("request")) != digest:
             raise StoredFactAltered(
                 f"operation {op.op_key}'s stored request is not the one the log registered: it is not sent",
@@ -233,6 +232,11 @@ def operation_request_verified(op: Operation) -> None:
                     f"operation {op.op_key}'s stored {name} is not the one the log registered: it is not sent",
                     op_key=op.op_key,
                 )
+
+
+def _held_and_stored(held: dict[str, Any], stored: dict[str, Any]) -> list[dict[str, Any]]:
+    """The values a caller holds and the ones its row holds now, to check against the log: once when they agree."""
+    return [held] if stored == held else [held, stored]
 
 
 def input_refs_verified(task: Task) -> None:
