@@ -32,6 +32,7 @@ from agents import migrate_project
 from agents.objectstore import Idempotency, ObjectStoreConnector
 from audit.errors import Refused
 from audit.principals import Principal
+from harness.zygote import Process, start_worker, worker_command
 from tasks.core.lifecycle import OPEN_OPERATION_STATUSES, NodeStatus, OperationStatus, TaskStatus, TempResourceStatus
 from tasks.decide.evidence import evidence_problems
 from tasks.engine.cleanup import CLEANABLE
@@ -224,13 +225,9 @@ class Workers:
         self.kills = 0
         self.processes = [self._start(n) for n in range(count)]
 
-    def _start(self, n: int) -> subprocess.Popen[bytes]:
-        queues = f"{self.queue},{scan_queue(self.queue)}"
-        command = [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool=solo", "-Q", queues]
-        command += ["-n", f"w{n}-{uuid.uuid4().hex[:6]}@%h", "--without-heartbeat", "--without-mingle"]
-        command += ["--without-gossip", "--loglevel=WARNING"]
-        with self.log.open("ab") as out:
-            return subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=out, stderr=out)  # noqa: S603
+    def _start(self, n: int) -> Process:
+        command = worker_command(f"{self.queue},{scan_queue(self.queue)}", f"w{n}-{uuid.uuid4().hex[:6]}@%h")
+        return start_worker(command, env=self.env, log=self.log)
 
     def replace_dead(self) -> None:
         for n, process in enumerate(self.processes):

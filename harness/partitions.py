@@ -68,6 +68,7 @@ from harness import killmatrix
 from harness.faultproxy import FaultProxy
 from harness.killmatrix import MAX_BATCH, OBJECTS, SCAN_EVERY, Row, Scenario, StoreProcess, Workers
 from harness.ports import free_port
+from harness.zygote import Process, start_worker, worker_command
 from leases import clock
 from leases.models import Lease
 from leases.state import held_q, lapsed_q
@@ -262,13 +263,10 @@ class LaneWorker(Workers):
     """One worker of a lane: the kill matrix's worker, logging at INFO (Celery's --loglevel sets the root logger's
     level), so its refusals and the state changes it commits are in its log, as JSON lines."""
 
-    def _start(self, n: int) -> subprocess.Popen[bytes]:
+    def _start(self, n: int) -> Process:
         queues = f"{self.queue},{killmatrix.scan_queue(self.queue)}"
-        command = [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool=solo", "-Q", queues]
-        command += ["-n", f"lane{n}-{uuid.uuid4().hex[:6]}@%h", "--without-heartbeat", "--without-mingle"]
-        command += ["--without-gossip", "--loglevel=INFO"]
-        with self.log.open("ab") as out:
-            return subprocess.Popen(command, cwd=killmatrix.ROOT, env=self.env, stdout=out, stderr=out)  # noqa: S603
+        command = worker_command(queues, f"lane{n}-{uuid.uuid4().hex[:6]}@%h", loglevel="INFO")
+        return start_worker(command, env=self.env, log=self.log)
 
 
 @contextmanager

@@ -3,12 +3,12 @@ database and the simulator the connectors talk to. Used by the worker, bulk and 
 
 import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from harness.killmatrix import database_url
+from harness.zygote import start_worker, worker_command
 from tests.simulator_fixture import ROOT
 
 
@@ -24,9 +24,7 @@ def celery_worker(
     queues = ",".join([queue, *(f"{queue}-{suffix}" for suffix in also)])
     env = {k: v for k, v in os.environ.items() if k not in drop_env}
     env |= {"DATABASE_URL": database_url(), "RECKON_OBJECTSTORE_URL": store_url}
-    command = [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool=solo", "-Q", queues]
-    command += ["--without-heartbeat", "--without-mingle", "--without-gossip", "--loglevel=WARNING"]
-    process = subprocess.Popen(command, cwd=ROOT, env=env)  # noqa: S603
+    process = start_worker(worker_command(queues), env=env, cwd=ROOT)
     try:
         yield queue
     finally:
