@@ -106,6 +106,10 @@ class ApprovalOut(Schema):
 
 
 class TaskOut(TaskSummary):
+    # How many attempts (op keys sent) all the task's nodes may spend together, and how many they have
+    # (tasks/core/budget.py): a plan states its own budget, within the deployment's policy, or gets 2 per node.
+    attempt_budget: int
+    attempts_used: int
     nodes: list[NodeOut]
     # Unsettled operations (intent, dispatched, accepted, unknown), oldest first.
     open_operations: list[OperationOut]
@@ -157,6 +161,8 @@ def task_out(snap: Snapshot, remote: RemoteDown | None = None) -> TaskOut:
     keys = {n.pk: n.key for n in snap.nodes}
     return TaskOut(
         **task_summary(snap.task).model_dump(),
+        attempt_budget=snap.task.attempt_budget,
+        attempts_used=snap.task.attempts_used,
         nodes=[_node(n) for n in snap.nodes],
         open_operations=[_operation(op, keys) for op in snap.unsettled],
         remote_down=_remote_down(remote) if remote is not None else None,

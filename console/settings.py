@@ -350,7 +350,11 @@ RECKON_REQUEST_DEADLINE = timedelta(seconds=int(os.environ.get("RECKON_REQUEST_D
 RECKON_REMOTE_CLOCK_SKEW = timedelta(seconds=int(os.environ.get("RECKON_REMOTE_CLOCK_SKEW_SECONDS", "5")))
 # Budgets and backoff (DESIGN §6): persisted per node and per task.
 RECKON_DEFAULT_NODE_ATTEMPTS = 3
+# A task's budget scales with its plan (tasks/core/budget.py): unstated, RECKON_TASK_ATTEMPTS_PER_NODE per node and
+# at least RECKON_DEFAULT_TASK_ATTEMPTS; a plan may state its own, up to RECKON_MAX_TASK_ATTEMPTS_PER_NODE per node.
 RECKON_DEFAULT_TASK_ATTEMPTS = 20
+RECKON_TASK_ATTEMPTS_PER_NODE = 2
+RECKON_MAX_TASK_ATTEMPTS_PER_NODE = 10
 RECKON_BACKOFF_BASE = timedelta(seconds=2)
 RECKON_BACKOFF_CAP = timedelta(minutes=10)
 

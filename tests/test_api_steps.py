@@ -577,6 +577,17 @@ def test_a_number_field_takes_a_json_number_only(agent: Agent, budget: Any) -> N
     assert snapshot() == before
 
 
+def test_a_budget_past_the_policy_is_refused_as_a_field_of_the_plan(agent: Agent) -> None:
+    """tasks/core/budget.py: a plan of one node may state at most 20 attempts; the refusal names the field."""
+    created(agent)
+    before = snapshot()
+    body = problem_of(agent.create(plan=chain_plan("a") | {"attempt_budget": 21}), 422, "plan_invalid")
+    assert [e["field"] for e in body["errors"]] == ["plan.attempt_budget"]
+    assert "at most 20" in body["errors"][0]["message"]
+    assert snapshot() == before
+    assert created(agent, plan=chain_plan("a") | {"attempt_budget": 20})["attempt_budget"] == 20
+
+
 @pytest.mark.parametrize("raw", ["true", "[]", '"x"', "null", "3"])
 def test_a_body_that_is_not_a_json_object_is_malformed(agent: Agent, client: Client, raw: str) -> None:
     """Found by schemathesis: a lease acquire with the body ``true`` was granted as if it were ``{}``."""

@@ -443,7 +443,7 @@ def page_queries(client: Client, task: Task) -> int:
 @pytest.mark.parametrize("nodes", [3, 30])
 def test_the_page_costs_the_same_for_3_nodes_as_for_30(admin, make_task, agent_lease, clock, nodes) -> None:
     keys = [f"n{i}" for i in range(nodes)]
-    task = make_task(chain_plan(*keys), attempt_budget=100)
+    task = make_task(chain_plan(*keys))
     lease = agent_lease(task)
     for key in keys[:-1]:
         record(send(task, lease, key), Committed(remote_id=f"r-{key}", data={"temp": [f"tmp/{key}"]}), lease)
@@ -474,7 +474,7 @@ def test_a_page_with_the_takeover_package_costs_the_same_for_3_nodes_as_for_30(
     admin, make_task, agent_lease, clock, nodes
 ) -> None:
     keys = [f"n{i}" for i in range(nodes)]
-    task = make_task(chain_plan(*keys), attempt_budget=100)
+    task = make_task(chain_plan(*keys))
     lease = agent_lease(task)
     for key in keys[:-1]:
         record(send(task, lease, key), Committed(remote_id=f"r-{key}"), lease)

@@ -52,7 +52,7 @@ def test_the_detail_reads_three_queries_whatever_the_rows(
     make_task, agent_lease, clock, django_assert_num_queries, nodes
 ) -> None:
     keys = [f"n{i}" for i in range(nodes)]
-    task = make_task(chain_plan(*keys), attempt_budget=100)
+    task = make_task(chain_plan(*keys))
     lease = agent_lease(task)
     for key in keys[:-1]:
         record(send(task, lease, key), Committed(remote_id=f"r-{key}", data={"temp": [f"tmp/{key}"]}), lease)
@@ -65,7 +65,7 @@ def test_the_detail_reads_three_queries_whatever_the_rows(
 
 
 def test_unprovable_then_unknown_then_in_flight_then_the_rest(make_task, agent_lease, clock) -> None:
-    task = make_task(parallel("a", "b", "c", "d"), attempt_budget=100)
+    task = make_task(parallel("a", "b", "c", "d"))
     lease = agent_lease(task)
     committed = record(send(task, lease, "a"), Committed(remote_id="r-a"), lease)
     clock.advance(timedelta(seconds=1))

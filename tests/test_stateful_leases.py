@@ -102,7 +102,7 @@ class LeaseMachine(RuleBasedStateMachine):
         self._example = transaction.atomic()
         self._example.__enter__()
         self.task = task_create(
-            kind=KIND, title="lease machine", plan=chain_plan(*NODES), created_by="machine", attempt_budget=100
+            kind=KIND, title="lease machine", plan=chain_plan(*NODES), created_by="machine", attempt_budget=80
         )
         self.leases: dict[str, Lease | None] = dict.fromkeys(AGENTS + OPERATORS)
         self.granted: list[Lease] = []

@@ -32,6 +32,7 @@ from django.conf import settings
 
 from audit.hygiene import NODE_INPUT_CAP_BYTES, PLAN_CAP_BYTES, canonical_json, check_payload
 from tasks.core.actions import get_action, known_actions
+from tasks.core.budget import PLAN_KEY, budget_ceiling, stated_budget
 from tasks.core.errors import PlanInvalid
 from tasks.core.failures import ALLOWED_DESTINATIONS, resolved_destinations
 from tasks.core.inputs import REF_FIELDS, VERSIONED_REF, input_problems, node_output_value
@@ -139,6 +140,11 @@ def validate_plan(document: Any) -> list[NodeSpec]:
                 problems.append(
                     f"node {key}: irreversible without a compensation needs an approval node before it (in depends_on)"
                 )
+    try:
+        stated_budget(document, len(by_key))
+    except PlanInvalid as refused:
+        problems.extend(refused.problems)
+        fields.extend((PLAN_KEY, problem) for problem in refused.problems)
     if problems:
         raise PlanInvalid(problems, fields)
     try:
@@ -386,7 +392,17 @@ def plan_json_schema() -> dict[str, Any]:
                     "required": ["key", "action", "evidence"],
                     "additionalProperties": False,
                 },
-            }
+            },
+            PLAN_KEY: {
+                "type": "integer",
+                "minimum": 1,
+                "description": "The task's attempt budget: how many attempts (op keys sent) all its nodes may spend "
+                f"together. Left out: {settings.RECKON_TASK_ATTEMPTS_PER_NODE} per node, at least "
+                f"{settings.RECKON_DEFAULT_TASK_ATTEMPTS}. This deployment's policy: at most "
+                f"{settings.RECKON_MAX_TASK_ATTEMPTS_PER_NODE} per node, at least {budget_ceiling(0)} "
+                f"({budget_ceiling(100)} for 100 nodes). Attempts spent stay spent: a later plan sets the budget it "
+                "states, never below what the task has used.",
+            },
         },
         "required": ["nodes"],
     }

@@ -4,7 +4,6 @@ tasks/core/plan.py; a person's re-plan: tasks/people/replan.py."""
 
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 
 from audit.hygiene import check_payload, digest_of
@@ -12,7 +11,8 @@ from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
 from leases.models import Lease
-from tasks.core.errors import InvalidTransition, OperationsOpen, PlanInvalid, ProposalSuperseded, TaskNotFound
+from tasks.core.budget import budget_after_accept, stated_budget
+from tasks.core.errors import InvalidTransition, OperationsOpen, ProposalSuperseded, TaskNotFound
 from tasks.core.lifecycle import OPEN_OPERATION_STATUSES, Actor, ChangeKind, NodeStatus, TaskStatus
 from tasks.core.plan import NodeSpec, collect_input_refs, validate_plan
 from tasks.decide.approval_binding import BINDING_FIELDS
@@ -82,9 +82,8 @@ def task_create(
     # The task row's own text, before it is written: its title and project reach no event or audit row.
     check_payload({"kind": kind, "title": title, "project": project, "created_by": created_by}, what="task")
     specs = validate_plan(plan)
-    budget = attempt_budget if attempt_budget is not None else settings.RECKON_DEFAULT_TASK_ATTEMPTS
-    if budget < 1:
-        raise PlanInvalid(["attempt_budget must be at least 1"])
+    stated = stated_budget(plan, len(specs), requested=attempt_budget)
+    budget = budget_after_accept(stated=stated, nodes=len(specs))
     with transaction.atomic():
         now = clock.now()
         task = Task.objects.create(
@@ -233,6 +232,16 @@ def accept_revision(
         fields.update(status=new_status, status_reason="", status_detail="")
     if accepted_by is not None:  # a person hands the task back: the agent re-reads the new plan's inputs first
         fields["inputs_recheck_required"] = bool(fields["input_refs"])
+    if revision.number > 1:  # the first plan's budget is the task's own, set as it was created
+        budget = budget_after_accept(
+            stated=stated_budget(revision.document, len(specs)),
+            nodes=len(specs),
+            current=task.attempt_budget,
+            previous_nodes=Node.objects.filter(task=task, plan_version=task.plan_version).count(),
+            used=task.attempts_used,
+        )
+        if budget != task.attempt_budget:
+            fields["attempt_budget"] = budget
     by = f"accepted by {accepted_by}" if accepted_by is not None else "accepted by the scheduler"
 
     def mark_accepted(_task: Task, now: Any) -> None:
