@@ -23,6 +23,7 @@ from urllib.parse import quote
 import httpx
 from reckon_client import (
     Accepted,
+    ApiError,
     Committed,
     Failed,
     FailureClass,
@@ -237,10 +238,19 @@ def main(argv: list[str] | None = None) -> int:
         except SourceNotFound as missing:
             print(missing, file=sys.stderr)
             return 2
+        except ApiError as refused:  # nothing was created: say what Reckon said, and what to change
+            print(f"Reckon refused the task: {refused}", file=sys.stderr)
+            for error in refused.problem.get("errors") or []:
+                print(f"  {error.get('field')}: {error.get('message')}", file=sys.stderr)
+            return 2
         print(f"task {task_id}", flush=True)
-        while (result := reckon.run(task_id, store, ttl_seconds=args.lease_ttl, lease_wait=args.lease_wait)).until:
-            print(f"waiting ({result.reason}) until {result.until:%H:%M:%S}", flush=True)
-            time.sleep(max(0.0, (result.until - datetime.now(UTC)).total_seconds()))
+        try:
+            while (result := reckon.run(task_id, store, ttl_seconds=args.lease_ttl, lease_wait=args.lease_wait)).until:
+                print(f"waiting ({result.reason}) until {result.until:%H:%M:%S}", flush=True)
+                time.sleep(max(0.0, (result.until - datetime.now(UTC)).total_seconds()))
+        except ApiError as refused:  # the task is as Reckon holds it: run the agent again with --task to resume
+            print(f"task {task_id}: Reckon refused a step: {refused}", file=sys.stderr)
+            return 1
     print(f"task {task_id}: {result.status} {result.reason}".rstrip(), flush=True)
     return 0 if result.done else 1
 

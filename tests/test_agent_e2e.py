@@ -470,3 +470,21 @@ def test_the_reference_agent_says_so_when_the_source_is_not_in_the_store(
     args = ["--url", "http://127.0.0.1:9", "--token", "rk_x", "--store", simulator.url, "--project", "nope"]
     assert main([*args, "--objects", "10"]) == 2
     assert "the store has no source 'projects/nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("objects", "said"),
+    [(60_000, "at most 100 nodes, this one has 123"), (45_000, "too large to accept")],
+    ids=["past-the-node-cap", "past-the-event-cap"],
+)
+def test_the_reference_agent_says_what_reckon_refused_and_how_to_get_round_it(
+    live: Live, store: Simulator, objects: int, said: str
+) -> None:
+    """A project too large for one plan today (issue 26's big tasks): a sentence naming the limit and the way
+    around it, exit status 2, no traceback — and no task."""
+    process = agent(live, store, objects=objects)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 2, output
+    assert "Reckon refused the task: 422 plan_invalid" in output and said in output, output
+    assert "Traceback" not in output
+    assert not Task.objects.filter(kind=KIND).exists()

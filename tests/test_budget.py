@@ -164,3 +164,32 @@ def test_the_budget_a_re_plan_sets_is_in_the_log(make_task, agent_lease, clock) 
     assert task.attempt_budget == 9 and find_log_problem(task) is None
     Task.objects.filter(pk=task.pk).update(attempt_budget=10)
     assert find_log_problem(fresh(task)) is not None
+
+
+# --- the caps a plan's size still meets (until plans are stored once, by digest: issue 26) ----------------------------
+
+
+def test_a_plan_past_the_node_cap_is_refused_naming_the_way_around(make_task) -> None:
+    before = snapshot()
+    with pytest.raises(PlanInvalid, match=r"at most 100 nodes, this one has 101: give each node more to do"):
+        make_task(chain_plan(*keys(101)))
+    assert snapshot() == before
+
+
+def test_a_plan_whose_accepted_event_would_pass_the_cap_is_refused_as_a_plan_and_nothing_is_written(make_task) -> None:
+    """Every node reading a versioned ref: the plan_accepted event names each one. Past the event cap that is the
+    plan's size, refused as plan_invalid with what to change (it was 413 payload_too_large, "store a reference")."""
+    locator = "projects/" + "p" * 60
+    ref = {"ref": {"source": "store", "locator": locator, "version": "1", "digest": "sha256:" + "5e" * 32}}
+    plan = {
+        "nodes": [
+            {"key": f"n{i}", "action": "test.write", "input": {"source": ref}, "evidence": {"remote_id": True}}
+            for i in range(95)
+        ]
+    }
+    before = snapshot()
+    with pytest.raises(
+        PlanInvalid, match=r"each of its 95 nodes and each of its 95 versioned-ref inputs, over the 16384"
+    ):
+        make_task(plan)
+    assert snapshot() == before

@@ -95,7 +95,12 @@ def validate_plan(document: Any) -> list[NodeSpec]:
         raise PlanInvalid(["a plan is an object with a non-empty list 'nodes'"])
     raw_nodes: list[Any] = document["nodes"]
     if len(raw_nodes) > MAX_NODES:
-        raise PlanInvalid([f"a plan has at most {MAX_NODES} nodes, this one has {len(raw_nodes)}"])
+        raise PlanInvalid(
+            [
+                f"a plan has at most {MAX_NODES} nodes, this one has {len(raw_nodes)}: give each node more to do (a "
+                "larger batch, where the remote allows it) or split the work into several tasks"
+            ]
+        )
     by_key: dict[str, dict[str, Any]] = {}
     for index, raw in enumerate(raw_nodes):
         if not isinstance(raw, dict):

@@ -6,13 +6,13 @@ from typing import Any
 
 from django.db import transaction
 
-from audit.hygiene import check_payload, digest_of
+from audit.hygiene import PAYLOAD_CAP_BYTES, PayloadTooLarge, check_payload, digest_of
 from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
 from leases.models import Lease
 from tasks.core.budget import budget_after_accept, stated_budget
-from tasks.core.errors import InvalidTransition, OperationsOpen, ProposalSuperseded, TaskNotFound
+from tasks.core.errors import InvalidTransition, OperationsOpen, PlanInvalid, ProposalSuperseded, TaskNotFound
 from tasks.core.lifecycle import OPEN_OPERATION_STATUSES, Actor, ChangeKind, NodeStatus, TaskStatus
 from tasks.core.plan import NodeSpec, collect_input_refs, validate_plan
 from tasks.decide.approval_binding import BINDING_FIELDS
@@ -253,20 +253,29 @@ def accept_revision(
     # Operations change only with the task version, which the compare-and-set checks: this read holds at ``before``.
     if Operation.objects.filter(task=task, status__in=[s.value for s in OPEN_OPERATION_STATUSES]).exists():
         raise OperationsOpen("an operation is dispatched, accepted or unknown: reconcile it by op key first")
-    applied = compare_and_set(
-        task.pk,
-        before,
-        Change(
-            event="plan_accepted",
-            task=fields,
-            nodes=plan_nodes(specs, revision.number, carried),
-            data={"plan_revision": revision.number, "plan_digest": revision.digest, "nodes": len(specs)},
-            kind=ChangeKind.ACCEPT,
-        ),
-        lease=lease,
-        actor=None if lease is not None else Actor.SYSTEM,
-        before_event=mark_accepted,
-    )
+    try:
+        applied = compare_and_set(
+            task.pk,
+            before,
+            Change(
+                event="plan_accepted",
+                task=fields,
+                nodes=plan_nodes(specs, revision.number, carried),
+                data={"plan_revision": revision.number, "plan_digest": revision.digest, "nodes": len(specs)},
+                kind=ChangeKind.ACCEPT,
+            ),
+            lease=lease,
+            actor=None if lease is not None else Actor.SYSTEM,
+            before_event=mark_accepted,
+        )
+    except PayloadTooLarge as too_large:  # a limit of the plan's size, said as one: what to change, not how to store
+        raise PlanInvalid(
+            [
+                f"this plan is too large to accept: its plan_accepted event names each of its {len(specs)} nodes and "
+                f"each of its {len(fields['input_refs'])} versioned-ref inputs, over the {PAYLOAD_CAP_BYTES}-byte "
+                f"event cap ({too_large}); use fewer nodes (a larger batch each) or split the work into several tasks"
+            ]
+        ) from too_large
     if revision.number > 1:
         audit_append(
             actor=accepted_by or Principal.system("scheduler"),
