@@ -24,7 +24,8 @@ SENTENCES: dict[str, str] = {
     "takeover_requested": "A person asked to take this task over: nothing new starts until they have it or withdraw.",
     "inputs_recheck_required": "The task's inputs must be read again from their sources before anything new starts.",
     "takeover_held": "Another person holds, or is waiting for, this task. Ask them, or an admin, to release it.",
-    "budget_exhausted": "The attempt budget is used up. Submit a result by hand, re-plan, or end the task.",
+    "budget_exhausted": "The attempt budget is used up. Submit a result by hand, re-plan (a re-plan does not refresh "
+    "a spent budget: state a larger attempt_budget in the new plan), or end the task.",
     "backoff_active": "The task is backing off after a failure; it tries again later by itself.",
     "node_not_ready": "That step is not ready: the steps it depends on have not succeeded yet.",
     "operations_open": "An operation is in flight or its outcome is unknown. Settle it by op key on the task's "

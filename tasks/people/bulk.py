@@ -62,7 +62,7 @@ NOT_RESUMABLE: dict[str, str] = {
     PauseReason.NEEDS_REPLAN: "It needs a new plan first (re-plan it from its takeover page).",
     PauseReason.INPUT_CHANGED: "Its inputs changed: it needs a new plan, or an approval, first.",
     PauseReason.BUDGET_EXHAUSTED: "Its attempt budget is spent: the agent would stop at once. Submit the step by "
-    "hand or re-plan it.",
+    "hand, or re-plan it with a larger attempt_budget stated in the plan.",
     PauseReason.UNPROVABLE: "An operation of unprovable outcome must be settled by hand first.",
 }
 # The change of the permit table each operation makes first: a resume claims the task (and then decides, as its
