@@ -70,6 +70,7 @@ BOTH_PASSES: tuple[Group, ...] = (
             "test_stateful_protocol.py",
             "test_api_scope.py",
             "test_api_refusals_declared.py",
+            "test_budget.py",
             *_in(
                 "test_plans.py",
                 "test_task_create_stores_plan_revision_1_proposed_by_the_creator_and_accepted",
