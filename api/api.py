@@ -26,7 +26,7 @@ from audit.errors import Refused
 from leases.errors import LeaseError, LeaseHeld, LeaseRefused, RenewalOutOfOrder
 from retention.errors import RetentionExpired
 from tasks.core.errors import PlanInvalid, VersionConflict
-from tasks.core.parsing import strict_json
+from tasks.core.parsing import UnreadableInput, strict_json
 from tasks.models import Task
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class ObjectBody(Parser):
     def parse_body(self, request: HttpRequest) -> dict[str, Any]:
         document = strict_json(request.body)  # UnreadableInput is a ValueError: malformed_body (400)
         if not isinstance(document, dict):
-            raise ValueError(f"the body is a JSON {type(document).__name__}, not an object")
+            raise UnreadableInput(f"the body is a JSON {type(document).__name__}, not an object")
         return document
 
 
@@ -190,8 +190,10 @@ def _not_found(request: HttpRequest, error: Http404) -> HttpResponse:
 
 @api.exception_handler(HttpError)
 def _http_error(request: HttpRequest, error: HttpError) -> HttpResponse:
-    if error.status_code == 400:  # ninja's only 400: a body it cannot parse
-        return problem(request, code="malformed_body", detail=f"{error}: send one JSON object.")
+    if error.status_code == 400:  # ninja's only 400: a body it cannot parse; ours (strict_json) says why
+        why = error.__cause__
+        said = f"{error}: {why}" if isinstance(why, UnreadableInput) else str(error)
+        return problem(request, code="malformed_body", detail=f"{said}: send one JSON object.")
     return problem(request, code="http_error", detail=str(error), status=error.status_code)
 
 

@@ -103,6 +103,7 @@ STATUS_OF: dict[str, int] = {
     "note_refused": 400,
     "bulk_refused": 400,
     "retention_extension_reason_missing": 400,
+    "approval_ttl_invalid": 400,  # what was typed: a validity the policy does not allow
 }
 CONFLICT = 409
 

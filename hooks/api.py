@@ -12,7 +12,7 @@ from pydantic import Field
 from api.auth import token_of
 from api.http import IDEMPOTENCY_KEY_PATTERN, documented, header_parameter
 from api.idempotency import idempotent
-from hooks.models import WEBHOOK_EVENTS, WebhookSubscription
+from hooks.models import URL_MAX, WEBHOOK_EVENTS, WebhookSubscription
 from hooks.services import webhook_list, webhook_subscribe, webhook_unsubscribe
 
 router = Router(tags=["webhooks"])
@@ -27,7 +27,7 @@ IDEMPOTENCY = header_parameter(
 
 class SubscriptionIn(Schema):
     # An absolute http(s) URL without credentials (no user:password, no token in the query).
-    url: Annotated[str, Field(min_length=1, max_length=4000)]
+    url: Annotated[str, Field(min_length=1, max_length=URL_MAX)]  # as the service and the column hold it
     # The service names an unknown event (422 webhook_events_invalid); the document lists the known ones.
     events: Annotated[
         list[str],

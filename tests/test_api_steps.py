@@ -599,5 +599,29 @@ def test_a_body_that_is_not_a_json_object_is_malformed(agent: Agent, client: Cli
         content_type="application/json",
         headers={"Authorization": f"Bearer {agent.token}"},
     )
-    problem_of(response, 400, "malformed_body")
+    body = problem_of(response, 400, "malformed_body")
+    assert "not an object: send one JSON object" in body["detail"], body
+    assert snapshot() == before
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        ("[" * 65 + "]" * 65, "nests deeper than 64 levels"),
+        ('{"ttl_seconds": NaN}', "not a JSON number"),
+        ('{"a": "\\ud800"}', "lone surrogate"),
+        ("{", "not JSON"),
+    ],
+)
+def test_a_malformed_body_is_refused_naming_why(agent: Agent, client: Client, raw: str, why: str) -> None:
+    """The refusal says what was wrong with the body (it said only "Cannot parse request body")."""
+    task = created(agent)
+    before = snapshot()
+    response = client.post(
+        f"/api/v1/tasks/{task['id']}/lease",
+        data=raw,
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {agent.token}"},
+    )
+    assert why in problem_of(response, 400, "malformed_body")["detail"]
     assert snapshot() == before
