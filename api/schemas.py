@@ -221,7 +221,20 @@ class TaskCreateIn(Schema):
     title: Annotated[str, Field(min_length=1, max_length=200)]
     project: Annotated[str, Field(max_length=100)] = ""
     plan: PlanDocument
-    attempt_budget: Annotated[int, Field(strict=True, ge=1, le=10_000), Integral] | None = None
+    attempt_budget: (
+        Annotated[
+            int,
+            Field(
+                strict=True,
+                ge=1,
+                le=10_000,
+                description="The plan's attempt budget, said here instead of in the plan (both: the same). At most "
+                "the deployment's RECKON_MAX_TASK_ATTEMPTS_PER_NODE per node of the plan: more is 422 plan_invalid.",
+            ),
+            Integral,
+        ]
+        | None
+    ) = None
 
 
 class LeaseIn(Schema):

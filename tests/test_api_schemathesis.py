@@ -39,6 +39,7 @@ import contextlib
 import copy
 import json
 import os
+import re
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -187,19 +188,31 @@ def negative_data_rejected_beyond_the_steering(ctx: CheckContext, response: Resp
         raise
 
 
+# The whole of a plan_invalid whose only problem is the stated budget past the policy (tasks/core/budget.py).
+BUDGET_PAST_POLICY = re.compile(
+    r"plan is invalid: attempt_budget \d+ is over this deployment's policy for a plan of \d+ nodes: at most \d+ "
+    r"\(RECKON_MAX_TASK_ATTEMPTS_PER_NODE = \d+ per node\); state less, or leave it out for the default"
+)
+
+
 def positive_data_accepted_beyond_hygiene(ctx: CheckContext, response: Response, case: ApiCase) -> bool | None:
     """schemathesis' positive_data_acceptance, except for the two refusals of what a text holds, which no JSON
     Schema of a free-form object (a receipt's ``data``, a debug artifact's fields) can state: NUL (U+0000) anywhere
     (422 validation_error: no column can store it) and something credential-like (422 secret_in_payload), both in
     docs/api.md; and for an Idempotency-Key an earlier request of the run used with another body (422
-    idempotency_key_reused: the key's history, not the request, refuses it). Every other refusal of a schema-valid
-    request is a failure, unless it is one of the refusals of state configured in ``POSITIVE_REFUSALS``."""
+    idempotency_key_reused: the key's history, not the request, refuses it); and a stated attempt budget past the
+    deployment's policy for the plan's size and nothing else (422 plan_invalid, tasks/core/budget.py: at most
+    RECKON_MAX_TASK_ATTEMPTS_PER_NODE per node — no JSON Schema relates a number to an array's length; the document
+    says it in words). Every other refusal of a schema-valid request is a failure, unless it is one of the refusals
+    of state configured in ``POSITIVE_REFUSALS``."""
     if response.status_code == 422:
         sent = response.request
         body = sent.body if isinstance(sent.body, bytes) else str(sent.body or "").encode()
         if b"\\u0000" in body or b"\x00" in body or "%00" in (sent.url or ""):
             return None
         if _problem_code(response) in ("secret_in_payload", "idempotency_key_reused"):
+            return None
+        if _problem_code(response) == "plan_invalid" and BUDGET_PAST_POLICY.fullmatch(_problem_detail(response)):
             return None
     return positive_data_acceptance(ctx, response, case)
 
@@ -210,6 +223,14 @@ def _problem_code(response: Response) -> str:
     except ValueError:
         return ""
     return str(body.get("code", "")) if isinstance(body, dict) else ""
+
+
+def _problem_detail(response: Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return ""
+    return str(body.get("detail", "")) if isinstance(body, dict) else ""
 
 
 def created_stays_available_unless_replayed(ctx: CheckContext, response: Response, case: ApiCase) -> bool | None:

@@ -669,7 +669,7 @@ def test_the_takeover_page_offers_an_expired_approval_again_and_posts_what_it_sh
     assert snapshot() == before
     too_long = form | {"valid_minutes": str(int(settings.RECKON_APPROVAL_TTL_MAX.total_seconds()) // 60 + 1)}
     response = client.post(f"/tasks/{task.pk}/takeover/approve/", too_long)
-    assert response.status_code == 409 and "That validity is not allowed" in response.content.decode()
+    assert response.status_code == 400 and "That validity is not allowed" in response.content.decode()
     assert snapshot() == before
     response = client.post(f"/tasks/{task.pk}/takeover/approve/", form)
     assert response.status_code == 303
