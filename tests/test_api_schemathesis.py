@@ -218,19 +218,19 @@ def positive_data_accepted_beyond_hygiene(ctx: CheckContext, response: Response,
 
 
 def _problem_code(response: Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return ""
-    return str(body.get("code", "")) if isinstance(body, dict) else ""
+    return _problem_field(response, "code")
 
 
 def _problem_detail(response: Response) -> str:
+    return _problem_field(response, "detail")
+
+
+def _problem_field(response: Response, name: str) -> str:
     try:
         body = response.json()
     except ValueError:
         return ""
-    return str(body.get("detail", "")) if isinstance(body, dict) else ""
+    return str(body.get(name, "")) if isinstance(body, dict) else ""
 
 
 def created_stays_available_unless_replayed(ctx: CheckContext, response: Response, case: ApiCase) -> bool | None:

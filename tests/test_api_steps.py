@@ -593,13 +593,7 @@ def test_a_body_that_is_not_a_json_object_is_malformed(agent: Agent, client: Cli
     """Found by schemathesis: a lease acquire with the body ``true`` was granted as if it were ``{}``."""
     task = created(agent)
     before = snapshot()
-    response = client.post(
-        f"/api/v1/tasks/{task['id']}/lease",
-        data=raw,
-        content_type="application/json",
-        headers={"Authorization": f"Bearer {agent.token}"},
-    )
-    body = problem_of(response, 400, "malformed_body")
+    body = problem_of(post_raw(agent, client, f"/api/v1/tasks/{task['id']}/lease", raw), 400, "malformed_body")
     assert "not an object: send one JSON object" in body["detail"], body
     assert snapshot() == before
 
@@ -617,11 +611,12 @@ def test_a_malformed_body_is_refused_naming_why(agent: Agent, client: Client, ra
     """The refusal says what was wrong with the body (it said only "Cannot parse request body")."""
     task = created(agent)
     before = snapshot()
-    response = client.post(
-        f"/api/v1/tasks/{task['id']}/lease",
-        data=raw,
-        content_type="application/json",
-        headers={"Authorization": f"Bearer {agent.token}"},
-    )
+    response = post_raw(agent, client, f"/api/v1/tasks/{task['id']}/lease", raw)
     assert why in problem_of(response, 400, "malformed_body")["detail"]
     assert snapshot() == before
+
+
+def post_raw(agent: Agent, client: Client, path: str, raw: str) -> Any:
+    """``raw`` as the body, sent as JSON with ``agent``'s token."""
+    headers = {"Authorization": f"Bearer {agent.token}"}
+    return client.post(path, data=raw, content_type="application/json", headers=headers)
