@@ -434,6 +434,24 @@ def test_an_attachment_is_stored_by_digest_at_review_and_recorded_at_confirm(
     assert (attachment.name, attachment.sha256, attachment.node_key) == ("proof.txt", stored.group(1), "copy")
 
 
+def test_an_attachment_past_the_cap_is_refused_by_its_size_before_it_is_read_or_stored(
+    browser, task, ann, clock, settings, tmp_path
+) -> None:
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from tasks.people.attachments import ATTACHMENT_CAP_BYTES
+
+    settings.DATA_DIR = tmp_path
+    lease = _approved(ann, task)
+    before = snapshot()
+    upload = SimpleUploadedFile("dump.bin", b"x" * (ATTACHMENT_CAP_BYTES + 1))
+    response = browser.post(url("takeover-submit", task), {**result_data(task, lease, "review"), "n-copy-file": upload})
+    assert response.status_code == 400
+    assert f"The file is {ATTACHMENT_CAP_BYTES + 1} bytes, over the 10 MiB cap" in text(response)
+    assert snapshot() == before
+    assert not (tmp_path / "attachments").exists()  # nothing stored, not even by digest
+
+
 # --- approve ------------------------------------------------------------------------------------------------------
 
 

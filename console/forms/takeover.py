@@ -165,6 +165,13 @@ class ResultForm(VersionedForm, LeaseForm):
             for line in (cleaned.get(nf.names["evidence"]) or "").splitlines():
                 if line.strip() and ":" not in line:
                     self.add_error(nf.names["evidence"], f"Write each item as kind: value ({line.strip()[:40]!r}).")
+            upload: UploadedFile[bytes] | None = cleaned.get(nf.names["file"])
+            if upload is not None and (upload.size or 0) > ATTACHMENT_CAP_BYTES:  # refused before it is read
+                self.add_error(
+                    nf.names["file"],
+                    f"The file is {upload.size} bytes, over the {ATTACHMENT_CAP_BYTES // (1024 * 1024)} MiB cap: "
+                    "attach a smaller file, or a reference to where it is kept.",
+                )
         return cleaned
 
     def stored_attachments(self) -> dict[str, list[tuple[str, str]]]:
@@ -175,7 +182,7 @@ class ResultForm(VersionedForm, LeaseForm):
             items = _parse_stored(self.cleaned_data.get(nf.names["stored"]) or "")
             upload: UploadedFile[bytes] | None = self.cleaned_data.get(nf.names["file"])
             if upload is not None:
-                content = upload.read()
+                content = upload.read(ATTACHMENT_CAP_BYTES + 1)  # clean() refused a larger one by its size
                 sha256, _size = store_attachment(AttachmentIn(name=upload.name or "attachment", content=content))
                 items.append((upload.name or "attachment", sha256))
             if items:
