@@ -176,6 +176,8 @@ AXES_FAILURE_LIMIT = int(os.environ.get("RECKON_LOGIN_FAILURE_LIMIT", "5"))
 AXES_COOLOFF_TIME = timedelta(minutes=int(os.environ.get("RECKON_LOGIN_COOLOFF_MINUTES", "15")))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
+# The lockout names its limit and how long it lasts (console.throttling.locked_out), as every refusal does.
+AXES_LOCKOUT_CALLABLE = "console.throttling.locked_out"
 AXES_IPWARE_META_PRECEDENCE_ORDER = ["REMOTE_ADDR"]
 
 ROOT_URLCONF = "console.urls"

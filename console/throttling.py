@@ -4,7 +4,9 @@ attempts are refused (429) for a cool-off once the limit is reached (settings: R
 from typing import Any
 
 from axes.backends import AxesStandaloneBackend  # type: ignore[import-untyped,unused-ignore]
-from django.http import HttpRequest
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
 
 
 class LoginThrottle(AxesStandaloneBackend):  # type: ignore[misc]  # axes ships no type information
@@ -19,3 +21,14 @@ class LoginThrottle(AxesStandaloneBackend):  # type: ignore[misc]  # axes ships 
             return None
         super().authenticate(request, username, password, **kwargs)
         return None
+
+
+def locked_out(request: HttpRequest, original_response: HttpResponse | None, credentials: Any = None) -> HttpResponse:
+    """The page a locked-out login gets (429): how many failures locked it, for how long, and who can lift it."""
+    cooloff = settings.AXES_COOLOFF_TIME
+    context = {
+        "failure_limit": settings.AXES_FAILURE_LIMIT,
+        "cooloff_timedelta": cooloff,
+        "cooloff_minutes": int(cooloff.total_seconds() // 60) if cooloff else 0,
+    }
+    return render(request, "console/auth/locked_out.html", context, status=429)

@@ -269,6 +269,9 @@ def test_login_is_throttled_after_repeated_failures(db: None) -> None:
         assert answer.status_code in (200, 429)
     answer = client.post(url, {"username": "ann", "password": right})
     assert answer.status_code == 429
+    said = answer.content.decode()
+    minutes = int(settings.AXES_COOLOFF_TIME.total_seconds() // 60)
+    assert f"{settings.AXES_FAILURE_LIMIT} failed log-ins" in said and f"refused for {minutes} minutes" in said, said
     assert "_auth_user_id" not in client.session
     assert AccessAttempt.objects.get(username="ann").failures_since_start >= settings.AXES_FAILURE_LIMIT
     answer = Client().post(url, {"username": "bob", "password": right})
