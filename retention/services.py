@@ -35,6 +35,7 @@ from django.utils import timezone
 
 from audit.hygiene import PayloadTooLarge, canonical_json, check_payload
 from audit.principals import Principal
+from audit.reasons import MIN_REASON
 from audit.services import audit_append
 from leases import clock
 from retention.crypto import HEADER_BYTES, seal, unseal, written_at
@@ -59,7 +60,6 @@ ORPHAN_GRACE = timedelta(minutes=1)
 _ROW_DEADLINE = ORPHAN_GRACE / 2
 # Concurrent retains of one name race for its next version; each round of the race has one winner.
 _RETAIN_ATTEMPTS = 10
-MIN_REASON = 10
 NAME_MAX = 200
 # Debug artifacts are minimal fields (ids, status codes, a short excerpt), not transcripts.
 DEBUG_ARTIFACT_CAP_BYTES = 64 * 1024

@@ -22,9 +22,11 @@ from api.tasks import PAGE_DEFAULT, PAGE_MAX
 from api.urls import MAX_BODY
 from audit.anchors import MAX_LISTED_FINDINGS
 from audit.hygiene import NODE_INPUT_CAP_BYTES, PAYLOAD_CAP_BYTES, PLAN_CAP_BYTES
+from audit.reasons import MIN_REASON as BULK_MIN_REASON
+from audit.reasons import MIN_REASON as CONSOLE_MIN_REASON
+from audit.reasons import MIN_REASON as RETENTION_MIN_REASON
 from console.forms.admin import ReviewForm
 from console.forms.queue import SavedViewForm
-from console.forms.reconcile import MIN_REASON as CONSOLE_MIN_REASON
 from console.forms.takeover import ReplanProposeForm
 from console.saved_views import MAX_VIEWS_PER_OWNER
 from console.views.admin import AUDIT_PAGE_SIZE
@@ -33,13 +35,11 @@ from console.views.queue import PAGE_SIZE
 from hooks.api import SubscriptionIn
 from hooks.models import URL_MAX, WebhookSubscription
 from retention.services import DEBUG_ARTIFACT_CAP_BYTES, NAME_MAX
-from retention.services import MIN_REASON as RETENTION_MIN_REASON
 from tasks.core.parsing import MAX_BIGINT, MAX_JSON_DEPTH
 from tasks.core.plan import KEY_PATTERN, MAX_NODES, plan_json_schema
 from tasks.engine.cleanup import MAX_CLEANUP_ATTEMPTS, MIN_RESET_REASON
 from tasks.people.attachments import ATTACHMENT_CAP_BYTES
 from tasks.people.bulk import MAX_TASKS
-from tasks.people.bulk import MIN_REASON as BULK_MIN_REASON
 from tasks.people.forced_release import MIN_FORCE_TEXT
 from tasks.people.notes import NOTE_MAX_CHARS
 from tasks.people.oversight import MAX_LISTED_PROBLEMS

@@ -11,9 +11,10 @@ from typing import Any
 
 from django import forms
 
+from audit.reasons import MIN_REASON
 from console.forms.reconcile import DangerForm
 from tasks.models import BulkOperation
-from tasks.people.bulk import MAX_TASKS, MIN_REASON, Seen
+from tasks.people.bulk import MAX_TASKS, Seen
 from tasks.people.notes import NOTE_MAX_CHARS
 
 _SEEN = re.compile(r"^(\d{1,18}):(\d{1,18}):(\d{1,18}|-)$")

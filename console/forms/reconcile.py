@@ -12,6 +12,7 @@ from typing import Any
 
 from django import forms
 
+from audit.reasons import MIN_REASON
 from console.forms.receipts import receipt_form_fields
 from tasks.core.outcomes import RECEIPT_FIELDS, Committed
 from tasks.core.parsing import MAX_BIGINT
@@ -19,7 +20,6 @@ from tasks.people.forced_release import MIN_FORCE_TEXT
 from tasks.people.settlement import MIN_NOTE
 from tasks.reads.consequences import Consequences
 
-MIN_REASON = 10
 RESOLUTIONS = [
     ("done", "Done: it happened (give the receipt)"),
     ("not_done", "Not done: it never took effect"),

@@ -8,6 +8,7 @@ from typing import Any
 from django import forms
 from django.core.files.uploadedfile import UploadedFile
 
+from audit.reasons import MIN_REASON
 from console.forms.receipts import receipt_form_fields
 from tasks.core.errors import NodeNotReady
 from tasks.core.outcomes import RECEIPT_FIELDS
@@ -69,7 +70,7 @@ class ApproveForm(VersionedForm):
 
 class ReplanProposeForm(VersionedForm):
     plan = forms.CharField(label="Plan (JSON)", widget=forms.Textarea(attrs={"rows": 18, "spellcheck": "false"}))
-    reason = forms.CharField(min_length=10, max_length=500, label="Why re-plan")
+    reason = forms.CharField(min_length=MIN_REASON, max_length=500, label="Why re-plan")
 
     def clean_plan(self) -> Any:
         try:

@@ -31,6 +31,7 @@ from django.db.models import QuerySet
 
 from audit.hygiene import digest_of
 from audit.principals import Principal
+from audit.reasons import MIN_REASON
 from leases import clock
 from leases.models import Lease
 from leases.services import LeaseRef
@@ -60,7 +61,7 @@ from tasks.rows import get_task
 # The task statuses in which its temp resources are deleted: the permit table's, for the worker's cleanup.
 CLEANABLE = tuple(sorted(s.value for s in permitted(ChangeKind.CLEANUP, Actor.AGENT)))
 MAX_CLEANUP_ATTEMPTS = 3
-MIN_RESET_REASON = 10
+MIN_RESET_REASON = MIN_REASON  # audit.reasons: the one minimum of a person's reason
 RESET_EVENT = "temp_resource_reset"
 _UNDONE = (TempResourceStatus.ACTIVE.value, TempResourceStatus.CLEANING.value)
 

@@ -26,6 +26,7 @@ from django.db.models import F, OuterRef, QuerySet, Subquery
 
 from audit.errors import Refused
 from audit.principals import Principal
+from audit.reasons import MIN_REASON
 from audit.services import audit_append
 from leases import clock
 from leases.errors import LeaseError
@@ -52,7 +53,6 @@ from tasks.people.takeover import takeover_claim, takeover_release, takeover_sub
 from tasks.reads.queries import TaskFilter, filter_condition
 
 MAX_TASKS = 500  # one run touches at most this many tasks: a wider filter is narrowed first
-MIN_REASON = 10
 # What "resume" hands back to the agent: a task people hold or last held, or one paused for a person.
 RESUMABLE = frozenset({TaskStatus.PAUSED.value, TaskStatus.HUMAN.value})
 # Pauses the agent cannot get past by itself: handed back as they are, it would stop again at once (the plan, the

@@ -11,6 +11,7 @@ from django.db import transaction
 
 from audit.hygiene import digest_of
 from audit.principals import Principal
+from audit.reasons import MIN_REASON
 from leases.models import HolderKind, Lease
 from leases.services import lease_open, lease_release
 from tasks.access.permissions import PermissionDenied, require_operate
@@ -49,8 +50,8 @@ def plan_propose_by_person(
     if task is None:
         raise TaskNotFound(f"task {task_id} does not exist")
     lease = _person_lease(actor, task)
-    if len(reason.strip()) < 10:
-        raise InvalidTransition("a re-plan needs the reason (at least 10 characters)")
+    if len(reason.strip()) < MIN_REASON:
+        raise InvalidTransition(f"a re-plan needs the reason (at least {MIN_REASON} characters)")
     if task.version != expected_version:
         raise _stale(task_id, expected_version)
     audit = Audit(actor, "plan_proposed", reason=reason, details={"plan_digest": digest_of(plan)})

@@ -24,6 +24,7 @@ from django.db import transaction
 
 from audit.hygiene import check_payload, digest_of
 from audit.principals import Principal
+from audit.reasons import MIN_REASON
 from audit.services import audit_append
 from leases import clock
 from leases.errors import LeaseHeld, LeaseLost, LeaseReserved
@@ -408,8 +409,8 @@ def _check_decision(decision: str, end_status: str, replan_reason: str) -> None:
         raise InvalidTransition(f"unknown decision {decision!r}: resume_agent, end_task or replan")
     if decision == "end_task" and end_status not in ("completed", "failed"):
         raise InvalidTransition("end_task needs end_status completed or failed")
-    if decision == "replan" and len(replan_reason.strip()) < 10:
-        raise InvalidTransition("replan needs the reason (at least 10 characters)")
+    if decision == "replan" and len(replan_reason.strip()) < MIN_REASON:
+        raise InvalidTransition(f"replan needs the reason (at least {MIN_REASON} characters)")
 
 
 def _planned_results(
