@@ -30,7 +30,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -76,8 +76,6 @@ def worker_command(queues: str, name: str | None = None, *, loglevel: str = "WAR
 class ForkedProcess:
     """The part of ``subprocess.Popen`` the tests use, for a process the zygote forked: its pid, ``poll``, ``wait``,
     ``terminate``, ``kill``, ``send_signal`` and ``returncode`` (negative: the signal that ended it)."""
-
-    stdout: IO[bytes] | None = None
 
     def __init__(self, zygote: "Zygote", pid: int, args: list[str]) -> None:
         self.zygote, self.pid, self.args = zygote, pid, args

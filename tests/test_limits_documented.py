@@ -22,9 +22,7 @@ from api.tasks import PAGE_DEFAULT, PAGE_MAX
 from api.urls import MAX_BODY
 from audit.anchors import MAX_LISTED_FINDINGS
 from audit.hygiene import NODE_INPUT_CAP_BYTES, PAYLOAD_CAP_BYTES, PLAN_CAP_BYTES
-from audit.reasons import MIN_REASON as BULK_MIN_REASON
-from audit.reasons import MIN_REASON as CONSOLE_MIN_REASON
-from audit.reasons import MIN_REASON as RETENTION_MIN_REASON
+from audit.reasons import MIN_REASON
 from console.forms.admin import ReviewForm
 from console.forms.queue import SavedViewForm
 from console.forms.takeover import ReplanProposeForm
@@ -116,7 +114,7 @@ NODE_SCHEMA = plan_json_schema()["properties"]["nodes"]["items"]["properties"]
 KEY_LENGTH = int(re.findall(r"\{0,(\d+)\}", KEY_PATTERN.pattern)[0]) + 1
 TTLS = (field(LeaseIn, "ttl_seconds"), field(LeaseRenewIn, "ttl_seconds"))  # acquire, renew
 RETENTION_BOUND = settings.RECKON_RETENTION_MAX_EXTENSION
-REASON_MINIMA = (CONSOLE_MIN_REASON, MIN_NOTE, BULK_MIN_REASON, form_bound(ReplanProposeForm, "reason", "min_length"))
+REASON_MINIMA = (MIN_REASON, MIN_NOTE, form_bound(ReplanProposeForm, "reason", "min_length"))
 
 LIMITS = [
     # Plans and budgets
@@ -165,7 +163,7 @@ LIMITS = [
         (f"{MAX_CLEANUP_ATTEMPTS} definite refusals",),
         quoted=(
             f"at least {MIN_RESET_REASON} characters",
-            f"Write at least {CONSOLE_MIN_REASON} characters",
+            f"Write at least {MIN_REASON} characters",
             f"each reset allows {MAX_CLEANUP_ATTEMPTS} more",
         ),
     ),
@@ -265,7 +263,7 @@ LIMITS = [
     ),
     Limit(
         "A bulk action",
-        (f"{MAX_TASKS} tasks a run", f"at least {BULK_MIN_REASON} characters"),
+        (f"{MAX_TASKS} tasks a run", f"at least {MIN_REASON} characters"),
         quoted=(f"More than {MAX_TASKS} tasks match",),
     ),
     Limit("The reason of a cancel", tuple(f"at least {minimum} characters" for minimum in REASON_MINIMA)),
@@ -306,7 +304,7 @@ LIMITS = [
         "Extensions by a person",
         (
             f"at most {settings.RECKON_RETENTION_MAX_EXTENSIONS}, never past {days(RETENTION_BOUND)} from creation",
-            f"at least {RETENTION_MIN_REASON} characters",
+            f"at least {MIN_REASON} characters",
         ),
         ("RECKON_RETENTION_MAX_EXTENSIONS", "RECKON_RETENTION_MAX_EXTENSION_DAYS"),
     ),
