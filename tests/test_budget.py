@@ -13,11 +13,12 @@ from tasks.core.budget import budget_ceiling, default_budget
 from tasks.core.errors import BudgetExhausted, PlanInvalid
 from tasks.core.lifecycle import FailureClass, PauseReason, TaskStatus
 from tasks.core.outcomes import Committed, Failed
+from tasks.core.plan import MAX_NODES
 from tasks.engine.events import find_log_problem
 from tasks.engine.plans import plan_accept, plan_propose
 from tasks.engine.protocol import next_directive
-from tasks.models import Node, Task
-from tests.conftest import chain_plan, snapshot
+from tasks.models import Event, Node, Task
+from tests.conftest import chain_plan, effect_node, snapshot
 from tests.steps import record, send
 
 
@@ -171,25 +172,27 @@ def test_the_budget_a_re_plan_sets_is_in_the_log(make_task, agent_lease, clock) 
 
 def test_a_plan_past_the_node_cap_is_refused_naming_the_way_around(make_task) -> None:
     before = snapshot()
-    with pytest.raises(PlanInvalid, match=r"at most 100 nodes, this one has 101: give each node more to do"):
-        make_task(chain_plan(*keys(101)))
+    with pytest.raises(PlanInvalid, match=rf"at most {MAX_NODES} nodes, this one has {MAX_NODES + 1}: give each node"):
+        make_task(chain_plan(*keys(MAX_NODES + 1)))
+    with pytest.raises(PlanInvalid, match=rf"at most {MAX_NODES} nodes, this one has {MAX_NODES + 2}: give each node"):
+        make_task({"nodes": [effect_node("a"), effect_node("b", fan_out={"total": MAX_NODES + 1, "batch": 1})]})
     assert snapshot() == before
 
 
-def test_a_plan_whose_accepted_event_would_pass_the_cap_is_refused_as_a_plan_and_nothing_is_written(make_task) -> None:
-    """Every node reading a versioned ref: the plan_accepted event names each one. Past the event cap that is the
-    plan's size, refused as plan_invalid with what to change (it was 413 payload_too_large, "store a reference")."""
+def test_a_plan_whose_nodes_all_read_a_versioned_ref_is_accepted_and_its_event_lists_neither(make_task) -> None:
+    """95 nodes each reading a versioned ref were refused (the plan_accepted event named every node and ref, over
+    the event cap). The event now names the plan's digest; the ref, read by every node, is one input ref."""
     locator = "projects/" + "p" * 60
-    ref = {"ref": {"source": "store", "locator": locator, "version": "1", "digest": "sha256:" + "5e" * 32}}
+    ref = {"source": "store", "locator": locator, "version": "1", "digest": "sha256:" + "5e" * 32}
     plan = {
         "nodes": [
-            {"key": f"n{i}", "action": "test.write", "input": {"source": ref}, "evidence": {"remote_id": True}}
+            {"key": f"n{i}", "action": "test.write", "input": {"source": {"ref": ref}}, "evidence": {"remote_id": True}}
             for i in range(95)
         ]
     }
-    before = snapshot()
-    with pytest.raises(
-        PlanInvalid, match=r"each of its 95 nodes and each of its 95 versioned-ref inputs, over the 16384"
-    ):
-        make_task(plan)
-    assert snapshot() == before
+    task = make_task(plan)
+    accepted = Event.objects.get(task=task, type="plan_accepted")
+    assert "nodes" not in accepted.payload and "input_refs" not in accepted.payload["task"]
+    assert task.input_refs == {"n0.source": ref}
+    assert task.nodes.count() == 95
+    assert find_log_problem(task) is None

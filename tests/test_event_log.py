@@ -15,7 +15,7 @@ from leases.models import Lease
 from tasks.core.errors import StoredFactAltered
 from tasks.core.lifecycle import FailureClass, NodeStatus, TaskStatus
 from tasks.core.outcomes import Accepted, Committed, Failed, NotFound, Unprovable
-from tasks.engine.events import GENESIS_DIGEST, event_digest, find_log_problem, fold
+from tasks.engine.events import GENESIS_DIGEST, event_digest, find_log_problem, fold, task_plans
 from tasks.engine.verification import operation_request_verified, task_verify_log
 from tasks.models import Event, Node, Operation, OperationPurpose, Receipt, Task, TempResource
 from tasks.people.cancel import task_request_cancel
@@ -152,7 +152,7 @@ def roll_back_the_last_event(task: Task) -> None:
     """Delete the newest event and put the projection back to what the remaining log says, version included: the
     log and the rows agree again; only the task row's head still names the deleted event."""
     events = list(Event.objects.filter(task=task).order_by("seq"))
-    last, rebuilt = events[-1], fold(events[:-1])
+    last, rebuilt = events[-1], fold(events[:-1], task_plans(task))
     delete_the_last_event(task)
     fields = {name: rebuilt.task.get(name) for name in last.payload.get("task", {})}
     assert Task.objects.filter(pk=task.pk).update(version=last.seq - 1, **fields) == 1

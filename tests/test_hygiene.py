@@ -724,9 +724,11 @@ def test_a_failure_detail_in_plain_words_is_not_taken_for_a_credential(make_task
 
 
 def test_the_largest_plan_validation_allows_fits_every_event_it_produces(make_task, clock) -> None:
-    """MAX_NODES nodes with the longest keys: accepted, and its plan_accepted event stays under the cap
-    (node definitions live in the plan revision, the event carries their digest)."""
-    plan = {"nodes": [effect_node(f"{i:03}" + "n" * 97) for i in range(MAX_NODES)]}
+    """MAX_NODES nodes with the longest keys (a fan-out node's members, ``<key>-10000``): accepted, and its
+    plan_accepted event stays under the cap (node definitions live in the plan revision, the event carries its
+    digest)."""
+    suffix = len(f"-{MAX_NODES}")
+    plan = {"nodes": [effect_node("n" * (100 - suffix), fan_out={"total": MAX_NODES, "batch": 1})]}
     task = task_create(kind="test", title="t", plan=plan, created_by="agent:tester")
     event = Event.objects.get(task=task, type="plan_accepted")
     assert len(canonical_json(event.payload).encode()) <= PAYLOAD_CAP_BYTES

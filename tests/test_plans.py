@@ -589,7 +589,9 @@ def test_task_create_records_task_created_then_plan_accepted(make_task, clock) -
     assert task.status == TaskStatus.PENDING
     assert events[1].payload["data"]["plan_revision"] == 1
     assert events[1].payload["data"]["nodes"] == 2
-    assert set(events[1].payload["nodes"]) == {"p1/a", "p1/b"}
+    # No event carries the plan: the nodes derive from the document the digest names, and the fold derives them.
+    assert events[1].payload["data"]["plan_digest"] == PlanRevision.objects.get(task=task).digest
+    assert "nodes" not in events[1].payload and "input_refs" not in events[1].payload["task"]
     assert find_log_problem(task) is None
 
 
@@ -994,3 +996,102 @@ def _holding_after_release(task: Task) -> None:
     from tasks.people.takeover import takeover_claim
 
     assert takeover_claim(actor=_operator(task), task_id=task.pk).granted
+
+
+# --- fan-out: one node per batch, defined by the document -----------------------------------------------------------
+
+
+def fan_out_plan(total: int, batch: int) -> dict[str, Any]:
+    return plan_of(
+        effect_node("prepare"),
+        effect_node(
+            "copy",
+            depends_on=["prepare"],
+            fan_out={"total": total, "batch": batch},
+            input={
+                "n": {"each": "index"},
+                "first": {"each": "offset"},
+                "size": {"each": "size"},
+                "target": {"from": "prepare", "field": "remote_id"},
+                "source": {"ref": SOURCE},
+            },
+            evidence={"remote_id": True, "count": {"input": "size"}},
+        ),
+        effect_node("verify", depends_on=["copy"]),
+    )
+
+
+def test_a_fan_out_node_is_one_node_per_batch_the_last_holding_the_rest(make_task, clock) -> None:
+    task = make_task(fan_out_plan(total=1005, batch=100))
+    nodes = {n.key: n for n in Node.objects.filter(task=task)}
+    assert sorted(nodes, key=lambda k: nodes[k].position) == [
+        "prepare",
+        *[f"copy-{n}" for n in range(1, 12)],
+        "verify",
+    ]
+    assert nodes["copy-1"].input | {"target": None, "source": None} == {
+        "n": 1,
+        "first": 0,
+        "size": 100,
+        "target": None,
+        "source": None,
+    }
+    assert (nodes["copy-11"].input["n"], nodes["copy-11"].input["first"], nodes["copy-11"].input["size"]) == (
+        11,
+        1000,
+        5,
+    )
+    assert nodes["copy-11"].depends_on == ["prepare"]
+    assert nodes["verify"].depends_on == [f"copy-{n}" for n in range(1, 12)]
+    # One ref, read by eleven nodes: one input ref to confirm. The stored document is the one sent (not expanded).
+    assert task.input_refs == {"copy-1.source": SOURCE}
+    assert PlanRevision.objects.get(task=task).document == fan_out_plan(total=1005, batch=100)
+    assert task.attempt_budget == 2 * 13
+    assert find_log_problem(task) is None
+
+
+@pytest.mark.parametrize(
+    ("fan_out", "fragment"),
+    [
+        ({"total": 0, "batch": 1}, "fan_out total must be a whole number of at least 1"),
+        ({"total": 10, "batch": True}, "fan_out batch must be a whole number of at least 1"),
+        ({"total": 10}, 'fan_out must be {"total"'),
+        ({"total": 10, "batch": 1, "by": "x"}, 'fan_out must be {"total"'),
+        ([10], 'fan_out must be {"total"'),
+    ],
+)
+def test_a_malformed_fan_out_is_refused_by_name(refuse, fan_out: Any, fragment: str) -> None:
+    refuse(plan_of(effect_node("copy", fan_out=fan_out)), f"node copy: {fragment}")
+
+
+def test_a_batch_value_outside_a_fan_out_node_or_unknown_is_refused(refuse) -> None:
+    refuse(plan_of(effect_node("a", input={"n": {"each": "index"}})), 'node a: input n: {"each": …} is a fan-out')
+    refuse(
+        plan_of(effect_node("a", fan_out={"total": 2, "batch": 1}, input={"n": {"each": "count"}})),
+        'node a-1: input n: {"each": …} is a fan-out',
+    )
+
+
+def test_fan_out_members_colliding_with_a_node_are_refused(refuse) -> None:
+    refuse(plan_of(effect_node("a-2"), effect_node("a", fan_out={"total": 3, "batch": 1})), "node a-2: duplicate key")
+
+
+def test_a_refusal_of_thousands_of_problems_names_the_first_and_counts_the_rest(refuse) -> None:
+    caught = refuse(
+        plan_of(effect_node("a", fan_out={"total": 5000, "batch": 1}, input={"n": {"each": "nope"}})),
+        "and 4950 more problems like these",
+    )
+    assert len(caught.problems) == PlanInvalid.SHOWN + 1
+
+
+def test_a_long_chain_validates_with_its_ancestry(clock) -> None:
+    """A chain of 2,000 nodes (about as long as the plan document's cap holds), the last reading the first's output:
+    every node's ancestry is a bit set (sets of keys held two million strings here), and a read from a node that is
+    no ancestor is still refused."""
+    plan = chain_plan(*[f"n{i}" for i in range(2000)])
+    plan["nodes"][-1]["input"] = {"target": {"from": "n0", "field": "remote_id"}}
+    specs = validate_plan(plan)
+    assert [spec.key for spec in specs[:2]] == ["n0", "n1"] and specs[-1].position == 1999
+    plan["nodes"][0]["input"] = {"target": {"from": "n1999", "field": "remote_id"}}
+    with pytest.raises(PlanInvalid, match="n0: input target reads from 'n1999', which is not a node it depends on"):
+        validate_plan(plan)

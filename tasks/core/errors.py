@@ -81,11 +81,15 @@ class PlanInvalid(TaskError):
     as ``(where, what)`` — ``where`` a path like ``nodes[copy-1].input.limit``."""
 
     code = "plan_invalid"
+    # A plan of 10,000 nodes may have 10,000 problems: the answer names the first ones and how many more there are.
+    SHOWN = 50
 
     def __init__(self, problems: list[str], fields: list[tuple[str, str]] | None = None) -> None:
+        if len(problems) > self.SHOWN:
+            problems = [*problems[: self.SHOWN], f"and {len(problems) - self.SHOWN} more problems like these"]
         super().__init__("plan is invalid: " + "; ".join(problems), problems=problems)
         self.problems = problems
-        self.fields = fields or []
+        self.fields = (fields or [])[: self.SHOWN]
 
 
 class UnknownTaskKind(TaskError):

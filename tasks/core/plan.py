@@ -25,6 +25,7 @@ or the default of ``tasks/core/failures.py``.
 
 import hashlib
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,8 +43,9 @@ from tasks.core.outcomes import RECEIPT_FIELDS
 KEY_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,99}$")
 
 
-# Bounded so that the plan_accepted event (one entry per node) stays under the event payload cap.
-MAX_NODES = 100
+# The most nodes a plan has once its fan-out nodes are expanded: a task's nodes are rows, read by position; no event
+# lists them (plan_accepted names the plan's digest, the nodes derive from the stored document).
+MAX_NODES = 10_000
 
 
 # What a later node may read of an earlier one's output (``from`` … ``field``): the receipt's fields.
@@ -65,7 +67,15 @@ NODE_KEYS = {
     "compensation",
     "rerun",
     "max_attempts",
+    "fan_out",
 }
+
+# A fan-out node stands for one node per batch of a counted source: ``"fan_out": {"total": 1000000, "batch": 100}``
+# is 10,000 nodes ``<key>-1`` … ``<key>-10000``, each with the input given, where a value ``{"each": "index"}`` is
+# the batch's number (from 1), ``{"each": "offset"}`` its first item (from 0) and ``{"each": "size"}`` its size (the
+# last batch holds the rest). A node that depends on the fan-out node's key depends on every one of them. The
+# expansion is a function of the document, so the document (stored once, by digest) defines every node.
+EACH_VALUES = ("index", "offset", "size")
 
 
 @dataclass(frozen=True)
@@ -95,12 +105,8 @@ def validate_plan(document: Any) -> list[NodeSpec]:
         raise PlanInvalid(["a plan is an object with a non-empty list 'nodes'"])
     raw_nodes: list[Any] = document["nodes"]
     if len(raw_nodes) > MAX_NODES:
-        raise PlanInvalid(
-            [
-                f"a plan has at most {MAX_NODES} nodes, this one has {len(raw_nodes)}: give each node more to do (a "
-                "larger batch, where the remote allows it) or split the work into several tasks"
-            ]
-        )
+        raise PlanInvalid([_too_many(len(raw_nodes))])
+    raw_nodes = _expanded(raw_nodes)
     by_key: dict[str, dict[str, Any]] = {}
     for index, raw in enumerate(raw_nodes):
         if not isinstance(raw, dict):
@@ -128,10 +134,13 @@ def validate_plan(document: Any) -> list[NodeSpec]:
     order = _topological_order(by_key)
     if order is None:
         raise PlanInvalid(["the plan has a cycle in depends_on"])
-    ancestors = _ancestors(by_key, order)
+    ancestors = _Ancestors(by_key, order)
+    approvals = ancestors.mask(
+        key for key, raw in by_key.items() if (a := get_action(raw["action"])) and a.kind == "approval"
+    )
     fields: list[tuple[str, str]] = []
     for key, raw in by_key.items():
-        problems.extend(_input_problems(key, raw.get("input", {}), ancestors[key]))
+        problems.extend(_input_problems(key, raw.get("input", {}), ancestors.of(key)))
         for name, wrong in _action_input_problems(raw):
             problems.append(f"node {key}: input {name} {wrong}")
             fields.append((f"nodes[{key}].input.{name}", f"{name} {wrong}"))
@@ -139,12 +148,10 @@ def validate_plan(document: Any) -> list[NodeSpec]:
         action = get_action(raw["action"])
         if action is not None and action.kind == "approval" and raw.get("irreversible"):
             problems.append(f"node {key}: an approval node has no side effect to be irreversible")
-        if raw.get("irreversible") and not raw.get("compensation"):
-            confirmed = any((a := get_action(by_key[k]["action"])) and a.kind == "approval" for k in ancestors[key])
-            if not confirmed:
-                problems.append(
-                    f"node {key}: irreversible without a compensation needs an approval node before it (in depends_on)"
-                )
+        if raw.get("irreversible") and not raw.get("compensation") and not ancestors.bits[key] & approvals:
+            problems.append(
+                f"node {key}: irreversible without a compensation needs an approval node before it (in depends_on)"
+            )
     try:
         stated_budget(document, len(by_key))
     except PlanInvalid as refused:
@@ -238,33 +245,127 @@ def _action_input_problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
     return input_problems(action.inputs, inputs)
 
 
+def _too_many(nodes: int) -> str:
+    return (
+        f"a plan has at most {MAX_NODES} nodes, this one has {nodes}: give each node more to do (a larger batch, "
+        "where the remote allows it) or split the work into several tasks"
+    )
+
+
+def _expanded(raw_nodes: list[Any]) -> list[Any]:
+    """The plan's nodes with each fan-out node replaced by its members (the module's ``EACH_VALUES``), and every
+    ``depends_on`` naming a fan-out node by the names of its members. Counted before anything is built: a fan-out
+    past the node cap is refused by its size."""
+    members: dict[str, list[str]] = {}
+    total = 0
+    problems: list[str] = []
+    for index, raw in enumerate(raw_nodes):
+        spec = raw.get("fan_out") if isinstance(raw, dict) else None
+        if spec is None:
+            total += 1
+            continue
+        key = raw.get("key")
+        count = _fan_out_count(spec)
+        if isinstance(count, str):
+            problems.append(f"node {key if isinstance(key, str) else f'#{index}'}: fan_out {count}")
+            continue
+        total += count
+        if isinstance(key, str) and KEY_PATTERN.match(key):
+            members[key] = [f"{key}-{n}" for n in range(1, count + 1)]
+    if problems:
+        raise PlanInvalid(problems)
+    if total > MAX_NODES:
+        raise PlanInvalid([_too_many(total)])
+    if not members:
+        return raw_nodes
+    expanded: list[Any] = []
+    for raw in raw_nodes:
+        if isinstance(raw, dict) and isinstance(raw.get("depends_on"), list):
+            deps = [member for dep in raw["depends_on"] for member in members.get(dep, [dep])]
+            raw = {**raw, "depends_on": deps}
+        spec = raw.get("fan_out") if isinstance(raw, dict) else None
+        if spec is None or raw.get("key") not in members:
+            expanded.append(raw)
+            continue
+        template = {name: value for name, value in raw.items() if name != "fan_out"}
+        inputs = template.get("input", {})
+        size, batch = spec["total"], spec["batch"]
+        for n, member in enumerate(members[raw["key"]], start=1):
+            each = {"index": n, "offset": (n - 1) * batch, "size": min(batch, size - (n - 1) * batch)}
+            if isinstance(inputs, dict):
+                template["input"] = {name: _each_value(value, each) for name, value in inputs.items()}
+            expanded.append({**template, "key": member})
+    return expanded
+
+
+def _fan_out_count(spec: Any) -> int | str:
+    """How many nodes a fan-out stands for, or what is wrong with it."""
+    if not isinstance(spec, dict) or set(spec) != {"total", "batch"}:
+        return 'must be {"total": <items>, "batch": <items per node>}'
+    for name in ("total", "batch"):
+        value = spec[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            return f"{name} must be a whole number of at least 1, not {value!r}"
+    total, batch = int(spec["total"]), int(spec["batch"])
+    return -(-total // batch)
+
+
+def _each_value(value: Any, each: dict[str, int]) -> Any:
+    if isinstance(value, dict) and set(value) == {"each"} and value["each"] in each:
+        return each[value["each"]]
+    return value
+
+
 def _topological_order(by_key: dict[str, dict[str, Any]]) -> list[str] | None:
-    """Kahn's algorithm, stable in document order; None when there is a cycle."""
-    remaining = {key: set(raw.get("depends_on", [])) for key, raw in by_key.items()}
+    """Kahn's algorithm in layers, each in document order (a node comes in the layer after its last dependency's);
+    None when there is a cycle. Linear in nodes and edges."""
+    index = {key: n for n, key in enumerate(by_key)}
+    waiting: dict[str, int] = {}
+    dependents: dict[str, list[str]] = {key: [] for key in by_key}
+    for key, raw in by_key.items():
+        deps = set(raw.get("depends_on", []))
+        waiting[key] = len(deps)
+        for dep in deps:
+            dependents[dep].append(key)
+    layer = [key for key in by_key if not waiting[key]]
     order: list[str] = []
-    while remaining:
-        ready = [key for key, deps in remaining.items() if not deps]
-        if not ready:
-            return None
-        for key in ready:
-            order.append(key)
-            del remaining[key]
-        for deps in remaining.values():
-            deps.difference_update(ready)
-    return order
+    while layer:
+        order += layer
+        ready = []
+        for key in layer:
+            for dependent in dependents[key]:
+                waiting[dependent] -= 1
+                if not waiting[dependent]:
+                    ready.append(dependent)
+        layer = sorted(ready, key=index.__getitem__)
+    return order if len(order) == len(by_key) else None
 
 
-def _ancestors(by_key: dict[str, dict[str, Any]], order: list[str]) -> dict[str, set[str]]:
-    result: dict[str, set[str]] = {}
-    for key in order:
-        found: set[str] = set()
-        for dep in by_key[key].get("depends_on", []):
-            found |= {dep} | result[dep]
-        result[key] = found
-    return result
+class _Ancestors:
+    """Every node's ancestors as a bit set (bit n: the n-th node of the document): a chain of 10,000 nodes holds
+    10,000 sets of up to 10,000 bits, not 50 million strings."""
+
+    def __init__(self, by_key: dict[str, dict[str, Any]], order: list[str]) -> None:
+        self.index = {key: n for n, key in enumerate(by_key)}
+        self.bits: dict[str, int] = {}
+        for key in order:
+            found = 0
+            for dep in by_key[key].get("depends_on", []):
+                found |= 1 << self.index[dep] | self.bits[dep]
+            self.bits[key] = found
+
+    def mask(self, keys: Any) -> int:
+        found = 0
+        for key in keys:
+            found |= 1 << self.index[key]
+        return found
+
+    def of(self, key: str) -> Callable[[Any], bool]:
+        bits, index = self.bits[key], self.index
+        return lambda other: isinstance(other, str) and other in index and bool(bits >> index[other] & 1)
 
 
-def _input_problems(key: str, inputs: dict[str, Any], ancestors: set[str]) -> list[str]:
+def _input_problems(key: str, inputs: dict[str, Any], is_ancestor: Callable[[Any], bool]) -> list[str]:
     problems = []
     for name, value in inputs.items():
         if isinstance(value, dict) and "ref" in value:
@@ -277,9 +378,14 @@ def _input_problems(key: str, inputs: dict[str, Any], ancestors: set[str]) -> li
                     problems.append(f"node {key}: input {name}: ref needs a non-empty {required} (refs carry versions)")
             if not isinstance(ref.get("digest", ""), str):
                 problems.append(f"node {key}: input {name}: a ref's digest is a string")
+        elif isinstance(value, dict) and set(value) == {"each"}:
+            problems.append(
+                f'node {key}: input {name}: {{"each": …}} is a fan-out node\'s batch value, one of '
+                f"{', '.join(EACH_VALUES)} (this node has no fan_out, or names another)"
+            )
         elif isinstance(value, dict) and "from" in value:
             source, field_name = value.get("from"), value.get("field")
-            if not isinstance(source, str) or source not in ancestors:
+            if not is_ancestor(source):
                 problems.append(f"node {key}: input {name} reads from {source!r}, which is not a node it depends on")
             if not isinstance(field_name, str) or field_name not in OUTPUT_FIELDS:
                 problems.append(f"node {key}: input {name}: field must be one of {', '.join(OUTPUT_FIELDS)}")
@@ -381,6 +487,16 @@ def plan_json_schema() -> dict[str, Any]:
         "compensation": {"type": "string", "description": "The effect action that undoes it (an irreversible node)."},
         "rerun": {"type": "string", "description": "What running it again does, in a sentence."},
         "max_attempts": {"type": "integer", "minimum": 1, "maximum": 100, "description": "The node's attempt budget."},
+        "fan_out": {
+            "type": "object",
+            "description": "One node per batch: total items in batches of batch, nodes <key>-1 … <key>-n, each with "
+            'this input where a value {"each": "index"|"offset"|"size"} is the batch\'s number (from 1), first item '
+            "(from 0) or size. A node depending on this key depends on all of them; at most "
+            f"{MAX_NODES} nodes in the plan once expanded.",
+            "properties": {"total": {"type": "integer", "minimum": 1}, "batch": {"type": "integer", "minimum": 1}},
+            "required": ["total", "batch"],
+            "additionalProperties": False,
+        },
     }
     return {
         "type": "object",
@@ -414,9 +530,28 @@ def plan_json_schema() -> dict[str, Any]:
 
 
 def collect_input_refs(specs: list[NodeSpec]) -> dict[str, dict[str, str]]:
+    """The plan's versioned refs, each once, named by the first input that reads it (``<node>.<input>``): what an
+    agent handed a task back confirms the versions of. A ref 10,000 batches read is one ref to confirm."""
     refs: dict[str, dict[str, str]] = {}
+    seen: set[str] = set()
     for spec in specs:
         for name, value in spec.input.items():
             if isinstance(value, dict) and "ref" in value:
-                refs[f"{spec.key}.{name}"] = dict(value["ref"])
+                ref = dict(value["ref"])
+                identity = canonical_json(ref)
+                if identity not in seen:
+                    seen.add(identity)
+                    refs[f"{spec.key}.{name}"] = ref
     return refs
+
+
+def kept_keys(specs: list[NodeSpec], succeeded: Mapping[str, str]) -> set[str]:
+    """THE rule of what a newly accepted plan keeps of the one before: a node whose previous plan's node of the same
+    key succeeded with the same definition (``succeeded``: key → its definition digest), and whose dependencies are
+    all kept too, keeps its status and output — its side effect happened and is not redone. A node downstream of a
+    redone one is redone: its receipt proved the old inputs. ``specs`` in dependency order."""
+    kept: set[str] = set()
+    for spec in specs:
+        if succeeded.get(spec.key) == spec.definition_digest and all(dep in kept for dep in spec.depends_on):
+            kept.add(spec.key)
+    return kept

@@ -66,3 +66,6 @@ class Change:
     requires: dict[str, Any] = field(default_factory=dict)
     # Node conditions: node pk → (field lookup → value), e.g. {"attempts__lt": F("max_attempts")}.
     node_requires: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # A plan's acceptance: the nodes it inserts and the task's input refs derive from the plan document whose digest
+    # ``data`` names, so its event lists neither (tasks.engine.events, the fold).
+    derived: bool = False

@@ -3,24 +3,35 @@
 A payload has the shape ``{"task": {...}, "nodes": {"p<plan>/<key>": {...}}, "operations": {"<op key>": {...}},
 "data": {...}}``: the first three are the projected fields the change set, the last carries references
 (ids, versions, digests). Folding the payloads in ``seq`` order rebuilds the projection.
+
+No event carries a plan. A ``plan_accepted`` event names the plan revision's digest (``data.plan_digest``); the plan
+document is stored once (``PlanRevision``), and the nodes the acceptance inserts — each new one at its defaults, each
+kept one with what it carries over (``tasks.core.plan.kept_keys``) — and the task's input refs derive from it. The
+fold derives them the same way, from the document whose digest the event names: a document that is not the one the
+log accepted cannot be folded. (Events written before this listed every node and the input refs: a ``plan_accepted``
+with ``"nodes"`` in its payload is folded as it says.)
 """
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from django.db import models
 
-from audit.hygiene import canonical_json, check_payload
+from audit.hygiene import canonical_json, check_payload, digest_of
 from tasks import rows
-from tasks.core.lifecycle import TERMINAL_TASK_STATUSES
-from tasks.models import Event, Node, Operation, Task
+from tasks.core.errors import PlanInvalid
+from tasks.core.lifecycle import TERMINAL_TASK_STATUSES, NodeStatus
+from tasks.core.plan import NodeSpec, collect_input_refs, kept_keys, validate_plan
+from tasks.decide.approval_binding import BINDING_FIELDS
+from tasks.models import Event, Node, Operation, PlanRevision, Task
 from tasks.rows import node_ref
 
 GENESIS_DIGEST = "0" * 64
+EVENT_CHUNK = 2000  # events read at a time by a check that streams a task's log
 
 # The projected fields: what the log must be able to rebuild.
 TASK_FIELDS = (
@@ -69,6 +80,22 @@ NODE_DEFAULTS: dict[str, Any] = {
     "approval_seq": None,
     "approved_by": "",
 }
+# What a node kept by a new plan carries over from the old plan's succeeded node (tasks.engine.plans.plan_nodes): its
+# status, output and attempts, and an approval's binding (a gated start refuses it as given under another plan).
+CARRIED_FIELDS = ("status", "output", "attempts")
+# The task fields a plan_accepted event leaves out: they derive from the plan document it names.
+DERIVED_TASK_FIELDS = frozenset({"input_refs"})
+PLAN_ACCEPTED = "plan_accepted"
+
+
+def carried_fields(get: Callable[[str], Any]) -> dict[str, Any]:
+    """The fields a kept node carries over, read through ``get(name)`` from the old node (a row or a projection)."""
+    fields = {name: get(name) for name in CARRIED_FIELDS}
+    if get("approval_seq") is not None:
+        fields |= {name: get(name) for name in BINDING_FIELDS}
+    return fields
+
+
 # request_digest, target and purpose: what is sent (and re-sent), and which call sends it (submit, compensate,
 # delete), are covered by the log, not only by the row.
 OPERATION_FIELDS = (
@@ -250,16 +277,82 @@ class Projection:
     version: int = 0
 
 
-def fold(events: list[Event]) -> Projection:
-    projection = Projection()
-    for event in events:
+class Unfoldable(Exception):
+    """The log cannot be rebuilt: what is missing or wrong, said as verify_log reports it."""
+
+
+class Folder:
+    """Folds events in ``seq`` order into a projection, one at a time (a log of any length in flat memory).
+    ``plans``: the task's plan documents by digest, from which an acceptance's nodes derive."""
+
+    def __init__(self, plans: Mapping[str, Any]) -> None:
+        self.projection = Projection()
+        self.plans = plans
+        self.accepted: str | None = None  # the digest of the plan the task runs (its nodes' definitions)
+        self._validated: dict[str, list[NodeSpec]] = {}
+
+    def add(self, event: Event) -> None:
+        projection, payload = self.projection, event.payload
         projection.version = event.seq
-        projection.task.update(event.payload.get("task", {}))
-        for ref, fields in event.payload.get("nodes", {}).items():
+        if event.type == PLAN_ACCEPTED:
+            data = payload.get("data")
+            digest = data.get("plan_digest") if isinstance(data, dict) else None
+            if "nodes" not in payload:
+                self._derive(event.seq, digest, payload.get("task", {}).get("plan_version"))
+            self.accepted = digest
+        projection.task.update(payload.get("task", {}))
+        for ref, fields in payload.get("nodes", {}).items():
             projection.nodes.setdefault(ref, dict(NODE_DEFAULTS)).update(fields)
-        for op_key, fields in event.payload.get("operations", {}).items():
+        for op_key, fields in payload.get("operations", {}).items():
             projection.operations.setdefault(op_key, {}).update(fields)
-    return projection
+
+    def _derive(self, seq: int, digest: Any, number: Any) -> None:
+        """The nodes and input refs of the plan accepted at ``seq``, from its document (the module's docstring)."""
+        projection = self.projection
+        specs = self._specs(seq, digest)
+        succeeded: dict[str, str] = {}
+        previous = projection.task.get("plan_version")
+        if self.accepted is not None and previous:
+            before = {spec.key: spec.definition_digest for spec in self._specs(seq, self.accepted)}
+            prefix = f"p{previous}/"
+            for ref, fields in projection.nodes.items():
+                key = ref.removeprefix(prefix)
+                if key != ref and fields.get("status") == NodeStatus.SUCCEEDED.value and key in before:
+                    succeeded[key] = before[key]
+        kept = kept_keys(specs, succeeded)
+        for spec in specs:
+            fields = dict(NODE_DEFAULTS)
+            if spec.key in kept:
+                fields |= carried_fields(projection.nodes[f"p{previous}/{spec.key}"].get)
+            projection.nodes[f"p{number}/{spec.key}"] = fields
+        projection.task["input_refs"] = collect_input_refs(specs)
+
+    def _specs(self, seq: int, digest: Any) -> list[NodeSpec]:
+        document = self.plans.get(digest) if isinstance(digest, str) else None
+        if document is None:
+            raise Unfoldable(f"event seq {seq} accepts plan {digest!r}, and no stored plan revision has that digest")
+        if digest not in self._validated:
+            try:
+                self._validated[digest] = validate_plan(document)
+            except PlanInvalid as invalid:
+                raise Unfoldable(f"the plan event seq {seq} accepts no longer validates: {invalid}") from invalid
+        return self._validated[digest]
+
+
+def fold(events: Iterable[Event], plans: Mapping[str, Any] | None = None) -> Projection:
+    folder = Folder(plans or {})
+    for event in events:
+        folder.add(event)
+    return folder.projection
+
+
+def task_plans(task: Task) -> dict[str, Any]:
+    """The task's plan documents by the digest of what is stored (not the digest the row claims): a document
+    altered since its event named it is not found under that name."""
+    return {
+        digest_of(document): document
+        for document in PlanRevision.objects.filter(task=task).values_list("document", flat=True).iterator()
+    }
 
 
 def stored_projection(task: Task) -> Projection:
@@ -282,8 +375,10 @@ def stored_projection(task: Task) -> Projection:
 def find_log_problem(task: Task) -> str | None:
     """First problem in the task's log, or None: a gap in seq, a broken chain, a payload that cannot be folded, an
     end that is not the task's version or its row's head, or a projection mismatch."""
-    events = list(Event.objects.filter(task=task).order_by("seq"))
+    folder = Folder(task_plans(task))
     prev = GENESIS_DIGEST
+    # Streamed in seq order: memory flat in the log's length.
+    events = Event.objects.filter(task=task).order_by("seq").iterator(chunk_size=EVENT_CHUNK)
     for expected_seq, event in enumerate(events, start=1):
         if event.seq != expected_seq:
             return f"gap in the log: expected seq {expected_seq}, found {event.seq}"
@@ -301,8 +396,12 @@ def find_log_problem(task: Task) -> str | None:
             return f"event seq {event.seq} was altered: its digest does not match its content"
         if not _foldable(event.payload):
             return f"event seq {event.seq} has a payload the log cannot be rebuilt from"
+        try:
+            folder.add(event)
+        except Unfoldable as unfoldable:
+            return str(unfoldable)
         prev = event.digest
-    rebuilt, stored = fold(events), stored_projection(task)
+    rebuilt, stored = folder.projection, stored_projection(task)
     if rebuilt.version != stored.version:
         return f"log ends at seq {rebuilt.version} but the task is at version {stored.version}"
     if task.log_head != prev:

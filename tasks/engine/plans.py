@@ -2,41 +2,34 @@
 A model may propose; only the scheduler accepts (plan_accept). The plan document's schema and its validation:
 tasks/core/plan.py; a person's re-plan: tasks/people/replan.py."""
 
+from functools import partial
 from typing import Any
 
 from django.db import transaction
 
-from audit.hygiene import PAYLOAD_CAP_BYTES, PayloadTooLarge, check_payload, digest_of
+from audit.hygiene import check_payload, digest_of
 from audit.principals import Principal
 from audit.services import audit_append
 from leases import clock
 from leases.models import Lease
 from tasks.core.budget import budget_after_accept, stated_budget
-from tasks.core.errors import InvalidTransition, OperationsOpen, PlanInvalid, ProposalSuperseded, TaskNotFound
+from tasks.core.errors import InvalidTransition, OperationsOpen, ProposalSuperseded, TaskNotFound
 from tasks.core.lifecycle import OPEN_OPERATION_STATUSES, Actor, ChangeKind, NodeStatus, TaskStatus
-from tasks.core.plan import NodeSpec, collect_input_refs, validate_plan
-from tasks.decide.approval_binding import BINDING_FIELDS
+from tasks.core.plan import NodeSpec, collect_input_refs, kept_keys, validate_plan
 from tasks.decide.change import Change
 from tasks.engine.cas import Audit, audited_compare_and_set, compare_and_set
-from tasks.engine.events import append_event
+from tasks.engine.events import append_event, carried_fields
 from tasks.models import Node, Operation, PlanRevision, ProposalStatus, Task
 
 
 def plan_nodes(specs: list[NodeSpec], plan_version: int, carried: dict[str, Node]) -> list[tuple[Node, dict[str, Any]]]:
-    """Nodes of a newly accepted plan. A succeeded node of the previous plan with the same definition,
-    whose dependencies are all kept too, carries its status and output over: its side effect happened
-    and is not redone. A node downstream of a redone one is redone: its receipt proved the old inputs."""
+    """Nodes of a newly accepted plan: new ones pending, the ones ``tasks.core.plan.kept_keys`` keeps of the previous
+    plan's succeeded nodes (``carried``) with what they carry over (``tasks.engine.events.carried_fields``; a kept
+    approval keeps what it approved, under the revision it was given under: the gated start refuses it as given
+    under another plan, and a person approves again). The log derives the same nodes from the plan document."""
+    kept = kept_keys(specs, {key: node.definition_digest for key, node in carried.items()})
     nodes: list[tuple[Node, dict[str, Any]]] = []
-    kept: set[str] = set()
-    for spec in specs:  # dependency order: a node is kept only if everything it depends on is kept
-        previous = carried.get(spec.key)
-        done = (
-            previous is not None
-            and previous.definition_digest == spec.definition_digest
-            and all(dep in kept for dep in spec.depends_on)
-        )
-        if done:
-            kept.add(spec.key)
+    for spec in specs:
         node = Node(
             plan_version=plan_version,
             key=spec.key,
@@ -52,15 +45,12 @@ def plan_nodes(specs: list[NodeSpec], plan_version: int, carried: dict[str, Node
             definition_digest=spec.definition_digest,
             max_attempts=spec.max_attempts,
         )
-        fields = {
-            "status": NodeStatus.SUCCEEDED.value if done and previous else NodeStatus.PENDING.value,
-            "output": previous.output if done and previous else {},
-            "attempts": previous.attempts if done and previous else 0,
-        }
-        if done and previous and previous.approval_seq is not None:
-            # A kept approval keeps what it approved, under the revision it was given under: the gated start refuses
-            # it as given under another plan (tasks.decide.approval_binding), and a person approves again.
-            fields |= {name: getattr(previous, name) for name in BINDING_FIELDS}
+        previous = carried.get(spec.key)
+        fields = (
+            carried_fields(partial(getattr, previous))
+            if spec.key in kept and previous is not None
+            else {"status": NodeStatus.PENDING.value, "output": {}, "attempts": 0}
+        )
         nodes.append((node, fields))
     return nodes
 
@@ -253,29 +243,21 @@ def accept_revision(
     # Operations change only with the task version, which the compare-and-set checks: this read holds at ``before``.
     if Operation.objects.filter(task=task, status__in=[s.value for s in OPEN_OPERATION_STATUSES]).exists():
         raise OperationsOpen("an operation is dispatched, accepted or unknown: reconcile it by op key first")
-    try:
-        applied = compare_and_set(
-            task.pk,
-            before,
-            Change(
-                event="plan_accepted",
-                task=fields,
-                nodes=plan_nodes(specs, revision.number, carried),
-                data={"plan_revision": revision.number, "plan_digest": revision.digest, "nodes": len(specs)},
-                kind=ChangeKind.ACCEPT,
-            ),
-            lease=lease,
-            actor=None if lease is not None else Actor.SYSTEM,
-            before_event=mark_accepted,
-        )
-    except PayloadTooLarge as too_large:  # a limit of the plan's size, said as one: what to change, not how to store
-        raise PlanInvalid(
-            [
-                f"this plan is too large to accept: its plan_accepted event names each of its {len(specs)} nodes and "
-                f"each of its {len(fields['input_refs'])} versioned-ref inputs, over the {PAYLOAD_CAP_BYTES}-byte "
-                f"event cap ({too_large}); use fewer nodes (a larger batch each) or split the work into several tasks"
-            ]
-        ) from too_large
+    applied = compare_and_set(
+        task.pk,
+        before,
+        Change(
+            event="plan_accepted",
+            task=fields,
+            nodes=plan_nodes(specs, revision.number, carried),
+            data={"plan_revision": revision.number, "plan_digest": revision.digest, "nodes": len(specs)},
+            kind=ChangeKind.ACCEPT,
+            derived=True,  # the nodes and input refs derive from the document the digest names: the event lists none
+        ),
+        lease=lease,
+        actor=None if lease is not None else Actor.SYSTEM,
+        before_event=mark_accepted,
+    )
     if revision.number > 1:
         audit_append(
             actor=accepted_by or Principal.system("scheduler"),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 
 from audit.append_only import Triggers, missing_triggers
 from audit.hygiene import digest_of, scan_payload
@@ -23,12 +24,12 @@ from leases import clock
 from tasks.core.errors import PlanInvalid, StoredFactAltered, VersionConflict
 from tasks.core.lifecycle import Actor, ChangeKind, TaskStatus
 from tasks.core.outcomes import RECEIPT_FIELDS
-from tasks.core.plan import NodeSpec, validate_plan
+from tasks.core.plan import NodeSpec, collect_input_refs, validate_plan
 from tasks.decide.approval_binding import BINDING_FIELDS
 from tasks.decide.change import Change
 from tasks.engine.anchors import find_anchor_problem
 from tasks.engine.cas import compare_and_set
-from tasks.engine.events import find_log_problem, jsonable
+from tasks.engine.events import PLAN_ACCEPTED, find_log_problem, jsonable
 from tasks.models import Event, Node, Operation, PlanRevision, ProposalStatus, Receipt, Task, TempResource
 
 
@@ -240,17 +241,34 @@ def _held_and_stored(held: dict[str, Any], stored: dict[str, Any]) -> list[dict[
 
 
 def input_refs_verified(task: Task) -> None:
-    """Before the inputs' versions are read again: the task's input refs are the ones the log last recorded."""
-    for fields in (
-        Event.objects.filter(task=task, payload__task__has_key="input_refs")
+    """Before the inputs' versions are read again: the task's input refs are the ones the log last recorded — set by
+    an event, or derived from the plan document the last plan_accepted names (checked against its digest)."""
+    last = (
+        Event.objects.filter(task=task)
+        .filter(Q(type=PLAN_ACCEPTED) | Q(payload__task__has_key="input_refs"))
         .order_by("-seq")
-        .values_list("payload__task", flat=True)[:1]
-    ):
-        if isinstance(fields, dict) and fields.get("input_refs") == task.input_refs:
-            return
+        .only("payload")
+        .first()
+    )
+    if last is not None and _logged_input_refs(task, last.payload) == task.input_refs:
+        return
     if not task.input_refs:
         return
     raise StoredFactAltered(f"task {task.pk}'s input refs are not the ones the log recorded: nothing is read from them")
+
+
+def _logged_input_refs(task: Task, payload: Any) -> Any:
+    fields = payload.get("task") if isinstance(payload, dict) else None
+    if isinstance(fields, dict) and "input_refs" in fields:
+        return fields["input_refs"]
+    digest = (payload.get("data") or {}).get("plan_digest") if isinstance(payload, dict) else None
+    for document in PlanRevision.objects.filter(task=task, digest=digest).values_list("document", flat=True):
+        if digest_of(document) == digest:
+            try:
+                return collect_input_refs(validate_plan(document))
+            except PlanInvalid:
+                return None
+    return None
 
 
 # The triggers that keep the event log append-only (tasks/migrations/0009): verify_log reports one that is gone.
