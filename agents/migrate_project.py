@@ -90,24 +90,29 @@ def plan(
             "rerun": "idempotent: the target is created once per op key",
         }
     ]
-    sizes = batches(objects, max_batch)
-    for n, size in enumerate(sizes, start=1):
-        nodes.append(
-            {
-                "key": f"copy-batch-{n}",
-                "action": "store.copy_batch",
-                "depends_on": ["prepare-target"],
-                "input": {"target": target, "source": {"ref": source}, "batch": n, "limit": size},
-                "evidence": {"remote_id": True, "count": size},
-                "on_failure": {"dependency_unavailable": "retry"},
-                "rerun": "idempotent by op key: the store dedupes the batch",
-            }
-        )
+    batches(objects, max_batch)  # refuses a migration of nothing
+    nodes.append(  # one node per batch: copy-batch-1 … copy-batch-n (tasks/core/plan.py, fan-out)
+        {
+            "key": "copy-batch",
+            "action": "store.copy_batch",
+            "depends_on": ["prepare-target"],
+            "fan_out": {"total": objects, "batch": max_batch},
+            "input": {
+                "target": target,
+                "source": {"ref": source},
+                "batch": {"each": "index"},
+                "limit": {"each": "size"},
+            },
+            "evidence": {"remote_id": True, "count": {"input": "limit"}},
+            "on_failure": {"dependency_unavailable": "retry"},
+            "rerun": "idempotent by op key: the store dedupes the batch",
+        }
+    )
     nodes.append(
         {
             "key": "verify-digests",
             "action": "store.verify_digests",
-            "depends_on": [f"copy-batch-{n}" for n in range(1, len(sizes) + 1)],
+            "depends_on": ["copy-batch"],
             "input": {"target": target, "source": {"ref": source}},
             "evidence": {"remote_id": True, "count": objects, "digest": {"input": "source", "field": "digest"}},
         }

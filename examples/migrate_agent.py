@@ -162,38 +162,34 @@ def _outcome(answer: Mapping[str, Any]) -> Outcome:
 
 
 def plan(project: str, objects: int, source: Mapping[str, Any], max_batch: int) -> dict[str, Any]:
-    """Prepare, copy in batches of at most ``max_batch`` (the store's transaction boundary), verify, switch."""
+    """Prepare, copy in batches of at most ``max_batch`` (the store's transaction boundary), verify, switch. The
+    copies are one fan-out node: Reckon makes it ``copy-batch-1`` … ``copy-batch-n``, each with its batch's number
+    and size, so the plan stays a few hundred bytes at a million objects (up to 10,000 batches in one task)."""
     ref, target = {"ref": dict(source)}, {"from": "prepare-target", "field": "remote_id"}
-    sizes = [max_batch] * (objects // max_batch) + ([objects % max_batch] if objects % max_batch else [])
-    copies = [f"copy-batch-{n}" for n in range(1, len(sizes) + 1)]
     nodes: list[dict[str, Any]] = [
         {
             "key": "prepare-target",
             "action": "store.prepare_target",
             "input": {"project": project, "source": ref},
             "evidence": {"remote_id": True},
-        }
-    ]
-    nodes += [
+        },
         {
-            "key": key,
+            "key": "copy-batch",
             "action": "store.copy_batch",
             "depends_on": ["prepare-target"],
-            "input": {"target": target, "source": ref, "batch": n, "limit": size},
-            "evidence": {"remote_id": True, "count": size},
+            "fan_out": {"total": objects, "batch": max_batch},
+            "input": {"target": target, "source": ref, "batch": {"each": "index"}, "limit": {"each": "size"}},
+            "evidence": {"remote_id": True, "count": {"input": "limit"}},
             "on_failure": {"dependency_unavailable": "retry"},
-        }
-        for n, (key, size) in enumerate(zip(copies, sizes, strict=True), start=1)
-    ]
-    nodes.append(
+        },
         {
             "key": "verify-digests",
             "action": "store.verify_digests",
-            "depends_on": copies,
+            "depends_on": ["copy-batch"],
             "input": {"target": target, "source": ref},
             "evidence": {"remote_id": True, "count": objects, "digest": {"input": "source", "field": "digest"}},
-        }
-    )
+        },
+    ]
     nodes.append(
         {
             "key": "switch-reference",
@@ -208,14 +204,23 @@ def plan(project: str, objects: int, source: Mapping[str, Any], max_batch: int) 
     return {"nodes": nodes}
 
 
-def create(reckon: Reckon, store: ObjectStore, project: str, objects: int) -> Task:
+class BatchTooLarge(ValueError):
+    """A batch the store's transaction boundary cannot hold."""
+
+
+def create(reckon: Reckon, store: ObjectStore, project: str, objects: int, batch: int | None = None) -> Task:
     """The task for this migration. The version migrated is the source's now, pinned in the plan; the create is
-    keyed by it, so an agent started again with the same arguments gets the same task back and resumes it."""
+    keyed by it, so an agent started again with the same arguments gets the same task back and resumes it.
+    ``batch``: objects per copy, at most the store's transaction boundary (the default)."""
     locator = f"projects/{project}"
     found = store.source(locator)
     source = {"source": "store", "locator": locator, "version": found["version"], "digest": found["digest"]}
-    document = plan(project, objects, source, store.max_batch())
-    key = f"migrate:{project}:{source['version']}:{objects}"
+    most = store.max_batch()
+    if batch is not None and not 1 <= batch <= most:
+        raise BatchTooLarge(f"--batch {batch}: the store copies 1 to {most} objects in one transaction")
+    size = batch or most
+    document = plan(project, objects, source, size)
+    key = f"migrate:{project}:{source['version']}:{objects}:{size}"
     return reckon.create_task(KIND, f"Migrate project {project}", document, project=project, idempotency_key=key)
 
 
@@ -226,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", required=True, help="the object store, e.g. http://127.0.0.1:8100")
     parser.add_argument("--project", required=True)
     parser.add_argument("--objects", type=int, required=True)
+    parser.add_argument("--batch", type=int, default=None, help="objects per copy (default: the store's most)")
     parser.add_argument("--task", type=int, default=None, help="resume this task instead of creating one")
     parser.add_argument("--lease-ttl", type=int, default=None, help="seconds (default: the server's)")
     parser.add_argument("--lease-wait", type=float, default=60, help="seconds to wait for a crashed run's lease")
@@ -234,9 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     store = ObjectStore(args.store)
     with Reckon(args.url, args.token) as reckon:
         try:
-            task_id = args.task or create(reckon, store, args.project, args.objects).id
-        except SourceNotFound as missing:
-            print(missing, file=sys.stderr)
+            task_id = args.task or create(reckon, store, args.project, args.objects, args.batch).id
+        except (SourceNotFound, BatchTooLarge) as wrong:
+            print(wrong, file=sys.stderr)
             return 2
         except ApiError as refused:  # nothing was created: say what Reckon said, and what to change
             print(f"Reckon refused the task: {refused}", file=sys.stderr)

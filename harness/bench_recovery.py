@@ -362,7 +362,7 @@ class RecoveryConfig:
     workers: int = 4
     lease_ttl: int = 3
     lease_grace: int = 1
-    objects: int = 10  # per task: one copy batch (the simulator rewrites its whole state at every write)
+    objects: int = 10  # per task: one copy batch
     kill_at: float = 0.5  # of the side effects counted by the simulator
     timeout: float = 1800.0
     uncrashed: bool = True  # False: the crashed phase alone (its invariants, no ratio: the test suite's run)

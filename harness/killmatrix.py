@@ -161,8 +161,8 @@ class Row:
 # -- processes -------------------------------------------------------------------------------------------------
 
 
-# The simulator with its state in memory only: it rewrites its whole state file at every write, which costs O(state)
-# per side effect — fine for a scenario of 50 tasks, the bottleneck of a benchmark of 1,000.
+# The simulator with its state in memory only: no journal line fsynced per write (a disk flush per side effect is the
+# bottleneck of a benchmark of 1,000 tasks, and of no scenario about Reckon).
 IN_MEMORY = "import harness.simulator as s; s.Store.persist = lambda self: None; s.main()"
 
 

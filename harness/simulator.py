@@ -3,7 +3,11 @@
     python -m harness.simulator --port 0 --state /path/state.json
 
 Stdlib only. Prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Every mutation is
-persisted (temp file + ``os.replace``) before it is answered, so a SIGKILL never loses a committed write.
+persisted before it is answered, so a SIGKILL never loses a committed write: what it changed (the keys it wrote or
+deleted) is appended to a journal beside the state file (``<state>.journal``, one JSON line, fsynced) — the cost of a
+write is its own size, not the store's, at a million objects as at ten. The state file is a snapshot (temp file +
+``os.replace``) written at start-up, on reset and every ``COMPACT_EVERY`` writes; loading replays the journal over it
+(a torn last line is a write that was never answered, dropped).
 
 API (JSON bodies):
     POST /ops/<op_key>          {"action", "params"} → {"state": "committed", "receipt": {...}}; once per op key
@@ -96,6 +100,78 @@ def sha256(text: str) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
+# The state's collections, each a mapping by key that a mutation writes key by key (journalled by key), and the
+# statistics' own mappings; every other field is a scalar, journalled whole.
+COLLECTIONS = ("objects", "targets", "references", "sources", "ops", "tags", "fenced", "running")
+STAT_MAPS = ("by_op_key", "by_action")
+COMPACT_EVERY = 5000
+
+
+class Tracked(dict[str, Any]):
+    """A collection that remembers every key a mutation reached since it was last journalled: written, deleted, or
+    read to change what it holds (``get`` then a change in place). Reads are kept too — journalling a value that did
+    not change costs its size and is never wrong."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.touched: set[str] = set()
+
+    def __getitem__(self, key: str) -> Any:
+        self.touched.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.touched.add(key)
+        return super().get(key, default)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.touched.add(key)
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self.touched.add(key)
+        super().__delitem__(key)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        self.touched.add(key)
+        return super().pop(key, *default)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self.touched.add(key)
+        return super().setdefault(key, default)
+
+    def changes(self) -> tuple[dict[str, Any], list[str]]:
+        """(key → value now, keys gone) for every key reached since the last call."""
+        written = {key: dict.__getitem__(self, key) for key in self.touched if dict.__contains__(self, key)}
+        gone = [key for key in self.touched if not dict.__contains__(self, key)]
+        self.touched = set()
+        return written, gone
+
+
+def tracked(state: dict[str, Any]) -> dict[str, Any]:
+    for name in COLLECTIONS:
+        state[name] = Tracked(state.get(name, {}))
+    for name in STAT_MAPS:
+        state["stats"][name] = Tracked(state["stats"].get(name, {}))
+    return state
+
+
+def apply_entry(state: dict[str, Any], entry: dict[str, Any]) -> None:
+    """Replay one journal line over ``state`` (a mapping of plain dicts)."""
+    for name, (written, gone) in entry["collections"].items():
+        target = state.setdefault(name, {})
+        target.update(written)
+        for key in gone:
+            target.pop(key, None)
+    stats = state["stats"]
+    for name, (written, gone) in entry["stat_maps"].items():
+        stats.setdefault(name, {}).update(written)
+        for key in gone:
+            stats[name].pop(key, None)
+    stats.update(entry["stats"])
+    state.update(entry["scalars"])
+
+
 def empty_state() -> dict[str, Any]:
     return {
         "objects": {},  # key → {"version", "digest", "size"}
@@ -115,24 +191,61 @@ class Store:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.journal_path = path.with_name(path.name + ".journal")
         self.lock = threading.Lock()
-        self.state = json.loads(path.read_text()) if path.exists() else empty_state()
-        self.state.setdefault("tags", {})  # a state file written before the tag journal existed
-        self.state.setdefault("fenced", {})
-        self.state["stats"].setdefault("refused_fenced", 0)
-        self.state["stats"].setdefault("refused_late", 0)
+        state = json.loads(path.read_text()) if path.exists() else empty_state()
+        state["stats"].setdefault("refused_fenced", 0)
+        state["stats"].setdefault("refused_late", 0)
+        if self.journal_path.exists():
+            with self.journal_path.open() as journal:
+                for line in journal:
+                    try:
+                        entry = json.loads(line)
+                    except ValueError:  # a torn last line: its write was never answered
+                        break
+                    apply_entry(state, entry)
+        self.state = tracked(state)
+        self.journal: Any = None
+        self.journalled = 0
+        self.compact()
         self.faults: list[dict[str, Any]] = []  # per-request faults, consumed in order
         self.no_idempotency = False
         self.no_query = False  # with no_idempotency: the tag journal cannot be queried either
         self.ignore_fence = False  # sabotage: a fence is answered but not kept
 
     def persist(self) -> None:
+        """Journal what the mutation just made changed (the module's docstring), before it is answered."""
+        entry = {
+            "collections": {name: self.state[name].changes() for name in COLLECTIONS},
+            "stat_maps": {name: self.state["stats"][name].changes() for name in STAT_MAPS},
+            "stats": {k: v for k, v in self.state["stats"].items() if k not in STAT_MAPS},
+            "scalars": {k: v for k, v in self.state.items() if k not in COLLECTIONS and k != "stats"},
+        }
+        self.journal.write(json.dumps(entry, sort_keys=True) + "\n")
+        self.journal.flush()
+        os.fsync(self.journal.fileno())
+        self.journalled += 1
+        if self.journalled >= COMPACT_EVERY:
+            self.compact()
+
+    def compact(self) -> None:
+        """Write the whole state as the snapshot, then start an empty journal. A crash between the two replays the
+        journal over a snapshot that holds it already: each line sets values, so that changes nothing."""
+        for name in COLLECTIONS:
+            self.state[name].touched = set()
+        for name in STAT_MAPS:
+            self.state["stats"][name].touched = set()
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             json.dump(self.state, f, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
+        if self.journal is not None:
+            self.journal.close()
+        self.journal = self.journal_path.open("w")
+        os.fsync(self.journal.fileno())
+        self.journalled = 0
 
     def take_fault(self, *, write: bool, action: str = "", op_key: str = "") -> dict[str, Any] | None:
         """Consume the first pending fault that applies to this request (a write, or a query; its action when the
@@ -187,10 +300,10 @@ class Store:
 
     def reset(self) -> None:
         with self.lock:
-            self.state = empty_state()
+            self.state = tracked(empty_state())
             self.faults.clear()
             self.no_idempotency = self.no_query = self.ignore_fence = False
-            self.persist()
+            self.compact()
 
     def set_source(self, body: dict[str, Any]) -> None:
         locator, version = body.get("locator"), body.get("version")
@@ -203,13 +316,13 @@ class Store:
     def run_async(self, op_key: str, ms: int) -> None:
         """The write under ``op_key`` is accepted and reported as running for ``ms`` more milliseconds."""
         with self.lock:
-            self.state.setdefault("running", {})[op_key] = time.time() + ms / 1000
+            self.state["running"][op_key] = time.time() + ms / 1000
             self.persist()
 
     def state_of(self, op_key: str) -> str:
         """``accepted`` while a write started in ``run_async`` mode is still running, then ``committed``."""
         with self.lock:
-            ready_at = self.state.get("running", {}).get(op_key)
+            ready_at = self.state["running"].get(op_key)
         return "accepted" if ready_at is not None and time.time() < ready_at else "committed"
 
     def lookup(self, op_key: str) -> dict[str, Any] | None:

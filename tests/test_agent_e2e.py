@@ -472,19 +472,35 @@ def test_the_reference_agent_says_so_when_the_source_is_not_in_the_store(
     assert "the store has no source 'projects/nope'" in capsys.readouterr().err
 
 
+def test_the_reference_agent_migrates_a_project_once_too_large_for_one_plan(live: Live, store: Simulator) -> None:
+    """45,000 and 60,000 objects were refused (the plan_accepted event listed every node; 100 nodes at most): one
+    fan-out node now stands for every batch, and the task runs to its end."""
+    output = finished(agent(live, store, objects=60_000), seconds=240)
+    assert output.rstrip().endswith("done"), output
+    task = Task.objects.get(kind=KIND)
+    assert task.status == TaskStatus.COMPLETED and task.nodes.count() == 3 + 120
+    copies = Operation.objects.filter(task=task, purpose="effect", node__key__startswith="copy-batch-")
+    assert copies.count() == 120 and store.stats()["by_action"]["copy_batch"] == 120
+
+
 @pytest.mark.parametrize(
-    ("objects", "said"),
-    [(60_000, "at most 100 nodes, this one has 123"), (45_000, "too large to accept")],
-    ids=["past-the-node-cap", "past-the-event-cap"],
+    ("extra", "said"),
+    [
+        (("--objects", "10001", "--batch", "1"), "Reckon refused the task: 422 plan_invalid"),
+        (("--objects", "10", "--batch", "501"), "--batch 501: the store copies 1 to 500 objects in one transaction"),
+    ],
+    ids=["past-the-node-cap", "past-the-store-batch"],
 )
-def test_the_reference_agent_says_what_reckon_refused_and_how_to_get_round_it(
-    live: Live, store: Simulator, objects: int, said: str
+def test_the_reference_agent_says_what_was_refused_and_how_to_get_round_it(
+    live: Live, store: Simulator, extra: tuple[str, ...], said: str
 ) -> None:
-    """A project too large for one plan today (issue 26's big tasks): a sentence naming the limit and the way
-    around it, exit status 2, no traceback — and no task."""
-    process = agent(live, store, objects=objects)
+    """A project past the node cap (10,004 nodes), or a batch past the store's transaction: a sentence naming the
+    limit and the way around it, exit status 2, no traceback — and no task."""
+    process = agent(live, store, *extra)
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 2, output
-    assert "Reckon refused the task: 422 plan_invalid" in output and said in output, output
+    assert said in output, output
+    if "plan_invalid" in said:
+        assert "at most 10000 nodes, this one has 10004: give each node more to do" in output, output
     assert "Traceback" not in output
     assert not Task.objects.filter(kind=KIND).exists()
