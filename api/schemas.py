@@ -540,7 +540,8 @@ def cleanup_directive_out(work: CleanupWork, snap: Snapshot) -> DirectiveOut:
 
 def directive_out(d: Directive, snap: Snapshot, *, started: bool = False) -> DirectiveOut:
     op = snap.operation(d.op_key) if d.op_key else None
-    keys = {n.pk: n.key for n in snap.nodes}
+    its_node = snap.node_by_id(op.node_id) if op is not None else None
+    op_node = its_node.key if its_node is not None else d.node_key
     rechecks = d.kind == "reconcile" and not d.op_key
     return DirectiveOut(
         kind=d.kind,
@@ -551,7 +552,7 @@ def directive_out(d: Directive, snap: Snapshot, *, started: bool = False) -> Dir
         reason=d.reason,
         fence=d.fence,
         asked_at=snap.now,
-        operation=operation_detail(op, keys.get(op.node_id, d.node_key)) if op is not None else None,
+        operation=operation_detail(op, op_node) if op is not None else None,
         input_refs=dict(snap.task.input_refs) if rechecks else None,
         approval=next((a for a in approvals_out(snap) if a.node == d.node_key), None) if d.reason == AWAITING else None,
         started=started,

@@ -356,7 +356,8 @@ def _outcome_answer(task_id: int, lease: Lease, settled: Step, start_next: bool)
 
 
 def _node_key(snap: Snapshot, op: Operation) -> str:
-    return next((n.key for n in snap.nodes if n.pk == op.node_id), "")
+    node = snap.node_by_id(op.node_id)
+    return node.key if node is not None else ""
 
 
 @router.post(

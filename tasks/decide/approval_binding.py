@@ -22,6 +22,7 @@ person's (tasks.people.approvals); the database refuses a binding that is not wh
 succeeded node, and one rewritten other than by a later approval (tasks/migrations/0018).
 """
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -58,7 +59,7 @@ BINDING_FIELDS = (
 # ------------------------------------------------------------------------------------------------ what is gated
 
 
-def request_digest(nodes: tuple[Node, ...] | list[Node], node: Node) -> str:
+def request_digest(nodes: Sequence[Node] | Mapping[str, Node], node: Node) -> str:
     """The digest of the request ``node``'s operation will send: ``{"action", "input"}``, the input resolved as the
     start resolves it (raises NodeNotReady while an input it reads has not succeeded)."""
     return call_digest({"action": node.action, "input": resolved_input(nodes, node)})
@@ -70,9 +71,10 @@ def call_digest(request: dict[str, Any]) -> str:
     return digest_of({"action": request.get("action"), "input": request.get("input")})
 
 
-def gates_of(nodes: tuple[Node, ...] | list[Node], node: Node) -> list[Node]:
-    """The approval nodes ``node`` depends on directly: each must bind its request before it starts."""
-    by_key = {n.key: n for n in nodes}
+def gates_of(nodes: Sequence[Node] | Mapping[str, Node], node: Node) -> list[Node]:
+    """The approval nodes ``node`` depends on directly: each must bind its request before it starts. ``nodes``: the
+    plan's nodes, or them by key (``Snapshot.by_key``)."""
+    by_key = nodes if isinstance(nodes, Mapping) else {n.key: n for n in nodes}
     return [by_key[k] for k in node.depends_on if k in by_key and is_approval(by_key[k].action)]
 
 
@@ -117,11 +119,11 @@ def refusal(snap: Snapshot, node: Node, digest: str) -> ApprovalRefused | None:
     """THE rule: may ``node``'s operation, whose request has ``digest``, start now? None when every approval it
     depends on binds it — given under the task's current plan revision, naming this request's digest, not expired
     at the snapshot's reading of the database clock — else the named refusal (nothing is written)."""
-    return judged(plan_version=snap.task.plan_version, nodes=snap.nodes, now=snap.now, node=node, digest=digest)
+    return judged(plan_version=snap.task.plan_version, nodes=snap.by_key, now=snap.now, node=node, digest=digest)
 
 
 def judged(
-    *, plan_version: int, nodes: tuple[Node, ...] | list[Node], now: datetime, node: Node, digest: str
+    *, plan_version: int, nodes: Sequence[Node] | Mapping[str, Node], now: datetime, node: Node, digest: str
 ) -> ApprovalRefused | None:
     """``refusal`` on its parts (a page or a person's service reads them without a step's snapshot)."""
     for gate in gates_of(nodes, node):
@@ -278,10 +280,10 @@ def gated_directive(snap: Snapshot, d: Directive) -> Directive:
     if d.kind != "execute" or d.op_key:
         return d
     node = snap.node(d.node_key)
-    if node is None or not gates_of(snap.nodes, node):
+    if node is None or not gates_of(snap.by_key, node):
         return d
     try:
-        refused = refusal(snap, node, request_digest(snap.nodes, node))
+        refused = refusal(snap, node, request_digest(snap.by_key, node))
     except NodeNotReady:
         return d  # the start refuses it by name
     if refused is None:
@@ -331,7 +333,7 @@ def executed_change(snap: Snapshot, op: Operation) -> Change | None:
     node = snap.node(op.node.key)
     if node is None:
         return None
-    gates = gates_of(snap.nodes, node)
+    gates = gates_of(snap.by_key, node)
     if not gates:
         return None
     digest = call_digest(op.request)
@@ -367,7 +369,7 @@ def executed_change(snap: Snapshot, op: Operation) -> Change | None:
 def starts_under_approval(snap: Snapshot, node: Node) -> bool:
     """Whether ``node``'s start is judged by the rule (an approval gates it): such a start is written on its own,
     never shared with the previous node's receipt, so its execution is recorded with it."""
-    return bool(gates_of(snap.nodes, node))
+    return bool(gates_of(snap.by_key, node))
 
 
 # ------------------------------------------------------------------------------------------------ what a page shows

@@ -1,6 +1,7 @@
 """What a decision reads and what it returns: the version-stamped snapshot of one task (read by
 tasks/engine/snapshot.py) and the Change that the compare-and-set (tasks/engine/cas.py) applies. Values only."""
 
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -11,6 +12,40 @@ from tasks.models import Node, Operation, Receipt, Task, TempResource
 
 
 @dataclass(frozen=True)
+class Positions:
+    """Where each node of a plan sits in ``Snapshot.nodes``: fixed for a plan version, so made once and shared by
+    every snapshot a write derives from the one that read the nodes (a step's cost stays flat in the plan's size)."""
+
+    by_id: dict[int, int]
+    by_key: dict[str, int]
+
+    @staticmethod
+    def of(nodes: Sequence[Node]) -> "Positions":
+        return Positions({n.id: i for i, n in enumerate(nodes)}, {n.key: i for i, n in enumerate(nodes)})
+
+
+class NodesByKey(Mapping[str, Node]):
+    """A snapshot's nodes by key, read through its positions (no dict of its own)."""
+
+    __slots__ = ("_nodes", "_positions")
+
+    def __init__(self, nodes: Sequence[Node], positions: dict[str, int]) -> None:
+        self._nodes, self._positions = nodes, positions
+
+    def __getitem__(self, key: str) -> Node:
+        return self._nodes[self._positions[key]]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._positions
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._positions)
+
+    def __len__(self) -> int:
+        return len(self._positions)
+
+
+@dataclass(frozen=True)
 class Snapshot:
     task: Task  # the row at ``version``
     nodes: tuple[Node, ...]  # the current plan's nodes by position; ``node.retries`` = its rejected operations
@@ -18,13 +53,41 @@ class Snapshot:
     now: datetime  # the database clock when it was read (or last written)
     lease_expires_at: datetime | None = None  # the caller's lease, if it is the open one at its epoch
     reserved_for: str = ""  # the operator a takeover is reserved for
+    # Derived from ``nodes``, made when first asked and handed on by a write (tasks.engine.snapshot.after_write).
+    known_positions: Positions | None = field(default=None, compare=False, repr=False)
+    # Every node before this position has succeeded: a lower bound, advanced when asked (``succeeded_before``).
+    succeeded_from: int = field(default=0, compare=False, repr=False)
 
     @property
     def version(self) -> int:
         return self.task.version
 
+    @property
+    def positions(self) -> Positions:
+        if self.known_positions is None:
+            object.__setattr__(self, "known_positions", Positions.of(self.nodes))
+        return self.known_positions  # type: ignore[return-value]  # set just above
+
+    @property
+    def by_key(self) -> NodesByKey:
+        return NodesByKey(self.nodes, self.positions.by_key)
+
     def node(self, key: str) -> Node | None:
-        return next((n for n in self.nodes if n.key == key), None)
+        position = self.positions.by_key.get(key)
+        return self.nodes[position] if position is not None else None
+
+    def node_by_id(self, node_id: int) -> Node | None:
+        position = self.positions.by_id.get(node_id)
+        return self.nodes[position] if position is not None else None
+
+    def succeeded_before(self) -> int:
+        """The position of the first node that has not succeeded (``len(nodes)`` when all have): a step starts its
+        search for the next ready node there, not at the plan's first node."""
+        position, nodes = self.succeeded_from, self.nodes
+        while position < len(nodes) and nodes[position].status == NodeStatus.SUCCEEDED:
+            position += 1
+        object.__setattr__(self, "succeeded_from", position)
+        return position
 
     def operation(self, op_key: str) -> Operation | None:
         return next((op for op in self.unsettled if op.op_key == op_key), None)

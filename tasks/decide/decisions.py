@@ -6,8 +6,10 @@ reads the snapshot, calls these and hands the Change to the compare-and-set. Tes
 database (tests/test_decisions.py).
 """
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import islice
 from typing import Any, Literal
 
 from django.conf import settings
@@ -116,9 +118,12 @@ def directive(snap: Snapshot) -> Directive:
         if op.dispatch_count == 0 and _out_of_budget(task, op.node):
             return Directive("stop", v, node_key=op.node.key, op_key=op.op_key, reason="budget_exhausted")
         return Directive("execute", v, node_key=op.node.key, op_key=op.op_key, reason="intent_registered")
-    succeeded = snap.succeeded()
-    for node in snap.nodes:
-        if node.status != NodeStatus.PENDING or not set(node.depends_on) <= succeeded:
+    first = snap.succeeded_before()  # every node before it succeeded: none of them is ready
+    by_key = snap.by_key
+    for node in islice(snap.nodes, first, None):
+        if node.status != NodeStatus.PENDING or not all(
+            by_key[dep].status == NodeStatus.SUCCEEDED for dep in node.depends_on
+        ):
             continue
         if is_approval(node.action):
             return Directive("stop", v, node_key=node.key, reason="awaiting_approval")
@@ -127,7 +132,7 @@ def directive(snap: Snapshot) -> Directive:
         if node.not_before is not None and node.not_before > snap.now:
             return Directive("wait", v, node_key=node.key, until=node.not_before, reason=node.last_error_class)
         return Directive("execute", v, node_key=node.key)
-    if snap.nodes and len(succeeded) == len(snap.nodes):
+    if snap.nodes and first == len(snap.nodes):
         return Directive("done", v)
     return Directive("stop", v, reason="no_ready_node")
 
@@ -139,9 +144,10 @@ def _out_of_budget(task: Task, node: Node) -> bool:
 # ------------------------------------------------------------------------------------------------ start
 
 
-def resolved_input(nodes: tuple[Node, ...] | list[Node], node: Node) -> dict[str, Any]:
-    """The node's input with every ``from`` replaced by the earlier node's structured output."""
-    by_key = {n.key: n for n in nodes}
+def resolved_input(nodes: Sequence[Node] | Mapping[str, Node], node: Node) -> dict[str, Any]:
+    """The node's input with every ``from`` replaced by the earlier node's structured output. ``nodes``: the plan's
+    nodes, or them by key (``Snapshot.by_key``)."""
+    by_key = nodes if isinstance(nodes, Mapping) else {n.key: n for n in nodes}
     resolved: dict[str, Any] = {}
     for name, value in node.input.items():
         if isinstance(value, dict) and "from" in value:
@@ -179,13 +185,14 @@ def start(snap: Snapshot, node_key: str) -> tuple[Change, Operation]:
         raise NodeNotReady(f"node {node_key} is a confirmation point: a person approves it")
     if node.status != NodeStatus.PENDING:
         raise NodeNotReady(f"node {node_key} is {node.status}")
-    waiting = [key for key in node.depends_on if key not in snap.succeeded()]
+    by_key = snap.by_key
+    waiting = [key for key in node.depends_on if by_key[key].status != NodeStatus.SUCCEEDED]
     if waiting:
         raise NodeNotReady(f"node {node_key} waits for {', '.join(waiting)}")
     _check_budget(task, node)
     if node.not_before is not None and node.not_before > snap.now:
         raise BackoffActive(f"node {node.key} may not run before {node.not_before}", until=node.not_before)
-    resolved = resolved_input(snap.nodes, node)
+    resolved = resolved_input(by_key, node)
     request = {"action": node.action, "input": resolved}
     body = canonical_json(request)  # made once: for the cap, the digest and the stored value (canonical_request)
     # The operation row's request (its event carries the digest only): not covered by the event's append.
@@ -509,7 +516,10 @@ def _committed(snap: Snapshot, op: Operation, outcome: Committed, settled_by: st
             temp_resources=temps,
             data=data | {"problems": problems},
         )
-    last = all(n.status == NodeStatus.SUCCEEDED for n in snap.nodes if n.pk != node.pk)
+    # Every other node succeeded (those before succeeded_before did; the search stops at the first that has not).
+    last = all(
+        n.status == NodeStatus.SUCCEEDED for n in islice(snap.nodes, snap.succeeded_before(), None) if n.pk != node.pk
+    )
     return Change(
         event="node_succeeded",
         task=_after_settling(snap, op, after.status, all_done=last),

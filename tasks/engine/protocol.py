@@ -116,7 +116,7 @@ def operation_start(snap: Snapshot, node_key: str, *, lease: LeaseRef) -> Step:
     # A fresh start an approval gates: the rule refuses it by name, or its execution is recorded in the same write.
     executed = approval_binding.executed_change(snap, op) if op.pk is None else None
     if executed is not None:
-        approval_binding_verified(approval_binding.gates_of(snap.nodes, op.node))
+        approval_binding_verified(approval_binding.gates_of(snap.by_key, op.node))
     applied = compare_and_set(snap.task.pk, snap.version, change, lease=lease, snapshot=snap, then=executed)
     new = applied.next_snapshot()
     return Step(new.operation(op.op_key) or op, new)

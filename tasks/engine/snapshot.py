@@ -211,23 +211,29 @@ def after_write(
     rejected = Counter(
         op.node_id for op in operations if op.status == OperationStatus.REJECTED and op.id in was_unsettled
     )
-    new_nodes = []
-    for node in snap.nodes:  # ``id``, not ``pk``: the property costs a lookup of the primary key's name per read
-        changed = nodes.get(node.id)
-        if changed is not None or node.id in rejected:
-            node = rows.clone(node)
-            for name, value in (changed or {}).items():
-                setattr(node, name, value)
-            if node.id in rejected:
-                node.retries = getattr(node, "retries", 0) + rejected[node.id]  # type: ignore[attr-defined]
-        new_nodes.append(node)
-    by_pk = {n.id: n for n in new_nodes}
+    # Only the nodes the write changed are copied (the old snapshot stays as it was); the others are shared, at the
+    # positions the old snapshot's plan gave them: the cost is the write's, not the plan's.
+    positions = snap.positions
+    new_nodes = list(snap.nodes)
+    succeeded_from = snap.succeeded_from
+    for node_id in nodes.keys() | rejected.keys():
+        position = positions.by_id.get(node_id)
+        if position is None:
+            continue
+        node = rows.clone(new_nodes[position])
+        for name, value in (nodes.get(node_id) or {}).items():
+            setattr(node, name, value)
+        if node_id in rejected:
+            node.retries = getattr(node, "retries", 0) + rejected[node_id]  # type: ignore[attr-defined]
+        new_nodes[position] = node
+        succeeded_from = min(succeeded_from, position)
     written = {op.id: op for op in operations}
     was_written = set(written)
     kept = [written.pop(op.id, op) for op in snap.unsettled]  # the ones written replace the ones read
     unsettled = []
     for op in [*kept, *written.values()]:  # then the ones the write inserted
-        its_node = by_pk.get(op.node_id)
+        position = positions.by_id.get(op.node_id)
+        its_node = new_nodes[position] if position is not None else None
         if its_node is not None and op._state.fields_cache.get("node") is not its_node:
             if op.id not in was_written:  # the old snapshot's row: a copy points to the new node, not the row itself
                 op = rows.clone(op)
@@ -241,4 +247,6 @@ def after_write(
         unsettled=tuple(unsettled),
         now=now,
         lease_expires_at=lease_expires_at if lease_expires_at is not None else snap.lease_expires_at,
+        known_positions=positions,
+        succeeded_from=succeeded_from,
     )
