@@ -425,12 +425,14 @@ def test_the_panel_polls_while_the_task_runs_and_stops_once_it_has_ended(
 
 # --- what it costs ------------------------------------------------------------------------------------------------
 
-# session, user, roles (3); the task (1); events and audit rows of the timeline (2); nodes, operations with node and
-# receipt, temp resources (3); the newest lease with its forced release, the reservation (2); the chain check
-# (tasks.engine.verification.task_verify_log: 17, whatever the log's length; one more per extra accepted plan revision);
-# retained objects (1); the task's wake-up row, for a remote that stays down (1, by primary key; none once the task
-# has ended). The test clock is no query; on the database clock, one more.
-PAGE_QUERIES = 30
+# session, user, roles (3); the task (1); events and audit rows of the timeline (2); the plan's counts, a page of
+# nodes, their receipts, the operations' count, a page of operations, the open operations, the failed nodes, the plan
+# whole if it holds an approval node, temp resources (9: tasks.reads.detail.task_detail); the newest lease with its
+# forced release, the reservation (2); the chain check (tasks.engine.verification.task_verify_log: 18, whatever the
+# log's length; one more per extra accepted plan revision); retained objects (1); the task's wake-up row, for a remote
+# that stays down (1, by primary key; none once the task has ended). The test clock is no query; on the database
+# clock, one more.
+PAGE_QUERIES = 37
 
 
 def page_queries(client: Client, task: Task) -> int:

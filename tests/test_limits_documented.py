@@ -33,6 +33,7 @@ from console.views.queue import PAGE_SIZE
 from hooks.api import SubscriptionIn
 from hooks.models import URL_MAX, WebhookSubscription
 from retention.services import DEBUG_ARTIFACT_CAP_BYTES, NAME_MAX
+from tasks.core.errors import PlanInvalid
 from tasks.core.parsing import MAX_BIGINT, MAX_JSON_DEPTH
 from tasks.core.plan import KEY_PATTERN, MAX_NODES, plan_json_schema
 from tasks.engine.cleanup import MAX_CLEANUP_ATTEMPTS, MIN_RESET_REASON
@@ -120,9 +121,9 @@ LIMITS = [
     # Plans and budgets
     Limit("Nodes in a plan", (f"{MAX_NODES} nodes",), quoted=(f"at most {MAX_NODES} nodes",)),
     Limit(
-        "Nodes of a plan whose nodes read versioned refs",
-        (f"fewer than {MAX_NODES}", kib(PAYLOAD_CAP_BYTES)),
-        quoted=(f"{PAYLOAD_CAP_BYTES}-byte event cap",),
+        "Problems named in a plan's refusal",
+        (f"the first {PlanInvalid.SHOWN}",),
+        quoted=(f"the first {PlanInvalid.SHOWN} problems",),
     ),
     Limit("A plan document", (kib(PLAN_CAP_BYTES),), quoted=(f"request body cap ({kib(MAX_BODY)}",)),
     Limit(

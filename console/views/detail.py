@@ -1,6 +1,6 @@
-"""The task detail page: the header and what the state waits for, the plan's nodes, the
-operations, the timeline with the hash-chain check, the lease panel (polled), the takeover package, temp resources
-and retained objects. Views check access and call the reads of tasks/reads/detail.py; nothing here writes."""
+"""The task detail page: the header and what the state waits for, the plan's nodes and the operations a page at a
+time, the timeline with the hash-chain check, the lease panel (polled), the takeover package, temp resources and
+retained objects. Views check access and call the reads of tasks/reads/detail.py; nothing here writes."""
 
 from typing import Any
 
@@ -17,9 +17,16 @@ from retention.queries import retained_for_task
 from tasks.access.permissions import can_operate
 from tasks.access.permits import permits
 from tasks.core.lifecycle import ChangeKind, task_ended
-from tasks.decide.approval_binding import approval_views
 from tasks.models import Task
-from tasks.reads.detail import InvalidTimelineCursor, chain_check, detail_page, lease_view, timeline_page
+from tasks.reads.detail import (
+    InvalidPageNumber,
+    InvalidTimelineCursor,
+    chain_check,
+    detail_page,
+    lease_view,
+    page_number,
+    timeline_page,
+)
 
 TEMPLATE = "console/task_detail.html"
 TIMELINE_PAGE_SIZE = 25
@@ -30,6 +37,8 @@ LEASE_POLL_SECONDS = 5
 @require_safe
 @vary_on_headers("HX-Request")
 def task_detail_page(request: HttpRequest, task_id: int) -> HttpResponse:
+    """The page, its nodes and operations a page at a time (``?nodes=2``, ``?ops=3``; past the last is the last)
+    and its timeline by cursor (``?before=…``)."""
     task = viewable_task(request, task_id)
     try:
         timeline, older = timeline_page(task, before=request.GET.get("before") or None, size=TIMELINE_PAGE_SIZE)
@@ -38,7 +47,12 @@ def task_detail_page(request: HttpRequest, task_id: int) -> HttpResponse:
     context = {"task": task, "timeline": timeline, "older": older, "paged": "before" in request.GET}
     if request.headers.get("HX-Request") and "before" in request.GET:
         return render(request, f"{TEMPLATE}#timeline-page", context)
-    return render(request, TEMPLATE, _page_context(request, task) | context)
+    try:
+        nodes_page, operations_page = page_number(request.GET.get("nodes")), page_number(request.GET.get("ops"))
+    except InvalidPageNumber:
+        return HttpResponseBadRequest("This link to a page of nodes or operations is not valid: open the task again.")
+    shown = _page_context(request, task, nodes_page=nodes_page, operations_page=operations_page)
+    return render(request, TEMPLATE, shown | context)
 
 
 @require_safe
@@ -67,8 +81,10 @@ def task_chain_check(request: HttpRequest, task_id: int) -> HttpResponse:
     return render(request, TEMPLATE, _page_context(request, task, force_check=True) | context)
 
 
-def _page_context(request: HttpRequest, task: Task, *, force_check: bool = False) -> dict[str, Any]:
-    shown = detail_page(task, force_check=force_check)
+def _page_context(
+    request: HttpRequest, task: Task, *, force_check: bool = False, nodes_page: int = 1, operations_page: int = 1
+) -> dict[str, Any]:
+    shown = detail_page(task, force_check=force_check, nodes_page=nodes_page, operations_page=operations_page)
     may_operate = can_operate(principal(request), task)
     return {
         "task": task,
@@ -81,9 +97,7 @@ def _page_context(request: HttpRequest, task: Task, *, force_check: bool = False
         "may_operate": may_operate,
         "may_take_over": permits(principal(request), ChangeKind.TAKEOVER, task, operable=may_operate) is None,
         "poll_seconds": LEASE_POLL_SECONDS,
-        "approvals": approval_views(
-            plan_version=task.plan_version, nodes=[row.node for row in shown.detail.nodes], now=shown.lease.now
-        ),
+        "approvals": shown.approvals,
         "remote": shown.remote,
         "state_sentence": shown.sentence,
         "remote_wait_seconds": shown.remote.wait_seconds(shown.lease.now) if shown.remote else None,

@@ -48,9 +48,25 @@ class InputField:
         if self.minimum is not None:
             literal["minimum"] = self.minimum
         outputs = [name for name, kind in OUTPUT_TYPES.items() if kind == self.type]
-        if not outputs:
+        forms = [literal] + ([node_output_value(outputs)] if outputs else [])
+        if self.type == "integer":  # a fan-out node's input: each batch's own number (tasks/core/plan.py)
+            forms.append(BATCH_VALUE)
+        if len(forms) == 1:
             return {"description": self.description, **literal}
-        return {"description": self.description, "anyOf": [literal, node_output_value(outputs)]}
+        return {"description": self.description, "anyOf": forms}
+
+
+# A value a fan-out node's input gives each of its batches (tasks/core/plan.py): the batch's number (from 1), its
+# first item (from 0) or its size.
+EACH_VALUES = ("index", "offset", "size")
+BATCH_VALUE: dict[str, Any] = {
+    "type": "object",
+    "description": "In a fan-out node's input: each batch's own number (index, from 1), first item (offset, from 0) "
+    "or size.",
+    "properties": {"each": {"enum": list(EACH_VALUES)}},
+    "required": ["each"],
+    "additionalProperties": False,
+}
 
 
 VERSIONED_REF: dict[str, Any] = {

@@ -36,7 +36,7 @@ from tasks.core.actions import get_action, known_actions
 from tasks.core.budget import PLAN_KEY, budget_ceiling, stated_budget
 from tasks.core.errors import PlanInvalid
 from tasks.core.failures import ALLOWED_DESTINATIONS, resolved_destinations
-from tasks.core.inputs import REF_FIELDS, VERSIONED_REF, input_problems, node_output_value
+from tasks.core.inputs import EACH_VALUES, REF_FIELDS, VERSIONED_REF, input_problems, node_output_value
 from tasks.core.lifecycle import FailureClass
 from tasks.core.outcomes import RECEIPT_FIELDS
 
@@ -75,7 +75,6 @@ NODE_KEYS = {
 # the batch's number (from 1), ``{"each": "offset"}`` its first item (from 0) and ``{"each": "size"}`` its size (the
 # last batch holds the rest). A node that depends on the fan-out node's key depends on every one of them. The
 # expansion is a function of the document, so the document (stored once, by digest) defines every node.
-EACH_VALUES = ("index", "offset", "size")
 
 
 @dataclass(frozen=True)

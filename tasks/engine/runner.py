@@ -50,7 +50,9 @@ class RunReport:
     wake_at: datetime | None = None  # when the task wants a worker again (backoff ends, an accepted op to observe)
 
 
-def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: int = 500) -> RunReport:
+def run_steps(
+    *, task_id: int, lease: Lease, connector: Connector, max_steps: int = 500, snapshot: Snapshot | None = None
+) -> RunReport:
     """Run the task's ready work with ``lease`` until it is done, must stop or wait, or ``max_steps`` directives.
 
     One snapshot is read at the start; each write returns the next one, so a node costs its two commits and no
@@ -59,10 +61,10 @@ def run_steps(*, task_id: int, lease: Lease, connector: Connector, max_steps: in
     extends the lease (a heartbeat); it is renewed explicitly only when a step wrote nothing (a wait). A lookup that
     itself fails leaves the operation unknown and ends the run (``stopped_by="remote_unreachable"``); an operation the
     remote still runs ends it too, with ``wake_at`` set for the next observation: the next run asks again, by op
-    key.
+    key. ``snapshot``: the task's snapshot, if the caller has read it (a stale one is refused by version, then read).
     """
     directive: Directive | None = None
-    snap: Snapshot | None = None
+    snap: Snapshot | None = snapshot
     step = conflicts = 0
     while step < max_steps:
         in_hand = ""  # the op key this step sends or settles, for the line logged if the step is refused

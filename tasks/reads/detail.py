@@ -1,11 +1,12 @@
 """Every read the task detail page needs, in a fixed number of queries whatever the number of nodes, operations or
 events (tests/test_detail_reads.py pins them). Reads only: nothing here writes.
 
-- ``task_detail(task)``: the current plan's nodes with the receipt that satisfied each, the operations (unknown and
-  unprovable first), the temp resources, and what the task's state waits for, computed from these live rows.
+- ``task_detail(task, nodes_page=…, operations_page=…)``: a page of the current plan's nodes with the receipt that
+  satisfied each, a page of the operations (unknown and unprovable first), the temp resources, and what the task's
+  state waits for, from live rows and counts the database makes — never from the page shown.
 - ``lease_view(task)``: who holds the task now (or who held it last), on the database server's clock.
 - ``timeline_page(task, before=…)``: the task's events merged with its audit rows, newest first, by keyset.
-- ``chain_check(task)``: the task's hash chain verified now, or not checked on open when the log is long.
+- ``chain_check(task)``: the task's hash chain verified now, or not checked on open when the log or the plan is long.
 - ``remote_down(task)``: whether the task's remote stays unreachable — since when, how many tries, when it is asked
   next (also for the work queue's rows, read with the page, and the API's task).
 """
@@ -17,14 +18,18 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from django.db.models import Case, Count, Exists, IntegerField, Min, Q, Value, When
 
 from audit.models import AuditEvent
 from leases import clock
 from leases.models import ForcedRelease, Lease, LeaseReservation
 from leases.state import LeaseState, lease_state
+from tasks.core.actions import approval_actions
 from tasks.core.errors import TaskError
 from tasks.core.lifecycle import (
+    OPEN_OPERATION_STATUSES,
     NodeStatus,
     OperationStatus,
     PauseReason,
@@ -32,19 +37,33 @@ from tasks.core.lifecycle import (
     TempResourceStatus,
     task_ended,
 )
+from tasks.core.parsing import ascii_int
+from tasks.decide.approval_binding import ApprovalView, approval_views
 from tasks.decide.evidence import evidence_problems
 from tasks.decide.receipts import receipt_summary
 from tasks.engine.verification import task_verify_log
 from tasks.models import Event, Node, Operation, OperationPurpose, Receipt, Task, TaskWakeUp, TempResource
 from tasks.querysets import UNPROVABLE
-from tasks.reads.state import task_state_sentence
+from tasks.reads.state import Progress, approval_waits_at, progress_state_sentence
 from tasks.reads.takeover import takeover_package
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
 
 # Above this many events the page does not verify the chain on open (task_verify_log reads the whole log five
 # times: measured ~40 ms at 100 events, ~60-85 ms at 200-500, ~290 ms at 2,000 on this machine's SQLite; PostgreSQL
 # alike); a "check now" button does it on request, however long the log.
 CHECK_ON_OPEN_MAX_EVENTS = 200
+# Nor above this many nodes in the current plan: the check reads every node of every plan and validates each plan
+# document again (measured ~1.3 s for a plan of 10,000 nodes and 2 events on this machine's SQLite, ~0.13 ms a node).
+CHECK_ON_OPEN_MAX_NODES = 500
 TIMELINE_PAGE_SIZE = 25
+# The page shows the current plan's nodes and the task's operations this many at a time, whatever their number: its
+# queries and its size do not grow with the plan (tests/test_console_task_page_size.py).
+NODES_PAGE_SIZE = 50
+OPERATIONS_PAGE_SIZE = 50
+# The state section names at most this many nodes of a kind (failed, short of their evidence), beside their count.
+NAMED_NODES_MAX = 20
 
 # Unknown operations first (unprovable among them first), then what is still in flight, then intents, then settled.
 _OPERATION_RANK = {
@@ -54,12 +73,17 @@ _OPERATION_RANK = {
     OperationStatus.INTENT.value: 3,
 }
 _IN_FLIGHT = (OperationStatus.DISPATCHED.value, OperationStatus.ACCEPTED.value)
+_OPEN = {status.value for status in OPEN_OPERATION_STATUSES}
 _NOT_CLEANED = (TempResourceStatus.ACTIVE.value, TempResourceStatus.CLEANING.value, TempResourceStatus.STUCK.value)
 _UNDONE = (TempResourceStatus.ACTIVE.value, TempResourceStatus.CLEANING.value)
 
 
 class InvalidTimelineCursor(TaskError):
     code = "invalid_cursor"
+
+
+class InvalidPageNumber(TaskError):
+    code = "invalid_page"
 
 
 @dataclass(frozen=True)
@@ -111,58 +135,201 @@ class OperationRow:
 @dataclass(frozen=True)
 class Waiting:
     """What the task's state waits for, from live rows: the operations it awaits (stopping: in flight; stopped with
-    pending reconciliation: unknown), and for a completed task whether every node's receipt satisfied its evidence."""
+    pending reconciliation: unknown), and for a completed task whether every node's receipt satisfied its evidence.
+    Nodes are named up to NAMED_NODES_MAX of a kind, with their whole count beside them."""
 
     in_flight: list[OperationRow]
     to_reconcile: list[OperationRow]
     unprovable: list[OperationRow]
-    unsatisfied_nodes: list[NodeRow]
+    unsatisfied_nodes: list[Node]
+    unsatisfied_count: int
     temp_to_clean: list[TempResource]
-    failed_nodes: list[NodeRow]
+    failed_nodes: list[Node]
+    failed_count: int
     backing_off_until: datetime | None
     # The page's sentence on the task's temp resources (cleanup_sentence, from their rows).
     cleanup: str = ""
 
+    @property
+    def unsatisfied_unnamed(self) -> int:
+        return self.unsatisfied_count - len(self.unsatisfied_nodes)
+
+    @property
+    def failed_unnamed(self) -> int:
+        return self.failed_count - len(self.failed_nodes)
+
+
+@dataclass(frozen=True)
+class Paged:
+    """Where one page sits among the rows it is cut from: its number (from 1), the rows a page holds and the rows
+    of every page, counted by the database."""
+
+    number: int
+    size: int
+    total: int
+
+    @property
+    def pages(self) -> int:
+        return max(1, -(-self.total // self.size))
+
+    @property
+    def first(self) -> int:
+        """The position (from 1) of the page's first row; 0 when there is none."""
+        return (self.number - 1) * self.size + 1 if self.total else 0
+
+    @property
+    def last(self) -> int:
+        return min(self.total, self.number * self.size)
+
+    @property
+    def previous(self) -> int | None:
+        return self.number - 1 if self.number > 1 else None
+
+    @property
+    def next(self) -> int | None:
+        return self.number + 1 if self.number < self.pages else None
+
+
+def _paged(number: int, size: int, total: int) -> Paged:
+    """Page ``number`` of ``total`` rows, clamped to the pages there are: a link made before a re-plan shortened the
+    plan shows its last page."""
+    if size < 1:
+        raise ValueError("a page holds at least one row")
+    pages = Paged(number=1, size=size, total=total).pages
+    return Paged(number=min(max(number, 1), pages), size=size, total=total)
+
+
+def page_number(text: str | None) -> int:
+    """A page's number as a link carries it (``?nodes=3``): absent or empty is the first page; anything but 1 to 19
+    ASCII digits raises InvalidPageNumber. A number past the last page is clamped where the rows are counted."""
+    if not text:
+        return 1
+    number = ascii_int(text)
+    if number is None:
+        raise InvalidPageNumber(f"not a page number: {text[:40]!r}")
+    return number
+
 
 @dataclass(frozen=True)
 class TaskDetail:
+    """One page of the current plan's nodes and one of the task's operations, with what the whole task counts: the
+    header and the state section say what the database holds, never what one page shows."""
+
     task: Task
     nodes: list[NodeRow]
+    nodes_paged: Paged
+    nodes_done: int
     operations: list[OperationRow]
+    operations_paged: Paged
     temp_resources: list[TempResource]
     waiting: Waiting
     terminal: bool
+    # The plan's nodes the approval rule reads: all of them when the plan holds an approval node, else none.
+    approval_graph: list[Node]
+    # When the earliest pending node may be tried again (the state sentence's retry time).
+    retry_at: datetime | None
 
     @property
-    def nodes_done(self) -> int:
-        return sum(1 for row in self.nodes if row.node.status == NodeStatus.SUCCEEDED)
+    def nodes_total(self) -> int:
+        return self.nodes_paged.total
 
 
-def task_detail(task: Task) -> TaskDetail:
-    """The detail of ``task`` (a row already read): 3 queries — nodes, operations with receipts, temp resources."""
-    nodes = list(Node.objects.filter(task=task, plan_version=task.plan_version).order_by("position"))
-    operations = list(
-        Operation.objects.filter(task=task).select_related("node", "receipt").order_by("registered_at", "pk")
+def task_detail(
+    task: Task,
+    *,
+    nodes_page: int = 1,
+    operations_page: int = 1,
+    nodes_size: int = NODES_PAGE_SIZE,
+    operations_size: int = OPERATIONS_PAGE_SIZE,
+) -> TaskDetail:
+    """The detail of ``task`` (a row already read), its nodes and operations a page at a time (a page past the last
+    is the last): 9 queries whatever the number of rows — the plan's counts, a page of nodes, the receipts of those
+    nodes, the operations' count, a page of operations, the open operations, the failed nodes, the plan whole if it
+    holds an approval node, the temp resources — and 2 more for a completed task, whose every node's receipt is
+    checked again against its evidence spec."""
+    plan = Node.objects.filter(task=task, plan_version=task.plan_version)
+    counts = plan.aggregate(
+        total=Count("pk"),
+        done=Count("pk", filter=Q(status=NodeStatus.SUCCEEDED.value)),
+        failed=Count("pk", filter=Q(status=NodeStatus.FAILED.value)),
+        backing_off_until=Min("not_before"),
+        retry_at=Min("not_before", filter=Q(status=NodeStatus.PENDING.value)),
     )
+    nodes_paged = _paged(nodes_page, nodes_size, counts["total"])
+    offset = (nodes_paged.number - 1) * nodes_size
+    nodes = list(plan.order_by("position")[offset : offset + nodes_size])
+    receipted = _receipted_effects(
+        Operation.objects.filter(task=task, node__key__in=[node.key for node in nodes])
+        if nodes
+        else Operation.objects.none()
+    )
+    paused_unprovable = task.status == TaskStatus.PAUSED and task.status_reason == PauseReason.UNPROVABLE
+    operations = Operation.objects.filter(task=task).select_related("node", "receipt")
+    operations_paged = _paged(operations_page, operations_size, operations.count())
+    offset = (operations_paged.number - 1) * operations_size
+    shown_ops = _ranked(operations, paused_unprovable)[offset : offset + operations_size]
+    open_ops = _ranked(operations.filter(status__in=sorted(_OPEN)), paused_unprovable)
+    failed = list(plan.filter(status=NodeStatus.FAILED.value).order_by("position")[:NAMED_NODES_MAX])
+    graph = list(plan.filter(Exists(plan.filter(action__in=approval_actions()))).order_by("position"))
     temps = list(
         TempResource.objects.filter(task=task)
         .select_related("node", "cleanup_operation", "cleanup_receipt")
         .order_by("created_at", "pk")
     )
-    paused_unprovable = task.status == TaskStatus.PAUSED and task.status_reason == PauseReason.UNPROVABLE
-    op_rows = sorted(
-        (_operation_row(op, paused_unprovable) for op in operations),
-        key=lambda row: (0 if row.unprovable else _OPERATION_RANK.get(row.op.status, 4), row.op.registered_at),
-    )
-    node_rows = [_node_row(node, operations) for node in nodes]
+    unsatisfied = _unsatisfied(task) if task.status == TaskStatus.COMPLETED else []
+    open_rows = [_operation_row(op, paused_unprovable) for op in open_ops]
     return TaskDetail(
         task=task,
-        nodes=node_rows,
-        operations=op_rows,
+        nodes=[_node_row(node, receipted.get(node.key, [])) for node in nodes],
+        nodes_paged=nodes_paged,
+        nodes_done=counts["done"],
+        operations=[_operation_row(op, paused_unprovable) for op in shown_ops],
+        operations_paged=operations_paged,
         temp_resources=temps,
-        waiting=_waiting(node_rows, op_rows, temps),
+        waiting=Waiting(
+            in_flight=[row for row in open_rows if row.in_flight],
+            to_reconcile=[row for row in open_rows if row.op.status == OperationStatus.UNKNOWN],
+            unprovable=[row for row in open_rows if row.unprovable],
+            unsatisfied_nodes=unsatisfied[:NAMED_NODES_MAX],
+            unsatisfied_count=len(unsatisfied),
+            temp_to_clean=[temp for temp in temps if temp.status in _NOT_CLEANED],
+            failed_nodes=failed,
+            failed_count=counts["failed"],
+            backing_off_until=counts["backing_off_until"],
+            cleanup=cleanup_sentence(temps),
+        ),
         terminal=task_ended(task.status),
+        approval_graph=graph,
+        retry_at=counts["retry_at"],
     )
+
+
+def _ranked(operations: "QuerySet[Operation]", paused_unprovable: bool) -> "QuerySet[Operation]":
+    """``operations`` unknown first (unprovable among them first), then in flight, then intents, then settled; by
+    registration within each. An unknown operation of a task paused as unprovable is unprovable."""
+    unknown = Q(status=OperationStatus.UNKNOWN.value)
+    unprovable = unknown if paused_unprovable else unknown & Q(failure_class=UNPROVABLE)
+    rank = Case(
+        When(unprovable, then=Value(0)),
+        *(When(status=status, then=Value(rank)) for status, rank in _OPERATION_RANK.items()),
+        default=Value(4),
+        output_field=IntegerField(),
+    )
+    return operations.alias(rank=rank).order_by("rank", "registered_at", "pk")
+
+
+def _unsatisfied(task: Task) -> list[Node]:
+    """The current plan's nodes, in plan order, with no receipt meeting their evidence spec now: every node is
+    read, with every receipted effect operation of the task (2 queries) — a completed task says every one met it."""
+    receipted = _receipted_effects(Operation.objects.filter(task=task))
+    nodes = Node.objects.filter(task=task, plan_version=task.plan_version).order_by("position")
+    return [node for node in nodes if not _satisfied(node, receipted.get(node.key, []))]
+
+
+def _satisfied(node: Node, candidates: list[Operation]) -> bool:
+    """NodeRow.satisfied, without the rest of the row."""
+    _, receipt, problems = _evidence_of(node, candidates)
+    return receipt is not None and not problems and node.status == NodeStatus.SUCCEEDED
 
 
 def _operation_row(op: Operation, paused_unprovable: bool) -> OperationRow:
@@ -182,10 +349,31 @@ def _receipt_of(op: Operation) -> Receipt | None:
         return None
 
 
-def _node_row(node: Node, operations: list[Operation]) -> NodeRow:
-    op = _satisfying_operation(node, operations)
+def _receipted_effects(operations: "QuerySet[Operation]") -> dict[str, list[Operation]]:
+    """The effect operations among ``operations`` that hold a receipt, by their node's key (a node carried over by
+    a re-plan holds a receipt of its namesake in an earlier plan), in registration order: one query."""
+    found: dict[str, list[Operation]] = {}
+    rows = (
+        operations.filter(purpose=OperationPurpose.EFFECT, receipt__isnull=False)
+        .select_related("node", "receipt")
+        .order_by("registered_at", "pk")
+    )
+    for op in rows:
+        found.setdefault(op.node.key, []).append(op)
+    return found
+
+
+def _evidence_of(node: Node, candidates: list[Operation]) -> tuple[Operation | None, Receipt | None, list[str]]:
+    """The operation whose receipt ``node`` is judged by, that receipt, and every way it falls short of the node's
+    evidence spec."""
+    op = _satisfying_operation(node, candidates)
     receipt = _receipt_of(op) if op is not None else None
     problems = evidence_problems(node, op, receipt) if op is not None and receipt is not None else []
+    return op, receipt, problems
+
+
+def _node_row(node: Node, candidates: list[Operation]) -> NodeRow:
+    op, receipt, problems = _evidence_of(node, candidates)
     return NodeRow(
         node=node,
         inputs=[_input_line(name, value) for name, value in node.input.items()],
@@ -197,14 +385,10 @@ def _node_row(node: Node, operations: list[Operation]) -> NodeRow:
     )
 
 
-def _satisfying_operation(node: Node, operations: list[Operation]) -> Operation | None:
-    """The effect operation whose receipt the node holds as its output (a node carried over by a re-plan holds a
-    receipt of its namesake in an earlier plan); else the node's latest effect receipt, if any."""
-    candidates = [
-        op
-        for op in operations
-        if op.purpose == OperationPurpose.EFFECT and op.node.key == node.key and _receipt_of(op) is not None
-    ]
+def _satisfying_operation(node: Node, candidates: list[Operation]) -> Operation | None:
+    """Among ``candidates`` (the receipted effect operations of nodes named as ``node`` is, in registration order):
+    the one whose receipt the node holds as its output (a node carried over by a re-plan holds a receipt of its
+    namesake in an earlier plan); else the node's latest, if any."""
     if not candidates:
         return None
     if node.status == NodeStatus.SUCCEEDED:
@@ -239,20 +423,6 @@ def _evidence_line(name: str, spec: Any) -> str:
 def _short(value: Any, limit: int = 120) -> str:
     text = value if isinstance(value, str) else repr(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _waiting(nodes: list[NodeRow], ops: list[OperationRow], temps: list[TempResource]) -> Waiting:
-    not_before = [row.node.not_before for row in nodes if row.node.not_before is not None]
-    return Waiting(
-        in_flight=[row for row in ops if row.in_flight],
-        to_reconcile=[row for row in ops if row.op.status == OperationStatus.UNKNOWN],
-        unprovable=[row for row in ops if row.unprovable],
-        unsatisfied_nodes=[row for row in nodes if not row.satisfied],
-        temp_to_clean=[temp for temp in temps if temp.status in _NOT_CLEANED],
-        failed_nodes=[row for row in nodes if row.node.status == NodeStatus.FAILED],
-        backing_off_until=min(not_before) if not_before else None,
-        cleanup=cleanup_sentence(temps),
-    )
 
 
 def cleanup_sentence(temps: Sequence[TempResource]) -> str:
@@ -472,18 +642,23 @@ class ChainCheck:
     checked: bool
     events: int
     problem: str | None = None
+    nodes: int = 0  # the current plan's, when the check was left for a person to ask for
+
+    @property
+    def long_plan(self) -> bool:
+        return self.nodes > CHECK_ON_OPEN_MAX_NODES
 
     @property
     def ok(self) -> bool:
         return self.checked and self.problem is None
 
 
-def chain_check(task: Task, *, force: bool = False) -> ChainCheck:
+def chain_check(task: Task, *, force: bool = False, nodes: int = 0) -> ChainCheck:
     """The task's record verified now (tasks.engine.verification, without quarantining: a page only reads), unless its
-    log
-    is longer than CHECK_ON_OPEN_MAX_EVENTS and ``force`` is not given. The log holds ``task.version`` events."""
-    if task.version > CHECK_ON_OPEN_MAX_EVENTS and not force:
-        return ChainCheck(checked=False, events=task.version)
+    log is longer than CHECK_ON_OPEN_MAX_EVENTS or its current plan (``nodes``, counted by the caller) longer than
+    CHECK_ON_OPEN_MAX_NODES, and ``force`` is not given. The log holds ``task.version`` events."""
+    if (task.version > CHECK_ON_OPEN_MAX_EVENTS or nodes > CHECK_ON_OPEN_MAX_NODES) and not force:
+        return ChainCheck(checked=False, events=task.version, nodes=nodes)
     verdict = task_verify_log(task_id=task.pk, quarantine=False)
     return ChainCheck(checked=True, events=task.version, problem=verdict.problem)
 
@@ -551,19 +726,27 @@ class DetailPage:
     lease: LeaseView
     check: ChainCheck
     package: dict[str, Any] | None
+    approvals: list[ApprovalView]
     remote: RemoteDown | None = None
-    sentence: str = ""  # the task's state in one sentence (tasks.reads.state), from the rows read here
+    sentence: str = ""  # the task's state in one sentence (tasks.reads.state), from the rows and counts read here
 
 
-def detail_page(task: Task, *, force_check: bool = False) -> DetailPage:
-    """task_detail, lease_view, chain_check, remote_down and, when a person is needed, the takeover package: a fixed
-    number of queries (tests/test_console_detail.py pins the page's)."""
+def detail_page(task: Task, *, force_check: bool = False, nodes_page: int = 1, operations_page: int = 1) -> DetailPage:
+    """task_detail (page ``nodes_page`` of the nodes, ``operations_page`` of the operations), lease_view,
+    chain_check, remote_down and, when a person is needed, the takeover package: a fixed number of queries whatever
+    the number of nodes (tests/test_console_detail.py and tests/test_console_task_page_size.py pin the page's)."""
     lease = lease_view(task)
-    detail = task_detail(task)
-    sentence = task_state_sentence(
+    detail = task_detail(task, nodes_page=nodes_page, operations_page=operations_page)
+    progress = Progress(
+        done=detail.nodes_done,
+        total=detail.nodes_total,
+        approval_waits=approval_waits_at(task, detail.approval_graph, lease.now),
+        retry_at=detail.retry_at,
+    )
+    sentence = progress_state_sentence(
         task,
-        nodes=[row.node for row in detail.nodes],
-        operations=[row.op for row in detail.operations],
+        progress=progress,
+        operations=[row.op for row in detail.waiting.to_reconcile + detail.waiting.in_flight],
         lease=lease.lease,
         now=lease.now,
     )
@@ -571,7 +754,8 @@ def detail_page(task: Task, *, force_check: bool = False) -> DetailPage:
         detail=detail,
         lease=lease,
         sentence=sentence,
-        check=chain_check(task, force=force_check),
+        check=chain_check(task, force=force_check, nodes=detail.nodes_total),
         package=takeover_package(task.pk) if shows_takeover_package(task, lease) else None,
+        approvals=approval_views(plan_version=task.plan_version, nodes=detail.approval_graph, now=lease.now),
         remote=remote_down(task),
     )

@@ -9,7 +9,9 @@ rows do not hold: no "first step" once a step is done, no "an agent is working" 
 approves, no "nobody" for a task a person has (it names who has it, or had it), and a stopped task that waits for a
 final "not found" says for which op key, until when, or a fence.
 
-``task_state_sentence`` reads those inputs from rows a page has already read (no query of its own).
+``task_state_sentence`` reads those inputs from rows a page has already read (no query of its own);
+``progress_state_sentence`` from the plan's steps counted by the database instead of its rows (a page that shows
+one page of a long plan's nodes).
 tests/test_state_sentence.py is its table of cases.
 """
 
@@ -278,24 +280,64 @@ def open_operations_of(operations: Iterable[Operation]) -> list[OpenOperation]:
     ]
 
 
+@dataclass(frozen=True)
+class Progress:
+    """What the sentence reads of the current plan's nodes: how many steps are done of how many, the approvals a
+    person is asked for now, and when a pending step may be tried again (the earliest ``not_before`` of a pending
+    step). A page that shows one page of nodes counts these in the database (tasks.reads.detail)."""
+
+    done: int
+    total: int
+    approval_waits: Sequence[ApprovalWait] = ()
+    retry_at: datetime | None = None
+
+
+def progress_of(task: Task, nodes: Sequence[Node], now: datetime) -> Progress:
+    """The Progress of ``task`` from every node of its current plan."""
+    ordered = sorted(nodes, key=lambda n: n.position)
+    not_before = [n.not_before for n in ordered if n.not_before is not None and n.status == NodeStatus.PENDING]
+    return Progress(
+        done=sum(1 for n in ordered if n.status == NodeStatus.SUCCEEDED),
+        total=len(ordered),
+        approval_waits=approval_waits_at(task, ordered, now),
+        retry_at=min(not_before) if not_before else None,
+    )
+
+
+def approval_waits_at(task: Task, nodes: Sequence[Node], now: datetime) -> list[ApprovalWait]:
+    """The approvals ``task`` waits for at ``now``. ``nodes``: the current plan's nodes in plan order — every one of
+    them when the plan holds an approval node (the rule reads the dependency graph); none are needed when it holds
+    none."""
+    ordered = list(nodes)
+    return approval_waits_of(awaited(plan_version=task.plan_version, nodes=ordered, now=now), ordered)
+
+
 def task_state_sentence(
     task: Task, *, nodes: Sequence[Node], operations: Iterable[Operation], lease: Lease | None, now: datetime
 ) -> str:
     """``state_sentence`` for ``task`` from rows already read: the current plan's ``nodes``, the task's
     ``operations`` (with their nodes), its newest ``lease`` (open or last closed) and ``now`` (the database clock)."""
-    ordered = sorted(nodes, key=lambda n: n.position)
-    not_before = [n.not_before for n in ordered if n.not_before is not None and n.status == NodeStatus.PENDING]
+    return progress_state_sentence(
+        task, progress=progress_of(task, nodes, now), operations=operations, lease=lease, now=now
+    )
+
+
+def progress_state_sentence(
+    task: Task, *, progress: Progress, operations: Iterable[Operation], lease: Lease | None, now: datetime
+) -> str:
+    """``state_sentence`` for ``task`` from its plan's ``progress`` (counted, not its rows), its ``operations`` (the
+    open ones are read; with their nodes), its newest ``lease`` and ``now`` (the database clock)."""
     return state_sentence(
         status=task.status,
         reason=task.status_reason,
         detail=task.status_detail,
-        nodes_done=sum(1 for n in ordered if n.status == NodeStatus.SUCCEEDED),
-        nodes_total=len(ordered),
-        approval_waits=approval_waits_of(awaited(plan_version=task.plan_version, nodes=ordered, now=now), ordered),
+        nodes_done=progress.done,
+        nodes_total=progress.total,
+        approval_waits=progress.approval_waits,
         holder=holder_of(lease, now),
         operations=open_operations_of(operations),
         cancel_requested=task.cancel_requested_at is not None,
-        retry_at=min(not_before) if not_before else None,
+        retry_at=progress.retry_at,
     )
 
 

@@ -54,7 +54,7 @@ def budget_spent_task(store: Simulator) -> Task:
     same one the Celery job runs) pauses it, budget exhausted."""
     document = plan("acme", objects=BATCH, source=SOURCE, max_batch=BATCH)
     for node in document["nodes"]:
-        if node["key"] == "copy-batch-1":
+        if node["key"] == "copy-batch":  # the fan-out node: every batch, here the one
             node["max_attempts"] = 1
     task = task_create(
         kind=KIND, title="Migrate project acme", plan=document, created_by="agent:migrator", project="acme"

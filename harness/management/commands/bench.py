@@ -1,7 +1,8 @@
 """./dev manage bench — Reckon's step protocol against the raw limit of its two commits (harness/bench.py); ``bench
 recovery`` and ``bench scan`` — a crash of every worker, and the recovery scan beside a large history
 (harness/bench_recovery.py); ``bench ab --variants MODULE`` — variants of the step path measured batch by batch,
-interleaved, in one process (harness/bench_ab.py)."""
+interleaved, in one process (harness/bench_ab.py); ``bench size`` — a step's cost at 10, 1,000 and 10,000 nodes per
+task (harness/bench_size.py)."""
 
 import json
 from collections.abc import Callable
@@ -23,8 +24,9 @@ from harness.bench_recovery import (
     run_recovery,
     run_scan,
 )
+from harness.bench_size import SizeConfig, format_size, run_size
 
-PARTS = ("steps", "recovery", "scan", "ab")
+PARTS = ("steps", "recovery", "scan", "ab", "size")
 
 
 def _workers(text: str) -> tuple[int, ...]:
@@ -44,7 +46,8 @@ class Command(BaseCommand):
         "task is done after every worker was SIGKILLed mid-run, against the same work uncrashed (and duplicate side "
         "effects counted by the simulator: the run fails on any). scan: the recovery scan's time with pending tasks "
         "beside few and many finished ones, and its plans. ab: variants of the step path (--variants MODULE), batch "
-        "by batch, interleaved, in one process. On the configured backend, in a throw-away database."
+        "by batch, interleaved, in one process. size: steps/s and CPU per step at 10, 1,000 and 10,000 nodes per "
+        "task. On the configured backend, in a throw-away database."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -72,6 +75,9 @@ class Command(BaseCommand):
             "--variants", default="", help="a module defining VARIANTS = {name: (on, off)}; first: baseline"
         )
         ab.add_argument("--batches", type=int, default=15, help="batches per variant (default 15)")
+        size = parser.add_argument_group("size")
+        size.add_argument("--sizes", default="10,1000,10000", help="nodes per task (default 10,1000,10000)")
+        size.add_argument("--size-steps", type=int, default=2000, help="steps per size and round (default 2000)")
         scan = parser.add_argument_group("scan")
         scan.add_argument("--pending", type=int, default=1000, help="pending tasks (default 1000)")
         scan.add_argument("--small", type=int, default=1000, help="finished tasks, first (default 1000)")
@@ -92,6 +98,16 @@ class Command(BaseCommand):
             self._scan(options, json_dir / "bench-scan.json")
         if "ab" in parts:
             self._ab(options, json_dir / "bench-ab.json")
+        if "size" in parts:
+            self._size(options, json_dir / "bench-size.json")
+
+    def _size(self, options: dict[str, Any], path: Path) -> None:
+        try:
+            sizes = tuple(int(part) for part in options["sizes"].split(",") if part.strip())
+        except ValueError as exc:
+            raise CommandError(f"--sizes takes node counts separated by commas, not {options['sizes']!r}") from exc
+        config = SizeConfig(sizes=sizes, steps=options["size_steps"], rounds=options["rounds"])
+        self._part(lambda log: run_size(config, log=log), (ValueError,), format_size, path)
 
     def _ab(self, options: dict[str, Any], path: Path) -> None:
         if not options["variants"]:
