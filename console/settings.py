@@ -12,7 +12,7 @@ RECKON_LOGIN_FAILURE_LIMIT, RECKON_LOGIN_COOLOFF_MINUTES   login throttling (dja
 DATABASE_URL      default: SQLite file data/reckon.sqlite3 (WAL, IMMEDIATE transactions, busy timeout)
 RECKON_CONN_MAX_AGE seconds a database connection is kept (default 600: persistent)
 RECKON_PG_PREPARE  "off" stops psycopg preparing the step's statements (a pooler that cannot keep them)
-RECKON_API_SNAPSHOT_ROWS rows of task snapshots a web process keeps between an agent's requests (default 10,000)
+RECKON_API_SNAPSHOT_ROWS rows of task snapshots a web process keeps between an agent's requests (default 25,000)
 CELERY_BROKER_URL default: filesystem broker under data/broker (no server); redis://… or amqp://… to scale out
 """
 
@@ -313,8 +313,9 @@ RECKON_OBJECTSTORE_TIMEOUT = float(os.environ.get("RECKON_OBJECTSTORE_TIMEOUT_SE
 # The agent API: requests a token may make a minute (0: no limit), counted in the cache below.
 RECKON_API_RATE = int(os.environ.get("RECKON_API_RATE", "6000"))
 # Rows (a task, its nodes, its open operations) of the snapshots each web process keeps for the next request of a
-# task's holder (api.steps.RECENT; about 3.4 KB each: 10,000 ≈ 34 MB per process); 0 keeps none.
-RECKON_API_SNAPSHOT_ROWS = int(os.environ.get("RECKON_API_SNAPSHOT_ROWS", "10000"))
+# task's holder (api.steps.RECENT; about 3.4 KB each: 25,000 ≈ 85 MB per process, a task at the node cap kept); 0
+# keeps none.
+RECKON_API_SNAPSHOT_ROWS = int(os.environ.get("RECKON_API_SNAPSHOT_ROWS", "25000"))
 # RECKON_CACHE_URL=redis://… shares the cache (the API's rate counts) between web processes; default: per process.
 if os.environ.get("RECKON_CACHE_URL"):
     CACHES = {

@@ -164,7 +164,7 @@ def _outcome(answer: Mapping[str, Any]) -> Outcome:
 def plan(project: str, objects: int, source: Mapping[str, Any], max_batch: int) -> dict[str, Any]:
     """Prepare, copy in batches of at most ``max_batch`` (the store's transaction boundary), verify, switch. The
     copies are one fan-out node: Reckon makes it ``copy-batch-1`` … ``copy-batch-n``, each with its batch's number
-    and size, so the plan stays a few hundred bytes at a million objects (up to 10,000 batches in one task)."""
+    and size, so the plan stays a few hundred bytes at a million objects (up to 20,000 nodes in one task)."""
     ref, target = {"ref": dict(source)}, {"from": "prepare-target", "field": "remote_id"}
     nodes: list[dict[str, Any]] = [
         {

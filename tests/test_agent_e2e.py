@@ -486,7 +486,7 @@ def test_the_reference_agent_migrates_a_project_once_too_large_for_one_plan(live
 @pytest.mark.parametrize(
     ("extra", "said"),
     [
-        (("--objects", "10001", "--batch", "1"), "Reckon refused the task: 422 plan_invalid"),
+        (("--objects", "20001", "--batch", "1"), "Reckon refused the task: 422 plan_invalid"),
         (("--objects", "10", "--batch", "501"), "--batch 501: the store copies 1 to 500 objects in one transaction"),
     ],
     ids=["past-the-node-cap", "past-the-store-batch"],
@@ -494,13 +494,13 @@ def test_the_reference_agent_migrates_a_project_once_too_large_for_one_plan(live
 def test_the_reference_agent_says_what_was_refused_and_how_to_get_round_it(
     live: Live, store: Simulator, extra: tuple[str, ...], said: str
 ) -> None:
-    """A project past the node cap (10,004 nodes), or a batch past the store's transaction: a sentence naming the
+    """A project past the node cap (20,004 nodes), or a batch past the store's transaction: a sentence naming the
     limit and the way around it, exit status 2, no traceback — and no task."""
     process = agent(live, store, *extra)
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 2, output
     assert said in output, output
     if "plan_invalid" in said:
-        assert "at most 10000 nodes, this one has 10004: give each node more to do" in output, output
+        assert "at most 20000 nodes, this one has 20004: give each node more to do" in output, output
     assert "Traceback" not in output
     assert not Task.objects.filter(kind=KIND).exists()

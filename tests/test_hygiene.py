@@ -724,7 +724,7 @@ def test_a_failure_detail_in_plain_words_is_not_taken_for_a_credential(make_task
 
 
 def test_the_largest_plan_validation_allows_fits_every_event_it_produces(make_task, clock) -> None:
-    """MAX_NODES nodes with the longest keys (a fan-out node's members, ``<key>-10000``): accepted, and its
+    """MAX_NODES nodes with the longest keys (a fan-out node's members, ``<key>-20000``): accepted, and its
     plan_accepted event stays under the cap (node definitions live in the plan revision, the event carries its
     digest)."""
     suffix = len(f"-{MAX_NODES}")

@@ -83,7 +83,7 @@ class InvalidTimelineCursor(TaskError):
 
 
 class InvalidPageNumber(TaskError):
-    code = "invalid_page"
+    code = "invalid_cursor"  # a link to a page, as a list's cursor: one sentence and status for both
 
 
 @dataclass(frozen=True)
