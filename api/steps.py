@@ -100,7 +100,7 @@ INPUTS_REFUSALS = ("task_not_runnable", "inputs_recheck_required", "secret_in_pa
 # The snapshot this process last answered of each task: the holder's next request names its version in If-Match,
 # and the task's row alone then says whether its nodes and operations are still these (tasks.engine.snapshot).
 RECENT = RecentSnapshots(max_rows=settings.RECKON_API_SNAPSHOT_ROWS)
-connection_created.connect(RECENT.clear, weak=False)
+connection_created.connect(RECENT.connected, weak=False)
 
 
 def _snapshot(task_id: int, lease: Lease, expected: int | None = None) -> Snapshot:

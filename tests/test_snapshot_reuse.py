@@ -10,6 +10,7 @@ same task row, nodes, operations, reservation and lease, field by field."""
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -279,16 +280,33 @@ def test_recent_snapshots_keep_the_latest_version_within_their_bound() -> None:
 
 
 @pytest.mark.django_db
-def test_a_new_database_connection_forgets_every_kept_snapshot(make_task: Callable[..., Task]) -> None:
+def test_a_new_connection_to_a_server_forgets_every_kept_snapshot(make_task: Callable[..., Task]) -> None:
     """A new connection may reach another server (a standby promoted after a failover may not hold a version kept
-    here): nothing kept before it is used after it."""
+    here): nothing kept before it is used after it. A SQLite file has no other server: a new connection to the same
+    file (runserver opens one per request thread) keeps them; one to another file forgets them."""
     from django.db.backends.signals import connection_created
 
     task = make_task(plan=chain_plan("a"))
-    steps.RECENT.keep(task_snapshot(task_id=task.pk))
-    assert steps.RECENT.get(task.pk) is not None
+    kept = task_snapshot(task_id=task.pk)
+
+    def opened(vendor: str, name: str) -> bool:
+        """Whether the snapshot is still kept after a connection to (vendor, name) opened."""
+        steps.RECENT.keep(kept)
+        link = SimpleNamespace(vendor=vendor, settings_dict={"NAME": name})
+        connection_created.send(sender=type(connection), connection=link)
+        return steps.RECENT.get(task.pk) is not None
+
+    assert not opened("postgresql", "reckon")
+    assert not opened("postgresql", "reckon"), "every new connection to a server, the same name or not"
+    assert not opened("sqlite", "/data/a.sqlite3"), "the first connection to a file: nothing known of it"
+    assert opened("sqlite", "/data/a.sqlite3")
+    assert not opened("sqlite", "/data/b.sqlite3")
+    assert not opened("postgresql", "/data/b.sqlite3")
+    # The real signal, from this test's own connection: a second connection to its database.
     connection_created.send(sender=type(connection), connection=connection)
-    assert steps.RECENT.get(task.pk) is None
+    steps.RECENT.keep(kept)
+    connection_created.send(sender=type(connection), connection=connection)
+    assert (steps.RECENT.get(task.pk) is not None) == (connection.vendor == "sqlite")
 
 
 @pytest.mark.django_db(transaction=True)

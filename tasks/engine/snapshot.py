@@ -64,13 +64,25 @@ class RecentSnapshots:
         self._lock = threading.Lock()
         self._by_task: OrderedDict[int, tuple[Snapshot, int]] = OrderedDict()
         self._rows = 0
+        self._database: tuple[str, str] | None = None  # the last connection's (vendor, name)
 
     def clear(self, **_signal: Any) -> None:
-        """Forget every snapshot: on a new database connection, which may reach another server (a failover to a
-        standby that may not hold the versions kept here), or another database."""
+        """Forget every snapshot."""
         with self._lock:
             self._by_task.clear()
             self._rows = 0
+
+    def connected(self, connection: Any, **_signal: Any) -> None:
+        """A new database connection (``connection_created``): on a server, it may reach another one — a failover to
+        a standby that may not hold the versions kept here — so every snapshot is forgotten. A SQLite file has no
+        other server: its snapshots are kept while the connection opens the same file (a process that opens one
+        connection per request thread, as ``runserver`` does, would otherwise keep nothing)."""
+        database = (connection.vendor, str(connection.settings_dict.get("NAME")))
+        with self._lock:
+            if connection.vendor == "sqlite" and database == self._database:
+                return
+            self._database = database
+        self.clear()
 
     def get(self, task_id: int) -> Snapshot | None:
         with self._lock:
