@@ -24,9 +24,9 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from console.database_url import parse_database_url
 from observability.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -210,7 +210,7 @@ SQLITE_OPTIONS = {
 }
 
 DATABASES = {
-    "default": dj_database_url.parse(
+    "default": parse_database_url(  # a PostgreSQL primary and its standbys too: console/database_url.py
         os.environ.get("DATABASE_URL", f"sqlite:///{DATA_DIR / 'reckon.sqlite3'}"),
         # Persistent connections in every process (web and worker): a connection per step would cost a connect.
         conn_max_age=int(os.environ.get("RECKON_CONN_MAX_AGE", "600")),

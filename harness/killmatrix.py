@@ -257,7 +257,13 @@ def database_url(name: str = "") -> str:
     db = connection.settings_dict
     if connection.vendor == "sqlite":
         return f"sqlite:///{name or db['NAME']}"
-    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{name or db['NAME']}"
+    # A primary and its standbys (console/database_url.py): every host, and the session it asks for.
+    hosts = str(db["HOST"] or "127.0.0.1").split(",")
+    ports = str(db["PORT"] or 5432).split(",")
+    netloc = ",".join(f"{host}:{port}" for host, port in zip(hosts, ports * len(hosts), strict=False))
+    wanted = (db.get("OPTIONS") or {}).get("target_session_attrs")
+    query = f"?target_session_attrs={wanted}&connect_timeout=2" if wanted else ""
+    return f"postgres://{db['USER']}@{netloc}/{name or db['NAME']}{query}"
 
 
 @contextmanager

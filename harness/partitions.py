@@ -64,7 +64,7 @@ from django.db import connection
 
 from agents import migrate_project
 from agents.objectstore import ObjectStoreConnector
-from harness import killmatrix
+from harness import failover, killmatrix
 from harness.faultproxy import FaultProxy
 from harness.killmatrix import MAX_BATCH, OBJECTS, SCAN_EVERY, Row, Scenario, StoreProcess, Workers
 from harness.ports import free_port
@@ -90,7 +90,7 @@ class Partition:
     name: str
     what: str
     link: Literal["database", "remote", "clock", "broker"]
-    fault: Literal["blackhole", "cut", "restart", "skew", "broker_restart"] = "blackhole"
+    fault: Literal["blackhole", "cut", "restart", "skew", "broker_restart", "failover"] = "blackhole"
     lanes: int = 3
     direct_workers: int = 1  # takes the tasks over (one is enough: three lanes cut off at most three at once)
     lease_ttl: int = 3
@@ -151,13 +151,23 @@ RESTART = Partition(
     direct_workers=2,
 )
 PGDATA_ENV = "RECKON_PARTITIONS_PGDATA"
+# Only when named (--scenario failover): a primary and its synchronous standby of the run's own (harness/failover.py).
+FAILOVER = Partition(
+    "failover",
+    "a primary and its synchronous standby of the run's own; the primary stopped (immediate) mid-run, the standby "
+    "promoted; every process reconnects through a multi-host URL (target_session_attrs=read-write)",
+    link="database",
+    fault="failover",
+    lanes=0,
+    direct_workers=2,
+)
 OPEN = [OperationStatus.INTENT, OperationStatus.DISPATCHED, OperationStatus.UNKNOWN]
 
 
 def choose(names: list[str]) -> list[Partition]:
     if not names:
         return list(PARTITIONS)
-    known = {p.name.replace(" ", "_"): p for p in [*PARTITIONS, RESTART]}
+    known = {p.name.replace(" ", "_"): p for p in [*PARTITIONS, RESTART, FAILOVER]}
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(f"unknown partition scenario(s) {', '.join(unknown)}; known: {', '.join(known)}")
@@ -204,6 +214,13 @@ class Tally:
             )
         if link == "restart":
             return "  partitions: the server restarted mid-run; no worker restarted"
+        if link == "failover":
+            return (
+                "  partitions: the primary stopped mid-run and its synchronous standby promoted; no worker restarted; "
+                "0 lost commits, every log verified, one lease holder at a time"
+                if not self.problems
+                else f"  partitions: the failover found {len(self.problems)} problem(s)"
+            )
         if link == "cut":
             return (
                 f"  partitions: {self.partitioned} tasks whose worker lost every database connection after a dispatch "
@@ -349,6 +366,8 @@ def run_partition(
         return run_skew(partition, tasks, timeout=timeout, log=log)
     if partition.fault == "broker_restart":
         return run_broker_restart(partition, tasks, timeout=timeout, log=log)
+    if partition.fault == "failover":
+        return run_failover(partition, tasks, timeout=timeout, log=log)
     started = time.monotonic()
     row = PartitionRow(partition.name, tasks, link="cut" if partition.fault == "cut" else partition.link)
     tally = row.tally
@@ -686,6 +705,80 @@ def run_restart(
             row.tally.problems.append("a worker had to be started again")
         row.fired = row.tally.partitioned
         _judge(row, partition, ids, store)
+    return _reported(row, started, log)
+
+
+# -- a failover to a synchronous standby ---------------------------------------------------------------------------
+
+
+def run_failover(
+    partition: Partition, tasks: int, *, timeout: float, log: Callable[[str], None] = print
+) -> PartitionRow:
+    """Every worker direct, on a primary and its synchronous standby of the run's own (harness/failover.py), through
+    one multi-host URL; once a third of the tasks have begun, the primary is stopped in immediate mode and the
+    standby promoted, then recovery scans finish the run. The workers are never restarted. Judged as the kill matrix
+    judges a row, and by harness/failover.py's checks: lost commits, the logs, one lease holder at a time."""
+    from django.db import OperationalError, close_old_connections
+
+    started = time.monotonic()
+    row = PartitionRow(partition.name, tasks, link="failover")
+    tally = row.tally
+    keep = bool(os.environ.get(KEEP_ENV))
+    with (
+        tempfile.TemporaryDirectory(prefix="reckon-failover-", delete=not keep) as tmp,
+        failover.pg_pair(Path(tmp)) as pair,
+    ):
+        tally.phases["clusters"] = time.monotonic() - started
+        with failover.connected_to(pair.url), _running(partition, Path(tmp)) as (store, direct, queue, _lanes):
+            ids = _create(store, tasks)
+            pids = [p.pid for p in direct.processes]
+            for task_id in ids:
+                drive_task.apply_async((task_id,), queue=queue)
+            deadline, failed_over, last_scan = time.monotonic() + timeout, False, time.monotonic()
+            before: dict[int, int] = {}
+            third = 0.0  # when a third of the tasks had begun
+            while time.monotonic() < deadline:
+                try:
+                    direct.replace_dead()
+                    if not failed_over:
+                        begun = Operation.objects.filter(task_id__in=ids).values("task_id").distinct().count()
+                        open_ops = Operation.objects.filter(task_id__in=ids, status__in=OPEN).count()
+                        # A third begun, and an operation in flight (or, failing that, 5 s later): the crash meets
+                        # calls made and not yet recorded.
+                        third = third or (time.monotonic() if begun * 3 >= tasks else 0.0)
+                        if third and (open_ops or time.monotonic() - third > 5):
+                            before = failover.versions(ids)
+                            connection.close()
+                            stopped = time.monotonic()
+                            pair.primary.stop("immediate")
+                            pair.standby.promote()
+                            failed_over = True
+                            tally.partitioned = tasks  # every task was in the run the failover hit
+                            tally.phases["failover"] = time.monotonic() - stopped
+                            log(
+                                f"  primary stopped (immediate) with {begun} of {tasks} tasks begun, {open_ops} "
+                                f"operations open; standby promoted in {tally.phases['failover']:.1f} s"
+                            )
+                    elif killmatrix._finished(ids, partition.scenario):
+                        break
+                    if time.monotonic() - last_scan >= SCAN_EVERY:
+                        killmatrix.send_scan(queue)
+                        last_scan = time.monotonic()
+                except OperationalError:
+                    close_old_connections()
+                    connection.close()
+                time.sleep(0.25)
+            if not failed_over:
+                tally.problems.append("the primary was never failed over")
+            if [p.pid for p in direct.processes] != pids:
+                tally.problems.append("a worker had to be started again")
+            if pair.standby.query("SELECT pg_is_in_recovery()", failover.DATABASE) != [(False,)]:
+                tally.problems.append("the promoted standby is not a primary at the end")
+            tally.problems.extend(failover.lost_commits(before, failover.versions(ids)))
+            tally.problems.extend(failover.log_problems(ids))
+            tally.problems.extend(failover.lease_problems(ids))
+            row.fired = tally.partitioned
+            _judge(row, partition, ids, store)
     return _reported(row, started, log)
 
 

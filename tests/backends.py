@@ -263,7 +263,7 @@ POSTGRES_PASS_ONLY: tuple[Group, ...] = (
         "Need PostgreSQL (skipped on SQLite) without the postgres marker: a worker partitioned from its database "
         "through the fault proxy, psycopg through the proxy.",
         (
-            *_in("test_partitions.py", "test_every_partition_scenario_ends_clean"),
+            *_in("test_partitions.py", "test_every_partition_scenario_ends_clean", "test_the_failover_row_ends_clean"),
             *_in(
                 "test_fault_proxy.py",
                 "test_postgres_blackholed_query_hangs_and_is_answered_once_healed",

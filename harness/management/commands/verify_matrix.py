@@ -15,7 +15,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
-from harness import killmatrix, partitions
+from harness import failover, killmatrix, partitions
 
 
 class Command(BaseCommand):
@@ -68,7 +68,8 @@ class Command(BaseCommand):
         if options["partitions"]:
             if options["lanes"] < 1:
                 raise CommandError("--lanes must be at least 1")
-            chosen = [dataclasses.replace(p, lanes=options["lanes"]) for p in chosen]
+            # Rows with lanes take --lanes; rows without (direct workers only) keep none.
+            chosen = [dataclasses.replace(p, lanes=options["lanes"]) if p.lanes else p for p in chosen]
             self._partitions(chosen, tasks, timeout, broker)
             return
         self.stdout.write(
@@ -93,7 +94,12 @@ class Command(BaseCommand):
         started = time.monotonic()
         try:
             rows = [partitions.run_partition(p, tasks, timeout=timeout, log=self.stdout.write) for p in chosen]
-        except (partitions.NeedsPostgres, partitions.NeedsFaketime, partitions.NeedsRedis) as exc:
+        except (
+            partitions.NeedsPostgres,
+            partitions.NeedsFaketime,
+            partitions.NeedsRedis,
+            failover.NeedsPostgresBinaries,
+        ) as exc:
             raise CommandError(str(exc)) from exc
         for row in rows:
             for problem in row.problems[:10]:
