@@ -467,8 +467,9 @@ def test_on_the_database_clock_the_page_reads_the_clock_once_more(admin, make_ta
     assert page_queries(admin, task) == PAGE_QUERIES + 1
 
 
-# takeover_package: the task, its nodes, its open operations, its receipts.
-PACKAGE_QUERIES = 4
+# takeover_package (tasks/reads/takeover.py): the task, its plan's counts, its first succeeded and not-done nodes, its
+# operations' counts, its first open operations, its newest receipts — each list capped, whatever the rows.
+PACKAGE_QUERIES = 7
 
 
 @pytest.mark.parametrize("nodes", [3, 30])

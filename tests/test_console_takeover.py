@@ -634,17 +634,21 @@ def test_the_page_costs_the_same_queries_for_3_nodes_as_for_30(client, make_task
 
 
 # session, user, roles, the task, 2 guardian permission reads (user and group permissions: one can_operate), the open
-# lease, the reservation, the plan's nodes, the proposals, (a task taken over) the event that had paused it, and the
-# open operations for the state sentence (tasks/reads/state.py; the newest lease is the open one here). Nothing per
-# node. (The database clock is the controllable one here; on the real one, one more: SELECT its time.)
-TAKEOVER_PAGE_QUERIES = 12
+# lease, the reservation, the proposals, (a task taken over) the event that had paused it, the open operations for the
+# state sentence (tasks/reads/state.py; the newest lease is the open one here), the plan's counts, the plan whole only
+# if it holds an approval node (none here), the result form's first steps, and the takeover package (its first
+# succeeded and not-done nodes, the operations' counts, the first open operations, the newest receipts: 5). Nothing
+# per node (tests/test_takeover_package_size.py: the same at 10,000 nodes). (The database clock is the controllable
+# one here; on the real one, one more: SELECT its time.)
+TAKEOVER_PAGE_QUERIES = 19
 
 
 @pytest.mark.parametrize("size", [3, 30])
-# The replan page: access (6, as the takeover page), the takeover state (4), the draft (task, plan revision, the last
-# acceptance, the rechecks since), the proposal's effect (task, nodes) and its document (deferred on the takeover
-# page): 17 with one proposal; each further proposal shown (3 at most) adds its document and effect.
-@pytest.mark.parametrize(("name", "budget"), [("takeover-lease", 10), ("takeover-replan", 17)])
+# The replan page: access (6, as the takeover page), the takeover state (3: its plan's nodes are read only by the
+# pages that show them), the draft (task, plan revision, the last acceptance, the rechecks since), the proposal's
+# effect (task, nodes) and its document (deferred on the takeover page): 16 with one proposal; each further proposal
+# shown (3 at most) adds its document and effect. The lease panel: access and the takeover state (9).
+@pytest.mark.parametrize(("name", "budget"), [("takeover-lease", 9), ("takeover-replan", 16)])
 def test_the_lease_panel_and_the_replan_page_cost_a_fixed_number_of_queries(
     client, make_task, root, clock, size, name, budget
 ) -> None:

@@ -2,6 +2,8 @@
 re-plan. Every form that changes a task carries the version the page showed (``expected_version``): the service
 refuses a stale one. Forms check shapes only; every rule is the services'."""
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +98,16 @@ def _field(key: str, name: str) -> str:
     return f"n-{key}-{name}"
 
 
+_REMOTE_ID_FIELD = re.compile(r"n-(.+)-remote_id")
+
+
+def posted_steps(data: Iterable[str]) -> list[str]:
+    """The step keys a posted result form carries fields for (each step's fieldset posts its remote id field, empty
+    or not), in the order posted: the form is read for those steps, whichever page listed them. Only the shape is
+    read here: tasks.reads.takeover checks the keys and caps how many are read."""
+    return [m.group(1) for name in data if (m := _REMOTE_ID_FIELD.fullmatch(name)) is not None]
+
+
 class ResultForm(VersionedForm, LeaseForm):
     """A takeover result: a receipt per node the person did by hand — typed fields from that node's evidence
     spec — evidence items, attachments and a note, and one decision. Two stages: ``review`` validates and shows
@@ -110,14 +122,24 @@ class ResultForm(VersionedForm, LeaseForm):
     note = forms.CharField(max_length=4000, required=False, label="Note", widget=forms.Textarea(attrs={"rows": 3}))
 
     def __init__(
-        self, *args: Any, nodes: list[Node], all_nodes: list[Node], offered: list[Node] | None = None, **kwargs: Any
+        self,
+        *args: Any,
+        nodes: list[Node],
+        all_nodes: list[Node],
+        offered: list[Node] | None = None,
+        unreadable: dict[str, str] | None = None,
+        **kwargs: Any,
     ) -> None:
-        """``nodes``: every step a result could name; ``offered``: those the page shows (all of them unless given).
-        A result posted for a step not offered — a page from before its approval lapsed, a forged one — is still
-        read, so the service refuses it by name instead of the form dropping it unseen."""
+        """``nodes``: the steps the form reads (tasks.reads.takeover.TakeoverState.resultable: a bounded page of
+        those a result could name, and those asked for by key); ``all_nodes``: the nodes their inputs are resolved
+        from; ``offered``: those the page shows (all of them unless given); ``unreadable``: step key → why no result
+        can be given for it. A result posted for a step not offered — a page from before its approval lapsed, a
+        forged one — is still read, so the service refuses it by name instead of the form dropping it unseen; one
+        posted for an unreadable step is refused by the form, by its sentence."""
         super().__init__(*args, **kwargs)
         self.node_fields = [self._add_node(node, all_nodes) for node in nodes]
         self.offered = {n.key for n in (nodes if offered is None else offered)}
+        self.unreadable = unreadable or {}
 
     def _add_node(self, node: Node, all_nodes: list[Node]) -> NodeFields:
         try:
@@ -159,6 +181,9 @@ class ResultForm(VersionedForm, LeaseForm):
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
+        for key, why in self.unreadable.items():
+            if str(self.data.get(_field(key, "remote_id"), "")).strip():
+                self.add_error(None, f"No result can be recorded here: {why}.")
         for nf in self.node_fields:
             given = [cleaned.get(nf.names[n]) for n in RECEIPT_FIELDS if n != "remote_id" and n in nf.names]
             if not cleaned.get(nf.names["remote_id"]) and any(v not in (None, "") for v in given):

@@ -30,6 +30,7 @@ from console.forms.takeover import (
     ReplanAcceptForm,
     ReplanProposeForm,
     ResultForm,
+    posted_steps,
     stored_field_value,
 )
 from leases.errors import LeaseError
@@ -73,25 +74,40 @@ def _vary(response: HttpResponse) -> HttpResponse:
 
 
 def _render_page(
-    request: HtmxHttpRequest, task: Task, who: Principal, *, status: int = 200, **extra: Any
+    request: HtmxHttpRequest,
+    task: Task,
+    who: Principal,
+    *,
+    status: int = 200,
+    steps: list[str] | None = None,
+    **extra: Any,
 ) -> HttpResponse:
-    state = takeover_state(actor=who, task=task)
+    """The page; ``steps``: the steps asked for by key (a link's ``?step=``, or those a posted form carried)."""
+    state = takeover_state(actor=who, task=task, steps=steps or [])
     context: dict[str, Any] = {
         "state": state,
         "task": task,
         "wait_poll": WAIT_POLL_SECONDS,
     }
-    context.setdefault("result_form", _result_form(state))
     context.update(extra)
+    panel = bool(request.htmx and request.htmx.target == "lease-panel")
+    if state.holding and not panel:  # the result form (its steps read) is shown only to whoever holds the task
+        context.setdefault("result_form", _result_form(state))
     context.setdefault("release_form", ReleaseForm(initial={"epoch": state.lease.epoch if state.lease else 1}))
-    template = f"{PAGE}#lease-panel" if request.htmx and request.htmx.target == "lease-panel" else PAGE
+    template = f"{PAGE}#lease-panel" if panel else PAGE
     return _vary(render(request, template, context, status=status))
 
 
 def _result_form(state: TakeoverState, data: Any = None, files: Any = None) -> ResultForm:
     initial = {"expected_version": state.task.version, "epoch": state.lease.epoch if state.lease else 1}
     return ResultForm(
-        data, files, initial=initial, nodes=state.resultable, all_nodes=state.nodes, offered=state.to_submit
+        data,
+        files,
+        initial=initial,
+        nodes=state.resultable,
+        all_nodes=state.input_nodes,
+        offered=state.to_submit,
+        unreadable=state.step_problems,
     )
 
 
@@ -108,8 +124,9 @@ def _after_action(request: HtmxHttpRequest, task: Task, message: str, *, error: 
 
 @require_safe
 def takeover_page(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
+    """The page; ``?step=<key>`` (repeated) opens the result fields of steps past the first ones listed."""
     task = operable_task(request, task_id)
-    return _render_page(request, task, principal(request))
+    return _render_page(request, task, principal(request), steps=request.GET.getlist("step"))
 
 
 @require_safe
@@ -198,10 +215,11 @@ def release(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
 def submit(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
     task = operable_task(request, task_id)
     who = principal(request)
-    state = takeover_state(actor=who, task=task)
+    steps = posted_steps(request.POST)
+    state = takeover_state(actor=who, task=task, steps=steps)
     form = _result_form(state, request.POST, request.FILES)
     if not form.is_valid():
-        return _render_page(request, task, who, status=400, result_form=form)
+        return _render_page(request, task, who, status=400, steps=steps, result_form=form)
     data = form.cleaned_data
     try:
         lease = takeover_lease_of(actor=who, task_id=task.pk, epoch=data["epoch"])
@@ -219,13 +237,15 @@ def submit(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
         if data["stage"] == "review":
             preview = takeover_preview(**arguments)
             return _render_page(
-                request, task, who, result_form=_reviewed(state, request, form, stored), preview=preview
+                request, task, who, steps=steps, result_form=_reviewed(state, request, form, stored), preview=preview
             )
         takeover_submit(**arguments)
     except (Refused, LeaseError) as error:
         if isinstance(error, VersionConflict):  # the form is based on the version now, for a new review
             form = _rebased(state, request, error)
-        return _render_page(request, task, who, status=status_for(error), result_form=form, error=message_for(error))
+        return _render_page(
+            request, task, who, status=status_for(error), steps=steps, result_form=form, error=message_for(error)
+        )
     return _after_action(request, task, _submitted(data["decision"]))
 
 

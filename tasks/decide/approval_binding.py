@@ -78,7 +78,7 @@ def gates_of(nodes: Sequence[Node] | Mapping[str, Node], node: Node) -> list[Nod
     return [by_key[k] for k in node.depends_on if k in by_key and is_approval(by_key[k].action)]
 
 
-def gated_by(nodes: tuple[Node, ...] | list[Node], approval: Node) -> list[Node]:
+def gated_by(nodes: Sequence[Node], approval: Node) -> list[Node]:
     """The effect nodes that depend directly on ``approval``, in plan order."""
     return [n for n in nodes if approval.key in n.depends_on and not is_approval(n.action)]
 
@@ -158,7 +158,7 @@ def judged(
 
 
 def person_refusal(
-    *, plan_version: int, nodes: tuple[Node, ...] | list[Node], now: datetime, node: Node, request: dict[str, Any]
+    *, plan_version: int, nodes: Sequence[Node], now: datetime, node: Node, request: dict[str, Any]
 ) -> ApprovalNotGiven | None:
     """May a person type a result for ``node``, recorded as an operation sending ``request``? The same rule as a
     start (``judged``, on the request's call digest): a result for a gated step does the gated work, so without an
@@ -176,7 +176,7 @@ def person_refusal(
     )
 
 
-def person_may_submit(*, plan_version: int, nodes: tuple[Node, ...] | list[Node], now: datetime, node: Node) -> bool:
+def person_may_submit(*, plan_version: int, nodes: Sequence[Node], now: datetime, node: Node) -> bool:
     """Whether the result form offers ``node``: not while an approval it depends on does not bind its request (the
     request it would record is the one its start would send; one whose input is not produced yet is not bound)."""
     if not gates_of(nodes, node):
@@ -204,7 +204,7 @@ class Proposal:
         return digest_of(self.requests)
 
 
-def proposal(nodes: tuple[Node, ...] | list[Node], approval: Node, plan_version: int) -> Proposal:
+def proposal(nodes: Sequence[Node], approval: Node, plan_version: int) -> Proposal:
     """The requests ``approval`` is asked to permit: those of its gated nodes still pending whose request is known
     now (a gated node that reads an output not produced yet is asked for once it is: the approval given before does
     not cover it)."""
@@ -234,7 +234,7 @@ class Awaited:
         return self.approval.approval_proposed_digest == self.proposal.digest
 
 
-def awaited(*, plan_version: int, nodes: tuple[Node, ...] | list[Node], now: datetime) -> list[Awaited]:
+def awaited(*, plan_version: int, nodes: Sequence[Node], now: datetime) -> list[Awaited]:
     """The approvals a person may give now, in plan order: an approval node that is pending with every dependency
     succeeded, or a succeeded one whose binding the rule refuses for a ready gated node (expired, given under
     another plan revision, not naming that node's request)."""
@@ -256,7 +256,7 @@ def awaited(*, plan_version: int, nodes: tuple[Node, ...] | list[Node], now: dat
 
 
 def _first_refused(
-    plan_version: int, nodes: tuple[Node, ...] | list[Node], now: datetime, approval: Node, succeeded: set[str]
+    plan_version: int, nodes: Sequence[Node], now: datetime, approval: Node, succeeded: set[str]
 ) -> ApprovalRefused | None:
     for node in gated_by(nodes, approval):
         if node.status != NodeStatus.PENDING or not set(node.depends_on) <= succeeded:
@@ -416,7 +416,7 @@ class ApprovalView:
         }
 
 
-def approval_views(*, plan_version: int, nodes: tuple[Node, ...] | list[Node], now: datetime) -> list[ApprovalView]:
+def approval_views(*, plan_version: int, nodes: Sequence[Node], now: datetime) -> list[ApprovalView]:
     """Every approval node of the plan, in plan order, at ``now`` (a reading of the database clock)."""
     waiting = {a.approval.key: a for a in awaited(plan_version=plan_version, nodes=nodes, now=now)}
     views = []

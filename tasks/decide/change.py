@@ -4,7 +4,7 @@ tasks/engine/snapshot.py) and the Change that the compare-and-set (tasks/engine/
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, overload
 
 from leases.state import live_at
 from tasks.core.lifecycle import OPEN_OPERATION_STATUSES, ChangeKind, NodeStatus, OperationStatus
@@ -45,10 +45,58 @@ class NodesByKey(Mapping[str, Node]):
         return len(self._positions)
 
 
+class PlanNodes(Sequence[Node]):
+    """A snapshot's nodes after writes: the nodes as read, with the ones written since laid over them by position —
+    a write copies the nodes it changed, never the plan — folded into one tuple once ``FOLD_AT`` are laid over (so a
+    step's cost stays flat in the plan's size, and so does a lookup)."""
+
+    __slots__ = ("_base", "_over")
+    FOLD_AT = 256
+
+    def __init__(self, base: Sequence[Node], over: dict[int, Node] | None = None) -> None:
+        self._base, self._over = base, over or {}
+
+    def __len__(self) -> int:
+        return len(self._base)
+
+    @overload
+    def __getitem__(self, index: int) -> Node: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Node, ...]: ...
+    def __getitem__(self, index: int | slice) -> Node | tuple[Node, ...]:
+        if isinstance(index, slice):
+            return tuple(self)[index]
+        if index < 0:
+            index += len(self._base)
+        node = self._over.get(index)
+        return node if node is not None else self._base[index]
+
+    def __iter__(self) -> Iterator[Node]:
+        if not self._over:
+            return iter(self._base)
+        over = self._over
+        return (over.get(position, node) for position, node in enumerate(self._base))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+
+    __hash__ = None  # type: ignore[assignment]  # a sequence of mutable rows
+
+    def replaced(self, changed: dict[int, Node]) -> "PlanNodes":
+        """These nodes with ``changed`` (position → node) laid over them."""
+        over = {**self._over, **changed}
+        if len(over) < self.FOLD_AT:
+            return PlanNodes(self._base, over)
+        folded = list(self._base)
+        for position, node in over.items():
+            folded[position] = node
+        return PlanNodes(tuple(folded))
+
+
 @dataclass(frozen=True)
 class Snapshot:
     task: Task  # the row at ``version``
-    nodes: tuple[Node, ...]  # the current plan's nodes by position; ``node.retries`` = its rejected operations
+    nodes: Sequence[Node]  # the current plan's nodes by position; ``node.retries`` = its rejected operations
     unsettled: tuple[Operation, ...]  # intent, dispatched, accepted and unknown operations, oldest first
     now: datetime  # the database clock when it was read (or last written)
     lease_expires_at: datetime | None = None  # the caller's lease, if it is the open one at its epoch
@@ -79,6 +127,11 @@ class Snapshot:
     def node_by_id(self, node_id: int) -> Node | None:
         position = self.positions.by_id.get(node_id)
         return self.nodes[position] if position is not None else None
+
+    def nodes_from(self, position: int) -> Iterator[Node]:
+        """The nodes from ``position`` on, without walking the ones before it."""
+        nodes = self.nodes
+        return (nodes[i] for i in range(position, len(nodes)))
 
     def succeeded_before(self) -> int:
         """The position of the first node that has not succeeded (``len(nodes)`` when all have): a step starts its

@@ -9,7 +9,6 @@ database (tests/test_decisions.py).
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from itertools import islice
 from typing import Any, Literal
 
 from django.conf import settings
@@ -120,7 +119,7 @@ def directive(snap: Snapshot) -> Directive:
         return Directive("execute", v, node_key=op.node.key, op_key=op.op_key, reason="intent_registered")
     first = snap.succeeded_before()  # every node before it succeeded: none of them is ready
     by_key = snap.by_key
-    for node in islice(snap.nodes, first, None):
+    for node in snap.nodes_from(first):
         if node.status != NodeStatus.PENDING or not all(
             by_key[dep].status == NodeStatus.SUCCEEDED for dep in node.depends_on
         ):
@@ -517,9 +516,7 @@ def _committed(snap: Snapshot, op: Operation, outcome: Committed, settled_by: st
             data=data | {"problems": problems},
         )
     # Every other node succeeded (those before succeeded_before did; the search stops at the first that has not).
-    last = all(
-        n.status == NodeStatus.SUCCEEDED for n in islice(snap.nodes, snap.succeeded_before(), None) if n.pk != node.pk
-    )
+    last = all(n.status == NodeStatus.SUCCEEDED for n in snap.nodes_from(snap.succeeded_before()) if n.pk != node.pk)
     return Change(
         event="node_succeeded",
         task=_after_settling(snap, op, after.status, all_done=last),

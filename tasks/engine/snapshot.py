@@ -22,7 +22,7 @@ from leases.state import open_sql
 from tasks import rows
 from tasks.core.errors import TaskNotFound, VersionConflict
 from tasks.core.lifecycle import UNSETTLED_OPERATION_STATUSES, OperationStatus
-from tasks.decide.change import Snapshot
+from tasks.decide.change import PlanNodes, Snapshot
 from tasks.models import Node, Operation, Task
 
 _UNSETTLED = [s.value for s in UNSETTLED_OPERATION_STATUSES]
@@ -226,26 +226,28 @@ def after_write(
     # Only the nodes the write changed are copied (the old snapshot stays as it was); the others are shared, at the
     # positions the old snapshot's plan gave them: the cost is the write's, not the plan's.
     positions = snap.positions
-    new_nodes = list(snap.nodes)
+    copied: dict[int, Node] = {}
     succeeded_from = snap.succeeded_from
     for node_id in nodes.keys() | rejected.keys():
         position = positions.by_id.get(node_id)
         if position is None:
             continue
-        node = rows.clone(new_nodes[position])
+        node = rows.clone(snap.nodes[position])
         for name, value in (nodes.get(node_id) or {}).items():
             setattr(node, name, value)
         if node_id in rejected:
             node.retries = getattr(node, "retries", 0) + rejected[node_id]  # type: ignore[attr-defined]
-        new_nodes[position] = node
+        copied[position] = node
         succeeded_from = min(succeeded_from, position)
+    laid = snap.nodes if isinstance(snap.nodes, PlanNodes) else PlanNodes(snap.nodes)
+    new_nodes = laid.replaced(copied) if copied else snap.nodes
     written = {op.id: op for op in operations}
     was_written = set(written)
     kept = [written.pop(op.id, op) for op in snap.unsettled]  # the ones written replace the ones read
     unsettled = []
     for op in [*kept, *written.values()]:  # then the ones the write inserted
         position = positions.by_id.get(op.node_id)
-        its_node = new_nodes[position] if position is not None else None
+        its_node = copied.get(position, snap.nodes[position]) if position is not None else None
         if its_node is not None and op._state.fields_cache.get("node") is not its_node:
             if op.id not in was_written:  # the old snapshot's row: a copy points to the new node, not the row itself
                 op = rows.clone(op)
@@ -255,7 +257,7 @@ def after_write(
     return replace(
         snap,
         task=task,
-        nodes=tuple(new_nodes),
+        nodes=new_nodes,
         unsettled=tuple(unsettled),
         now=now,
         lease_expires_at=lease_expires_at if lease_expires_at is not None else snap.lease_expires_at,

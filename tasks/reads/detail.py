@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from django.db.models import Case, Count, Exists, IntegerField, Min, Q, Value, When
+from django.db.models import Case, Count, DateTimeField, Exists, F, IntegerField, Min, Q, Sum, Value, When, Window
 
 from audit.models import AuditEvent
 from leases import clock
@@ -64,6 +64,9 @@ NODES_PAGE_SIZE = 50
 OPERATIONS_PAGE_SIZE = 50
 # The state section names at most this many nodes of a kind (failed, short of their evidence), beside their count.
 NAMED_NODES_MAX = 20
+# The page lists at most this many of a task's temp resources (stuck first, then being deleted, then the others
+# still to delete, then the deleted; by creation within each); the cleanup sentence counts them all in the database.
+TEMP_NAMED_MAX = 20
 
 # Unknown operations first (unprovable among them first), then what is still in flight, then intents, then settled.
 _OPERATION_RANK = {
@@ -143,7 +146,7 @@ class Waiting:
     unprovable: list[OperationRow]
     unsatisfied_nodes: list[Node]
     unsatisfied_count: int
-    temp_to_clean: list[TempResource]
+    temp_to_clean: list[TempResource]  # those of the named temp resources not yet deleted
     failed_nodes: list[Node]
     failed_count: int
     backing_off_until: datetime | None
@@ -157,6 +160,26 @@ class Waiting:
     @property
     def failed_unnamed(self) -> int:
         return self.failed_count - len(self.failed_nodes)
+
+
+@dataclass(frozen=True)
+class TempCounts:
+    """A task's temp resources as the database counts them, by status, and the earliest moment one still to delete
+    may be asked again (its not_before)."""
+
+    active: int = 0
+    cleaning: int = 0
+    stuck: int = 0
+    deleted: int = 0
+    retry_from: datetime | None = None
+
+    @property
+    def total(self) -> int:
+        return self.active + self.cleaning + self.stuck + self.deleted
+
+    @property
+    def left(self) -> int:
+        return self.active + self.cleaning + self.stuck
 
 
 @dataclass(frozen=True)
@@ -221,7 +244,8 @@ class TaskDetail:
     nodes_done: int
     operations: list[OperationRow]
     operations_paged: Paged
-    temp_resources: list[TempResource]
+    temp_resources: list[TempResource]  # the first TEMP_NAMED_MAX (stuck first); ``temps`` counts them all
+    temps: TempCounts
     waiting: Waiting
     terminal: bool
     # The plan's nodes the approval rule reads: all of them when the plan holds an approval node, else none.
@@ -232,6 +256,11 @@ class TaskDetail:
     @property
     def nodes_total(self) -> int:
         return self.nodes_paged.total
+
+    @property
+    def temps_unnamed(self) -> int:
+        """The temp resources the page does not list (the database's count less those listed)."""
+        return self.temps.total - len(self.temp_resources)
 
 
 def task_detail(
@@ -245,8 +274,8 @@ def task_detail(
     """The detail of ``task`` (a row already read), its nodes and operations a page at a time (a page past the last
     is the last): 9 queries whatever the number of rows — the plan's counts, a page of nodes, the receipts of those
     nodes, the operations' count, a page of operations, the open operations, the failed nodes, the plan whole if it
-    holds an approval node, the temp resources — and 2 more for a completed task, whose every node's receipt is
-    checked again against its evidence spec."""
+    holds an approval node, the first temp resources with all of them counted — and 2 more for a completed task,
+    whose every node's receipt is checked again against its evidence spec."""
     plan = Node.objects.filter(task=task, plan_version=task.plan_version)
     counts = plan.aggregate(
         total=Count("pk"),
@@ -271,11 +300,7 @@ def task_detail(
     open_ops = _ranked(operations.filter(status__in=sorted(_OPEN)), paused_unprovable)
     failed = list(plan.filter(status=NodeStatus.FAILED.value).order_by("position")[:NAMED_NODES_MAX])
     graph = list(plan.filter(Exists(plan.filter(action__in=approval_actions()))).order_by("position"))
-    temps = list(
-        TempResource.objects.filter(task=task)
-        .select_related("node", "cleanup_operation", "cleanup_receipt")
-        .order_by("created_at", "pk")
-    )
+    temps, temp_counts = _temps(task)
     unsatisfied = _unsatisfied(task) if task.status == TaskStatus.COMPLETED else []
     open_rows = [_operation_row(op, paused_unprovable) for op in open_ops]
     return TaskDetail(
@@ -286,6 +311,7 @@ def task_detail(
         operations=[_operation_row(op, paused_unprovable) for op in shown_ops],
         operations_paged=operations_paged,
         temp_resources=temps,
+        temps=temp_counts,
         waiting=Waiting(
             in_flight=[row for row in open_rows if row.in_flight],
             to_reconcile=[row for row in open_rows if row.op.status == OperationStatus.UNKNOWN],
@@ -296,12 +322,55 @@ def task_detail(
             failed_nodes=failed,
             failed_count=counts["failed"],
             backing_off_until=counts["backing_off_until"],
-            cleanup=cleanup_sentence(temps),
+            cleanup=cleanup_sentence_of(temp_counts),
         ),
         terminal=task_ended(task.status),
         approval_graph=graph,
         retry_at=counts["retry_at"],
     )
+
+
+def _temps(task: Task) -> tuple[list[TempResource], TempCounts]:
+    """The task's first TEMP_NAMED_MAX temp resources (stuck first, then being deleted, then the others still to
+    delete, then the deleted; by creation within each) and every one of them counted by status: one query, each row
+    carrying the counts over all the task's rows (window aggregates, computed before the limit)."""
+
+    def counted(status: str) -> Window:
+        return Window(Sum(Case(When(status=status, then=Value(1)), default=Value(0), output_field=IntegerField())))
+
+    undone_not_before = Case(When(status__in=_UNDONE, then=F("not_before")), output_field=DateTimeField())
+    rank = Case(
+        When(status=TempResourceStatus.STUCK.value, then=Value(0)),
+        When(status=TempResourceStatus.CLEANING.value, then=Value(1)),
+        When(status=TempResourceStatus.ACTIVE.value, then=Value(2)),
+        default=Value(3),
+        output_field=IntegerField(),
+    )
+    rows = list(
+        TempResource.objects.filter(task=task)
+        .select_related("node", "cleanup_operation", "cleanup_receipt")
+        .annotate(
+            n_active=counted(TempResourceStatus.ACTIVE.value),
+            n_cleaning=counted(TempResourceStatus.CLEANING.value),
+            n_stuck=counted(TempResourceStatus.STUCK.value),
+            n_deleted=counted(TempResourceStatus.DELETED.value),
+            undone_retry_from=Window(Min(undone_not_before)),
+            rank=rank,
+        )
+        .order_by("rank", "created_at", "pk")[:TEMP_NAMED_MAX]
+    )
+    if not rows:
+        return [], TempCounts()
+    first: Any = rows[0]
+    named: list[TempResource] = [*rows]
+    counts = TempCounts(
+        active=first.n_active,
+        cleaning=first.n_cleaning,
+        stuck=first.n_stuck,
+        deleted=first.n_deleted,
+        retry_from=first.undone_retry_from,
+    )
+    return named, counts
 
 
 def _ranked(operations: "QuerySet[Operation]", paused_unprovable: bool) -> "QuerySet[Operation]":
@@ -426,23 +495,34 @@ def _short(value: Any, limit: int = 120) -> str:
 
 
 def cleanup_sentence(temps: Sequence[TempResource]) -> str:
-    """What the task's temp resources (all its rows) say of its cleanup, in one sentence: how many are still to
-    delete — being deleted, refused for now and when they are asked again, stuck for a person — and how many are
+    """``cleanup_sentence_of`` the task's temp resources given as rows (all of them)."""
+    count = Counter(str(temp.status) for temp in temps)
+    waits = [t.not_before for t in temps if t.not_before is not None and t.status in _UNDONE]
+    return cleanup_sentence_of(
+        TempCounts(
+            active=count[TempResourceStatus.ACTIVE.value],
+            cleaning=count[TempResourceStatus.CLEANING.value],
+            stuck=count[TempResourceStatus.STUCK.value],
+            deleted=count[TempResourceStatus.DELETED.value],
+            retry_from=min(waits) if waits else None,
+        )
+    )
+
+
+def cleanup_sentence_of(counts: TempCounts) -> str:
+    """What the task's temp resources (all its rows, counted) say of its cleanup, in one sentence: how many are still
+    to delete — being deleted, refused for now and when they are asked again, stuck for a person — and how many are
     deleted with their cleanup receipt. It states only what the rows hold: a task shown as done does not mean its
     temp resources are gone, and "nothing left" is said only when every row is deleted."""
-    if not temps:
+    if not counts.total:
         return "This task recorded no temp resource: nothing to clean up."
-    count = Counter(str(temp.status) for temp in temps)
-    deleted, stuck = count[TempResourceStatus.DELETED.value], count[TempResourceStatus.STUCK.value]
-    cleaning = count[TempResourceStatus.CLEANING.value]
-    left = count[TempResourceStatus.ACTIVE.value] + cleaning + stuck
+    deleted, stuck, cleaning, left = counts.deleted, counts.stuck, counts.cleaning, counts.left
     gone = f"{deleted} deleted, each with its cleanup receipt"
     if not left:
         return f"No temp resource is left to clean up: {gone}."
-    waits = [t.not_before for t in temps if t.not_before is not None and t.status in _UNDONE]
     details = [f"{cleaning} being deleted"] if cleaning else []
-    if waits:
-        details.append(f"the remote refused for now; asked again from {min(waits):%Y-%m-%d %H:%M:%S %Z}")
+    if counts.retry_from is not None:
+        details.append(f"the remote refused for now; asked again from {counts.retry_from:%Y-%m-%d %H:%M:%S %Z}")
     if stuck:
         details.append(f"{stuck} stuck: every delete was refused, a person must decide")
     details.append(gone)
