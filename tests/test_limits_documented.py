@@ -43,7 +43,14 @@ from tasks.people.forced_release import MIN_FORCE_TEXT
 from tasks.people.notes import NOTE_MAX_CHARS
 from tasks.people.oversight import MAX_LISTED_PROBLEMS
 from tasks.people.settlement import MIN_NOTE
-from tasks.reads.detail import CHECK_ON_OPEN_MAX_EVENTS
+from tasks.reads.detail import (
+    CHECK_ON_OPEN_MAX_EVENTS,
+    CHECK_ON_OPEN_MAX_NODES,
+    NODES_PAGE_SIZE,
+    OPERATIONS_PAGE_SIZE,
+    TEMP_NAMED_MAX,
+)
+from tasks.reads.takeover import NAMED_MAX, RESULT_STEPS_SHOWN, STEPS_BY_KEY_MAX
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "limits.md"
 HEADER = "What is limited"
@@ -277,9 +284,23 @@ LIMITS = [
     ),
     Limit(
         "Rows on a page",
-        (f"work queue {PAGE_SIZE}", f"audit log {AUDIT_PAGE_SIZE}", f"timeline {TIMELINE_PAGE_SIZE}"),
+        (
+            f"work queue {PAGE_SIZE}",
+            f"audit log {AUDIT_PAGE_SIZE}",
+            f"timeline {TIMELINE_PAGE_SIZE}",
+            f"a task's nodes {NODES_PAGE_SIZE}",
+            f"its operations {OPERATIONS_PAGE_SIZE}",
+        ),
     ),
-    Limit("The hash-chain check", (f"at most {CHECK_ON_OPEN_MAX_EVENTS} events",)),
+    Limit(
+        "The hash-chain check",
+        (f"at most {CHECK_ON_OPEN_MAX_EVENTS} events", f"at most {CHECK_ON_OPEN_MAX_NODES} nodes"),
+    ),
+    Limit("What a takeover package", (f"{NAMED_MAX} of each kind",)),
+    Limit(
+        "Steps the takeover page's result form shows",
+        (f"the first {RESULT_STEPS_SHOWN}", f"{STEPS_BY_KEY_MAX} more opened by key"),
+    ),
     Limit("Problems listed by a verification run", (str(MAX_LISTED_PROBLEMS), str(MAX_LISTED_FINDINGS))),
     # Retention
     Limit(
@@ -402,3 +423,8 @@ def test_each_api_problem_the_doc_names_has_the_status_it_gives() -> None:
 def test_the_api_takes_a_webhook_url_as_long_as_the_service_and_the_column_do() -> None:
     """The schema said 4,000 characters where the service and the column hold 2,000: one limit, said once."""
     assert field(SubscriptionIn, "url")["maxLength"] == URL_MAX == WebhookSubscription._meta.get_field("url").max_length
+
+
+def test_the_pages_name_as_many_temp_resources_as_rows_of_every_other_kind() -> None:
+    """docs/limits.md says one number for what a takeover package and the task page name, temp resources included."""
+    assert TEMP_NAMED_MAX == NAMED_MAX
