@@ -230,11 +230,13 @@ def _directive_answer(task_id: int, lease: Lease, snap: Snapshot) -> tuple[Direc
     """The next directive decided on ``snap``, and the snapshot it was answered at (a later one when deciding it
     wrote: a cleanup's delete registered, an approval's proposal recorded)."""
     d, cleanup = agent_directive(task_id=task_id, lease=lease, snapshot=snap)
+    # A write made deciding (a cleanup's delete registered, what an approval is asked for): answer what it left, read
+    # on the snapshot decided on (the log between says whether its nodes still hold).
     if cleanup is not None:  # the task has ended: its temp resources are this agent's to delete
-        snap = task_snapshot(task_id=task_id, lease=lease)
+        snap = task_snapshot(task_id=task_id, lease=lease, known=snap)
         return cleanup_directive_out(cleanup, snap), snap
-    if d.task_version != snap.version:  # it recorded what an approval is asked for: answer what that left
-        snap = task_snapshot(task_id=task_id, lease=lease)
+    if d.task_version != snap.version:
+        snap = task_snapshot(task_id=task_id, lease=lease, known=snap)
     return directive_out(d, snap), snap
 
 

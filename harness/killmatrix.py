@@ -295,7 +295,15 @@ def _source(project: str) -> dict[str, Any]:
     return {"source": "store", "locator": f"projects/{project}", "version": "1", "digest": "sha256:" + "5e" * 32}
 
 
-def run_scenario(scenario: Scenario, tasks: int, *, timeout: float, log: Callable[[str], None] = print) -> Row:
+def run_scenario(
+    scenario: Scenario,
+    tasks: int,
+    *,
+    timeout: float,
+    log: Callable[[str], None] = print,
+    objects: int = OBJECTS,
+) -> Row:
+    """``objects``: what each task migrates, in batches of ``MAX_BATCH`` (100,000: a task of 10,003 nodes)."""
     started = time.monotonic()
     row = Row(scenario.name, tasks)
     with tempfile.TemporaryDirectory(prefix="reckon-matrix-") as tmp, _running(scenario, Path(tmp)) as running:
@@ -310,7 +318,7 @@ def run_scenario(scenario: Scenario, tasks: int, *, timeout: float, log: Callabl
             created.append(
                 migrate_project.start(
                     project=project,
-                    objects=OBJECTS,
+                    objects=objects,
                     source=source,
                     store=connector,
                     max_batch=MAX_BATCH,
@@ -361,7 +369,7 @@ def run_scenario(scenario: Scenario, tasks: int, *, timeout: float, log: Callabl
         if scenario.late and not row.late:
             row.problems.append("no request reached the store late: the scenario tried nothing")
             row.wrong += 1
-        _judge(row, scenario, ids, stats)
+        _judge(row, scenario, ids, stats, objects=objects)
     row.seconds = time.monotonic() - started
     log(_format_row(row))
     return row
@@ -438,7 +446,7 @@ def _change_inputs_and_hand_back(
 # -- judging ---------------------------------------------------------------------------------------------------
 
 
-def _judge(row: Row, scenario: Scenario, ids: list[int], stats: dict[str, Any]) -> None:
+def _judge(row: Row, scenario: Scenario, ids: list[int], stats: dict[str, Any], *, objects: int = OBJECTS) -> None:
     by_key: dict[str, int] = stats.get("by_op_key", {})
     for task in Task.objects.filter(pk__in=ids).order_by("pk"):
         mine = {key: n for key, n in by_key.items() if task.uid.hex in key}
@@ -446,7 +454,7 @@ def _judge(row: Row, scenario: Scenario, ids: list[int], stats: dict[str, Any]) 
         committed = [op for op in ops if op.status == OperationStatus.COMMITTED and not op.settled_by]
         receipts = set(Receipt.objects.filter(operation__task=task).values_list("operation__op_key", flat=True))
         row.counted += sum(mine.values())
-        row.expected += _expected_effects(task, scenario, committed)
+        row.expected += _expected_effects(task, scenario, committed, objects)
         row.duplicates += sum(n - 1 for n in mine.values() if n > 1)
         per_node: dict[int, int] = {}
         for op in committed:
@@ -472,10 +480,10 @@ def _judge(row: Row, scenario: Scenario, ids: list[int], stats: dict[str, Any]) 
         row.problems += [f"task {task.pk}: {w}" for w in wrong]
 
 
-def _expected_effects(task: Task, scenario: Scenario, committed: list[Operation]) -> int:
+def _expected_effects(task: Task, scenario: Scenario, committed: list[Operation], objects: int = OBJECTS) -> int:
     """What the store should have counted for this task: one per effect node that ran, one per temp resource
     deleted. A cancelled task ran only what committed before or during the cancel (each one with a receipt)."""
-    batches = len(migrate_project.batches(OBJECTS, MAX_BATCH))
+    batches = len(migrate_project.batches(objects, MAX_BATCH))
     if scenario.expect == TaskStatus.COMPLETED:
         return 3 + batches + batches  # prepare, copies, verify, switch; one temp staging copy deleted per batch
     return len(committed)  # cancelled or paused: every effect the store counted must be one of these

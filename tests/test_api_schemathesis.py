@@ -328,6 +328,9 @@ def steered(document: dict[str, Any], world: World, *, leases_from_links: bool =
         properties = schema.get("properties", {})
         if "plan" in properties:
             properties["plan"] = {"enum": [VALID_PLAN]}
+            if "attempt_budget" in properties:  # the policy's for VALID_PLAN: most of 1 to 10,000 is over it (422)
+                budget = {"type": "integer", "minimum": 1, "maximum": 20}
+                properties["attempt_budget"] = {"anyOf": [budget, {"type": "null"}]}
         if "kind" in properties and "title" in properties:
             properties["kind"] = {"type": "string", "enum": [KIND, "not-in-scope"]}
         if "url" in properties and "events" in properties:

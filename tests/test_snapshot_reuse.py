@@ -388,3 +388,59 @@ def test_a_grant_whose_first_start_is_refused_stands_answers_no_next_and_keeps_n
     assert Lease.objects.filter(pk=answered.json()["lease_id"], released_at__isnull=True).exists()
     assert not Operation.objects.filter(task_id=task["id"]).exists()
     assert steps.RECENT.get(task["id"]) is None
+
+
+# --- a snapshot a few versions back: its nodes lent when the log between changed none --------------------------------
+
+
+@pytest.mark.django_db
+def test_a_known_snapshot_lends_its_nodes_across_writes_that_changed_none(
+    make_task: Callable[..., Task], admin: Principal
+) -> None:
+    """A cancel (the task row and its event only) moves the version: the snapshot read with the one before it reuses
+    its nodes — the log between says no node changed — and equals a full read in everything a decision reads."""
+    task = make_task(plan=chain_plan("a", "b"))
+    lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="w")
+    known = task_snapshot(task_id=task.pk, lease=lease)
+    task_request_cancel(actor=admin, task_id=task.pk, reason="stop it")
+    later = task_snapshot(task_id=task.pk, lease=lease, known=known)
+    assert later.version == known.version + 1 and later.nodes is known.nodes
+    assert later.task.cancel_requested_at is not None
+    same(later, task_snapshot(task_id=task.pk, lease=lease))
+
+
+@pytest.mark.django_db
+def test_a_node_written_between_makes_the_read_whole(make_task: Callable[..., Task]) -> None:
+    """A node's write (its start) between the two versions: the nodes are read again, never lent."""
+    task = make_task(plan=chain_plan("a", "b"))
+    lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="w")
+    known = task_snapshot(task_id=task.pk, lease=lease)
+    operation_start(known, "a", lease=lease)
+    whole = task_snapshot(task_id=task.pk, lease=lease, known=known)
+    assert whole.nodes is not known.nodes and whole.node("a").status == "running"  # type: ignore[union-attr]
+    same(whole, task_snapshot(task_id=task.pk, lease=lease))
+
+
+@pytest.mark.parametrize(
+    ("event", "payload", "lends"),
+    [
+        ("cleanup_registered", {"operations": {"k": {"node": "p1/a", "status": "intent"}}, "data": {}}, True),
+        ("cancel_requested", {"task": {"cancel_requested_at": "2026-12-04T00:00:00+00:00"}}, True),
+        ("node_succeeded", {"nodes": {"p1/a": {"status": "succeeded"}}}, False),
+        ("plan_accepted", {"task": {"plan_version": 2}, "data": {"plan_digest": "sha256:x"}}, False),
+        ("operation_rejected", {"operations": {"k": {"status": "rejected"}}}, False),  # a node's retries
+        ("odd", {"operations": ["not", "a", "mapping"]}, False),
+        ("odd", ["not an object"], False),
+    ],
+)
+def test_what_in_the_log_keeps_a_known_snapshots_nodes(event: str, payload: Any, lends: bool) -> None:
+    assert snapshot_module.lends_nodes(event, payload) is lends
+
+
+@pytest.mark.django_db
+def test_a_known_snapshot_too_far_back_lends_nothing(make_task: Callable[..., Task]) -> None:
+    task = make_task(plan=chain_plan("a"))
+    known = task_snapshot(task_id=task.pk)
+    far = Task.objects.get(pk=task.pk)
+    far.version = known.version + snapshot_module.DELTA_VERSIONS + 1
+    assert not snapshot_module._nodes_unchanged_since(None, known, far)  # decided before any read

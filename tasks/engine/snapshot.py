@@ -6,6 +6,7 @@ After a write the compare-and-set returns the snapshot of the new version, built
 next step of the same holder reads nothing again.
 """
 
+import json
 import threading
 from collections import Counter, OrderedDict
 from dataclasses import replace
@@ -23,6 +24,7 @@ from tasks import rows
 from tasks.core.errors import TaskNotFound, VersionConflict
 from tasks.core.lifecycle import UNSETTLED_OPERATION_STATUSES, OperationStatus
 from tasks.decide.change import PlanNodes, Snapshot
+from tasks.engine.events import PLAN_ACCEPTED
 from tasks.models import Node, Operation, Task
 
 _UNSETTLED = [s.value for s in UNSETTLED_OPERATION_STATUSES]
@@ -144,6 +146,26 @@ def _read(task_id: int, lease: LeaseRef | None, known: Snapshot | None) -> Snaps
             op = operations.instance(row)
             op.node = nodes_of_ops.instance(row[len(operations.fields) :])
             unsettled.append(op)
+        if known is not None and _nodes_unchanged_since(cursor, known, task):
+            # The log between the two versions changed no node (and rejected no operation: a node's retries): the
+            # known snapshot's nodes are this version's. A commit after the task row was read is caught below.
+            cursor.execute(statements.version, [task_id])
+            found = cursor.fetchone()
+            if found is None or found[0] != task.version:
+                return None
+            by_id = known.positions.by_id
+            for op in unsettled:
+                position = by_id.get(op.node_id)
+                if position is not None:
+                    op.node = known.nodes[position]
+            return replace(
+                known,
+                task=task,
+                unsettled=tuple(unsettled),
+                now=now,
+                lease_expires_at=lease_expires_at,
+                reserved_for=reserved_for,
+            )
         cursor.execute(statements.nodes, [OperationStatus.REJECTED.value, task_id, task_id, task.plan_version])
         node_rows = rows.Columns.of(Node)
         nodes = []
@@ -172,11 +194,46 @@ def _read(task_id: int, lease: LeaseRef | None, known: Snapshot | None) -> Snaps
     )
 
 
+# How many versions back a known snapshot may be and still lend its nodes (its log read between): a holder's next
+# request after a cleanup's writes, not a task someone else moved on far.
+DELTA_VERSIONS = 16
+
+
+def _nodes_unchanged_since(cursor: Any, known: Snapshot, task: Task) -> bool:
+    """Whether no event after ``known``'s version up to ``task``'s changed a node of the plan or rejected an
+    operation (what a node's ``retries`` counts): read from the log, which every change of those rows writes."""
+    if known.task.uid != task.uid or known.task.plan_version != task.plan_version:
+        return False
+    if not known.version < task.version <= known.version + DELTA_VERSIONS:
+        return False
+    cursor.execute(_statements().events, [task.id, known.version, task.version])
+    found = cursor.fetchall()
+    if len(found) != task.version - known.version:
+        return False
+    return all(
+        lends_nodes(event_type, json.loads(payload) if isinstance(payload, str | bytes) else payload)
+        for event_type, payload in found
+    )
+
+
+def lends_nodes(event_type: str, payload: Any) -> bool:
+    """Whether an event leaves every node of the plan as it was: it writes no node, accepts no plan and rejects no
+    operation (a node's ``retries`` counts its rejected operations)."""
+    if event_type == PLAN_ACCEPTED or not isinstance(payload, dict) or payload.get("nodes"):
+        return False
+    changed = payload.get("operations") or {}
+    if not isinstance(changed, dict):
+        return False
+    rejected = OperationStatus.REJECTED.value
+    return all(isinstance(fields, dict) and fields.get("status") != rejected for fields in changed.values())
+
+
 class _Statements(NamedTuple):
     task: str
     operations: str
     nodes: str
     version: str
+    events: str
 
 
 @cache
@@ -204,7 +261,8 @@ def _statements() -> _Statements:
         " (SELECT t.version FROM tasks_task t WHERE t.id = %s)"
         " FROM tasks_node n WHERE n.task_id = %s AND n.plan_version = %s ORDER BY n.position"
     )
-    return _Statements(task_sql, operations_sql, nodes_sql, "SELECT version FROM tasks_task WHERE id = %s")
+    events_sql = "SELECT type, payload FROM tasks_event WHERE task_id = %s AND seq > %s AND seq <= %s ORDER BY seq"
+    return _Statements(task_sql, operations_sql, nodes_sql, "SELECT version FROM tasks_task WHERE id = %s", events_sql)
 
 
 def after_write(

@@ -46,6 +46,13 @@ class Command(BaseCommand):
             "--lanes", type=int, default=3, help="with --partitions: workers behind a fault proxy at once (default 3)"
         )
         parser.add_argument("--timeout", type=float, default=0, help="seconds per scenario (default 90 + 3 per task)")
+        parser.add_argument(
+            "--objects",
+            type=int,
+            default=killmatrix.OBJECTS,
+            help=f"kill matrix: objects each task migrates in batches of {killmatrix.MAX_BATCH} (default "
+            f"{killmatrix.OBJECTS}; 100000: tasks of 10,003 nodes)",
+        )
         parser.add_argument("--here", action="store_true", help="use the configured database as it is (internal)")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -58,6 +65,8 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         if options["tasks"] < 1:
             raise CommandError("--tasks must be at least 1")
+        if options["objects"] < 1:
+            raise CommandError("--objects must be at least 1")
         if not options["here"]:
             self._in_throwaway_database(sys.argv[1:])
             return
@@ -77,7 +86,10 @@ class Command(BaseCommand):
         )
         self.stdout.write(killmatrix.HEADER)
         started = time.monotonic()
-        rows = [killmatrix.run_scenario(s, tasks, timeout=timeout, log=self.stdout.write) for s in scenarios]
+        rows = [
+            killmatrix.run_scenario(s, tasks, timeout=timeout, log=self.stdout.write, objects=options["objects"])
+            for s in scenarios
+        ]
         for row in rows:
             for problem in row.problems[:10]:
                 self.stderr.write(f"  {row.scenario}: {problem}")
