@@ -391,7 +391,7 @@ def cleanup_report(request: HttpRequest, task_id: int, temp_id: int, payload: Cl
             lease=lease,
             expected_version=snap.version,
         )
-        new = task_snapshot(task_id=task_id, lease=lease)
+        new = _kept(task_snapshot(task_id=task_id, lease=lease, known=snap))  # read on the one decided on
         body = CleanupOut(temp_resource=temp_resource_out(temp), task=task_summary(new.task))
         return answer(body, version=new.version)
 

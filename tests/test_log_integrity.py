@@ -27,7 +27,7 @@ from tasks.core.lifecycle import TaskStatus
 from tasks.core.outcomes import Committed, NotFound
 from tasks.engine.events import event_digest
 from tasks.engine.verification import find_problems, input_refs_verified, task_verify_log, temp_locator_verified
-from tasks.models import Event, EventRefused, Operation, Task, TempResource
+from tasks.models import Event, EventRefused, Node, Operation, Task, TempResource
 from tests.conftest import as_a_tamperer, chain_plan, copy_node, snapshot
 from tests.steps import record, send
 
@@ -183,6 +183,24 @@ def test_an_edited_temp_locator_is_found_and_never_deleted(make_task, agent_leas
     raw("UPDATE tasks_tempresource SET locator = %s WHERE id = %s", ["customers/everything", temp.pk])
     temp.refresh_from_db()
     assert any("temp resource" in p for p in find_problems(Task.objects.get(pk=task.pk)))
+    with pytest.raises(StoredFactAltered):
+        temp_locator_verified(temp)
+
+
+def test_a_temp_row_moved_to_another_node_is_never_deleted(make_task, agent_lease, clock) -> None:
+    """The check reads the receipts of the row's own node: a row whose node was changed by hand names a locator no
+    receipt of that node named, and nothing is deleted (as with no node at all)."""
+    task = make_task(chain_plan("a", "b"))
+    lease = agent_lease(task)
+    record(send(task, lease, "a"), Committed(remote_id="r-a", data={"temp": ["staging/a-1"]}), lease)
+    record(send(task, lease, "b"), Committed(remote_id="r-b"), lease)
+    temp = TempResource.objects.get(task=task)
+    other = Node.objects.get(task=task, key="b")
+    raw("UPDATE tasks_tempresource SET node_id = %s WHERE id = %s", [other.pk, temp.pk])
+    temp.refresh_from_db()
+    with pytest.raises(StoredFactAltered):
+        temp_locator_verified(temp)
+    temp.node_id = None
     with pytest.raises(StoredFactAltered):
         temp_locator_verified(temp)
 

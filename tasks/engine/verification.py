@@ -171,9 +171,23 @@ def _node_refs(task: Task) -> dict[int, str]:
 
 
 def temp_locator_verified(resource: TempResource) -> None:
-    """Before a delete is sent: the locator is one a receipt in the log named (the row alone is not trusted)."""
-    if resource.locator in _logged_temps(resource.task_id):
-        return
+    """Before a delete is sent: the locator is one a receipt in the log named (the row alone is not trusted). The
+    receipts searched are those of the operations of the temp resource's node (its row names the node; a row that
+    names another finds no receipt naming it, and nothing is deleted): a task's 10,000 receipts are not read for
+    each of its deletes."""
+    node_id = resource.node_id
+    keys: list[str] = []
+    if node_id is not None:
+        operations = Operation.objects.filter(task_id=resource.task_id, node_id=node_id)
+        keys = list(operations.values_list("op_key", flat=True))
+    receipts = Event.objects.filter(
+        task_id=resource.task_id, type__in=_TEMP_EVENTS, payload__data__op_key__in=keys
+    ).values_list("payload", flat=True)
+    for payload in receipts:
+        data = payload.get("data") if isinstance(payload, dict) else None
+        named = data.get("temp") if isinstance(data, dict) else None
+        if isinstance(named, list) and resource.locator in [str(locator) for locator in named]:
+            return
     raise StoredFactAltered(
         f"temp resource {resource.locator!r} of task {resource.task_id} is not one a receipt in the log named: "
         "nothing is deleted",
