@@ -330,8 +330,9 @@ class Event(models.Model):
             models.CheckConstraint(condition=Q(seq__gte=1), name="event_seq_positive"),
         ]
         indexes = [
-            # Serves the metrics' steps by outcome and quarantines (observability/metrics.py): events of a few types.
-            models.Index(fields=["type"], name="event_type_idx"),
+            # Serves the metrics' steps by outcome and quarantines (observability/metrics.py): events of a few types;
+            # and one task's events of a type (a temp resource's resets, its receipts) without walking its whole log.
+            models.Index(fields=["type", "task"], name="event_type_task_idx"),
         ]
         ordering = ["task", "seq"]
 
