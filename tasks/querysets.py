@@ -126,17 +126,18 @@ class TaskQuerySet(models.QuerySet[_Task]):
         # A UNION of two index range reads (task_status_idx; temp_resource_status_idx): an OR with an EXISTS would
         # read every task row, finished ones included, and the scan would slow as history grows (bench scan).
         undone = [TempResourceStatus.ACTIVE, TempResourceStatus.CLEANING]
-        # A delete the remote refused for now waits out its backoff, and the task's cleanup with it (it stops at
-        # the first: tasks.engine.cleanup): not woken before.
-        backing_off = _rows("TempResource").filter(task_id=OuterRef("task_id"), status__in=undone, not_before__gt=now)
-        litter = (
-            _rows("TempResource")
-            .filter(status__in=undone, task__status__in=ended)
-            .exclude(Exists(backing_off))
-            .values("task_id")
-        )
+        litter = _rows("TempResource").filter(status__in=undone, task__status__in=ended).values("task_id")
         candidates = _rows("Task").filter(status__in=WORKABLE).values("pk").union(litter)
-        return self.filter(pk__in=candidates).exclude(Exists(held)).exclude(Exists(reserved))
+        # A delete the remote refused for now waits out its backoff, and the task's cleanup with it (it stops at
+        # the first: tasks.engine.cleanup): not woken before. Judged once per candidate task, not once per temp
+        # resource (a finished task of 10,000 nodes has 10,000: per row, the scan read 10,000 times 10,000 of them).
+        backing_off = _rows("TempResource").filter(task_id=OuterRef("pk"), status__in=undone, not_before__gt=now)
+        return (
+            self.filter(pk__in=candidates)
+            .exclude(Exists(held))
+            .exclude(Exists(reserved))
+            .exclude(Q(status__in=ended) & Exists(backing_off))
+        )
 
     def with_progress(self) -> "TaskQuerySet[WithAnnotations[Task, Progress]]":
         """Annotates ``nodes_total`` and ``nodes_done`` (on the current plan) and ``open_operations`` (dispatched,
