@@ -355,3 +355,19 @@ def test_a_compensation_chosen_by_a_person_is_sent_once_under_its_own_op_key_and
     run_task_once(task_id=task.pk, holder_id="w3", connector=ObjectStoreConnector(store.url))
     assert store.stats()["by_action"]["restore_reference"] == 1
     assert find_problems(task) == []
+
+
+def test_a_wake_up_asks_again_for_the_newest_receipts_only(store) -> None:
+    """A fan-out's frontier is every batch done so far: a wake-up asks the remote again for the newest
+    ``RECHECK_MAX`` of them, not thousands (which would outlast its lease before its first write, for ever)."""
+    from tasks.engine.facts import RECHECK_MAX, latest_receipts
+
+    task = start(store, objects=RECHECK_MAX + 5, max_batch=1)
+    lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="w")
+    run_steps(task_id=task.pk, lease=lease, connector=ObjectStoreConnector(store.url), max_steps=RECHECK_MAX + 4)
+    copies = Operation.objects.filter(
+        task=task, node__key__startswith="copy-batch-", status=OperationStatus.COMMITTED, purpose="effect"
+    ).order_by("pk")
+    assert copies.count() > RECHECK_MAX  # a frontier larger than the bound
+    asked = latest_receipts(task.pk)
+    assert [op.pk for op in asked] == [op.pk for op in copies][-RECHECK_MAX:]

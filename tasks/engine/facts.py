@@ -31,10 +31,16 @@ from tasks.engine.cas import compare_and_set
 from tasks.models import Node, Operation, OperationPurpose, Receipt, Task
 from tasks.rows import get_task
 
+# At most this many receipts are asked for again at a wake-up: the newest of the frontier. A fan-out's frontier is
+# every batch done so far (thousands), and asking the remote for each before the first write would outlast the lease
+# (a wake-up that never writes is a task that never moves); what a crash can have left untrue is its newest writes.
+RECHECK_MAX = 20
+
 
 def latest_receipts(task_id: int) -> list[Operation]:
-    """The committed effect operations of the current plan's frontier: succeeded nodes that no succeeded node
-    depends on. Operations a person settled are not asked for: the remote never saw their op key."""
+    """The committed effect operations of the current plan's frontier — succeeded nodes that no succeeded node
+    depends on — the newest ``RECHECK_MAX`` of them, oldest first. Operations a person settled are not asked for:
+    the remote never saw their op key."""
     task = get_task(task_id)
     if task.status not in RUNNABLE_TASK_STATUSES:
         return []
@@ -48,7 +54,8 @@ def latest_receipts(task_id: int) -> list[Operation]:
         settled_by="",
         receipt__isnull=False,
     )
-    return list(ops.select_related("receipt", "node").order_by("pk"))
+    newest = list(ops.select_related("receipt", "node").order_by("-pk")[:RECHECK_MAX])
+    return newest[::-1]
 
 
 # What the remote must still say of a recorded receipt to confirm it: which write it was — its id, version and
