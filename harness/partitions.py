@@ -653,7 +653,6 @@ def run_restart(
     shutdown: every connection and open transaction dropped), then recovery scans finish the run. The workers are
     never restarted (they reconnect: a wake-up that met the dead connection is retried), and the row is judged as
     the kill matrix judges it. The controller's own connection is dropped too: it reconnects as they do."""
-    from django.db import OperationalError, close_old_connections
 
     started = time.monotonic()
     row = PartitionRow(partition.name, tasks, link="restart")
@@ -677,28 +676,19 @@ def run_restart(
         pids = [p.pid for p in direct.processes]
         for task_id in ids:
             drive_task.apply_async((task_id,), queue=queue)
-        deadline, restarted, last_scan = time.monotonic() + timeout, False, time.monotonic()
-        while time.monotonic() < deadline:
-            try:
-                direct.replace_dead()
-                if not restarted:
-                    begun = Operation.objects.filter(task_id__in=ids).values("task_id").distinct().count()
-                    if begun * 3 >= tasks:
-                        open_ops = Operation.objects.filter(task_id__in=ids, status__in=OPEN).count()
-                        connection.close()
-                        pg_restart(pgdata)
-                        restarted = True
-                        row.tally.partitioned = tasks  # every task was in the run the restart hit
-                        log(f"  restarted the server: {begun} of {tasks} tasks begun, {open_ops} operations open")
-                elif killmatrix._finished(ids, partition.scenario):
-                    break
-                if time.monotonic() - last_scan >= SCAN_EVERY:
-                    killmatrix.send_scan(queue)
-                    last_scan = time.monotonic()
-            except OperationalError:
-                close_old_connections()
-                connection.close()
-            time.sleep(0.25)
+
+        def restart() -> bool:
+            begun = Operation.objects.filter(task_id__in=ids).values("task_id").distinct().count()
+            if begun * 3 < tasks:
+                return False
+            open_ops = Operation.objects.filter(task_id__in=ids, status__in=OPEN).count()
+            connection.close()
+            pg_restart(pgdata)
+            row.tally.partitioned = tasks  # every task was in the run the restart hit
+            log(f"  restarted the server: {begun} of {tasks} tasks begun, {open_ops} operations open")
+            return True
+
+        restarted = _fault_then_finish(partition, ids, queue, direct, time.monotonic() + timeout, restart)
         if not restarted:
             row.tally.problems.append("the server was never restarted")
         if [p.pid for p in direct.processes] != pids:
@@ -706,6 +696,32 @@ def run_restart(
         row.fired = row.tally.partitioned
         _judge(row, partition, ids, store)
     return _reported(row, started, log)
+
+
+def _fault_then_finish(
+    partition: Partition, ids: list[int], queue: str, direct: Workers, deadline: float, fault: Callable[[], bool]
+) -> bool:
+    """Drive the run until every task is finished: ``fault()`` is tried at each tick until it says it struck, the
+    workers that died are replaced and recovery scans sent as beat would; the controller's own connection, dropped
+    by the fault, reconnects as the workers' do. Whether the fault struck."""
+    from django.db import OperationalError, close_old_connections
+
+    struck, last_scan = False, time.monotonic()
+    while time.monotonic() < deadline:
+        try:
+            direct.replace_dead()
+            if not struck:
+                struck = fault()
+            elif killmatrix._finished(ids, partition.scenario):
+                break
+            if time.monotonic() - last_scan >= SCAN_EVERY:
+                killmatrix.send_scan(queue)
+                last_scan = time.monotonic()
+        except OperationalError:
+            close_old_connections()
+            connection.close()
+        time.sleep(0.25)
+    return struck
 
 
 # -- a failover to a synchronous standby ---------------------------------------------------------------------------
@@ -718,8 +734,6 @@ def run_failover(
     one multi-host URL; once a third of the tasks have begun, the primary is stopped in immediate mode and the
     standby promoted, then recovery scans finish the run. The workers are never restarted. Judged as the kill matrix
     judges a row, and by harness/failover.py's checks: lost commits, the logs, one lease holder at a time."""
-    from django.db import OperationalError, close_old_connections
-
     started = time.monotonic()
     row = PartitionRow(partition.name, tasks, link="failover")
     tally = row.tally
@@ -734,40 +748,32 @@ def run_failover(
             pids = [p.pid for p in direct.processes]
             for task_id in ids:
                 drive_task.apply_async((task_id,), queue=queue)
-            deadline, failed_over, last_scan = time.monotonic() + timeout, False, time.monotonic()
             before: dict[int, int] = {}
             third = 0.0  # when a third of the tasks had begun
-            while time.monotonic() < deadline:
-                try:
-                    direct.replace_dead()
-                    if not failed_over:
-                        begun = Operation.objects.filter(task_id__in=ids).values("task_id").distinct().count()
-                        open_ops = Operation.objects.filter(task_id__in=ids, status__in=OPEN).count()
-                        # A third begun, and an operation in flight (or, failing that, 5 s later): the crash meets
-                        # calls made and not yet recorded.
-                        third = third or (time.monotonic() if begun * 3 >= tasks else 0.0)
-                        if third and (open_ops or time.monotonic() - third > 5):
-                            before = failover.versions(ids)
-                            connection.close()
-                            stopped = time.monotonic()
-                            pair.primary.stop("immediate")
-                            pair.standby.promote()
-                            failed_over = True
-                            tally.partitioned = tasks  # every task was in the run the failover hit
-                            tally.phases["failover"] = time.monotonic() - stopped
-                            log(
-                                f"  primary stopped (immediate) with {begun} of {tasks} tasks begun, {open_ops} "
-                                f"operations open; standby promoted in {tally.phases['failover']:.1f} s"
-                            )
-                    elif killmatrix._finished(ids, partition.scenario):
-                        break
-                    if time.monotonic() - last_scan >= SCAN_EVERY:
-                        killmatrix.send_scan(queue)
-                        last_scan = time.monotonic()
-                except OperationalError:
-                    close_old_connections()
-                    connection.close()
-                time.sleep(0.25)
+
+            def fail_over() -> bool:
+                nonlocal third
+                begun = Operation.objects.filter(task_id__in=ids).values("task_id").distinct().count()
+                open_ops = Operation.objects.filter(task_id__in=ids, status__in=OPEN).count()
+                # A third begun, and an operation in flight (or, failing that, 5 s later): the crash meets calls made
+                # and not yet recorded.
+                third = third or (time.monotonic() if begun * 3 >= tasks else 0.0)
+                if not third or not (open_ops or time.monotonic() - third > 5):
+                    return False
+                before.update(failover.versions(ids))
+                connection.close()
+                stopped = time.monotonic()
+                pair.primary.stop("immediate")
+                pair.standby.promote()
+                tally.partitioned = tasks  # every task was in the run the failover hit
+                tally.phases["failover"] = time.monotonic() - stopped
+                log(
+                    f"  primary stopped (immediate) with {begun} of {tasks} tasks begun, {open_ops} operations open; "
+                    f"standby promoted in {tally.phases['failover']:.1f} s"
+                )
+                return True
+
+            failed_over = _fault_then_finish(partition, ids, queue, direct, time.monotonic() + timeout, fail_over)
             if not failed_over:
                 tally.problems.append("the primary was never failed over")
             if [p.pid for p in direct.processes] != pids:
