@@ -37,3 +37,16 @@ def parse_database_url(url: str, **options: Any) -> dict[str, Any]:
     config = dict(dj_database_url.parse(first, **options))
     config["HOST"], config["PORT"] = ",".join(hosts), ",".join(ports)
     return config
+
+
+def with_postgres_options(config: dict[str, Any], *, prepare: bool = True) -> dict[str, Any]:
+    """``config`` (a PostgreSQL entry) with Reckon's connection options, the URL's own kept where it sets them. The
+    step's statements bind on the server (leases/db.py) and are prepared after five runs on a connection (Django's
+    own cursors bind on the client and are never prepared); ``prepare=False`` keeps preparing off, for a pooler in
+    transaction mode that does not track prepared statements. Reckon's queries are short OLTP reads and writes: JIT
+    compilation costs more than it saves whenever the planner over-estimates (measured: 7 s of a needs-attention page
+    over 100,000 tasks was JIT compiling)."""
+    options = config.setdefault("OPTIONS", {})
+    options["prepare_threshold"] = 5 if prepare else None
+    options.setdefault("options", "-c jit=off")
+    return config

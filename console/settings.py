@@ -26,7 +26,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from console.database_url import parse_database_url
+from console.database_url import parse_database_url, with_postgres_options
 from observability.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -235,14 +235,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         except FileNotFoundError:
             pass  # its folder is not there: SQLite will say so at the first connection
 else:
-    # The step's statements bind on the server (leases/db.py) and are prepared after five runs on a connection
-    # (Django's own cursors bind on the client and are never prepared). Django turns preparing off unless asked;
-    # RECKON_PG_PREPARE=off keeps it off, for a pooler in transaction mode that does not track prepared statements.
-    _prepare = os.environ.get("RECKON_PG_PREPARE", "on") != "off"
-    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5 if _prepare else None
-    # Reckon's queries are short OLTP reads and writes: JIT compilation costs more than it saves whenever the planner
-    # over-estimates (measured: 7 s of a needs-attention page over 100,000 tasks was JIT compiling).
-    DATABASES["default"]["OPTIONS"].setdefault("options", "-c jit=off")
+    # Prepared step statements (RECKON_PG_PREPARE=off for a pooler that cannot keep them), no JIT: the one rule.
+    with_postgres_options(DATABASES["default"], prepare=os.environ.get("RECKON_PG_PREPARE", "on") != "off")
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

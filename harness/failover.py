@@ -176,10 +176,9 @@ def _wait_until_synchronous(primary: Cluster, seconds: float = 60) -> None:
 @contextmanager
 def connected_to(url: str) -> Iterator[None]:
     """This process's default connection on ``url`` (migrated), the configured one again after."""
-    from console.database_url import parse_database_url
+    from console.database_url import parse_database_url, with_postgres_options
 
-    config = parse_database_url(url, conn_max_age=0, conn_health_checks=True)
-    config.setdefault("OPTIONS", {}).update(prepare_threshold=5, options="-c jit=off")
+    config = with_postgres_options(parse_database_url(url, conn_max_age=0, conn_health_checks=True))
     kept = {name: connection.settings_dict.get(name) for name in config}
     connection.close()
     connection.settings_dict.update(config)

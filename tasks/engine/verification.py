@@ -29,7 +29,7 @@ from tasks.decide.approval_binding import BINDING_FIELDS
 from tasks.decide.change import Change
 from tasks.engine.anchors import find_anchor_problem
 from tasks.engine.cas import compare_and_set
-from tasks.engine.events import PLAN_ACCEPTED, find_log_problem, jsonable
+from tasks.engine.events import PLAN_ACCEPTED, find_log_problem, jsonable, task_plans
 from tasks.models import Event, Node, Operation, PlanRevision, ProposalStatus, Receipt, Task, TempResource
 
 
@@ -276,13 +276,13 @@ def _logged_input_refs(task: Task, payload: Any) -> Any:
     if isinstance(fields, dict) and "input_refs" in fields:
         return fields["input_refs"]
     digest = (payload.get("data") or {}).get("plan_digest") if isinstance(payload, dict) else None
-    for document in PlanRevision.objects.filter(task=task, digest=digest).values_list("document", flat=True):
-        if digest_of(document) == digest:
-            try:
-                return collect_input_refs(validate_plan(document))
-            except PlanInvalid:
-                return None
-    return None
+    document = task_plans(task).get(digest) if isinstance(digest, str) else None  # by what is stored, not the row
+    if document is None:
+        return None
+    try:
+        return collect_input_refs(validate_plan(document))
+    except PlanInvalid:
+        return None
 
 
 # The triggers that keep the event log append-only (tasks/migrations/0009): verify_log reports one that is gone.
