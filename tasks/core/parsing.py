@@ -135,8 +135,10 @@ class IdConverter:
 
 
 def id_past_columns(path: str) -> str | None:
-    """The first segment of ``path`` that is all ASCII digits but larger than any id a column can hold, or None."""
+    """The first segment of ``path`` that is all ASCII digits (a minus sign before them or not) but past any id a
+    column can hold, or None."""
     for segment in path.split("/"):
-        if segment.isascii() and segment.isdigit() and ascii_int(segment) is None:
+        digits = segment.removeprefix("-")
+        if digits.isascii() and digits.isdigit() and ascii_int(digits) is None:
             return segment
     return None
