@@ -444,6 +444,15 @@ CELERY_BEAT_SCHEDULE["recovery-scan"] = {
     "schedule": _scan_every,
     "options": {"queue": RECKON_SCAN_QUEUE},
 }
+# The archive step (tasks/engine/archive.py): every RECKON_ARCHIVE_SECONDS the beat moves the events of tasks that
+# ended (completed, failed, stopped) and have not changed for RECKON_ARCHIVE_AFTER_SECONDS out of the hot event table;
+# every read of a log sees both. 0 turns the beat's run off (``manage.py archive_events`` still runs it).
+RECKON_ARCHIVE_AFTER_SECONDS = int(os.environ.get("RECKON_ARCHIVE_AFTER_SECONDS", str(30 * 24 * 3600)))
+RECKON_ARCHIVE_SECONDS = float(os.environ.get("RECKON_ARCHIVE_SECONDS", "3600"))
+if RECKON_ARCHIVE_AFTER_SECONDS < 0 or RECKON_ARCHIVE_SECONDS < 0:
+    raise ImproperlyConfigured("RECKON_ARCHIVE_AFTER_SECONDS and RECKON_ARCHIVE_SECONDS must not be negative")
+if RECKON_ARCHIVE_SECONDS:
+    CELERY_BEAT_SCHEDULE["archive-events"] = {"task": "tasks.archive_events", "schedule": RECKON_ARCHIVE_SECONDS}
 # Celery leaves the root logger to LOGGING above (its own handler beside it would print every worker line twice, and
 # not as JSON); Celery wake-ups carry their task id in every record (observability/apps.py).
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False

@@ -39,7 +39,7 @@ from tasks.engine.cleanup import CLEANABLE
 from tasks.engine.failpoints import hits
 from tasks.engine.verification import find_problems
 from tasks.jobs import drive_task, recovery_scan
-from tasks.models import Event, Node, Operation, OperationPurpose, Receipt, Task, TempResource
+from tasks.models import LoggedEvent, Node, Operation, OperationPurpose, Receipt, Task, TempResource
 from tasks.people.cancel import task_request_cancel
 from tasks.people.takeover import (
     NodeResult,
@@ -510,9 +510,9 @@ def _skipped_steps(task: Task) -> list[str]:
             problems.append(f"{node.key} succeeded on a receipt that fails its evidence: {issues}")
     if task.status == TaskStatus.COMPLETED and len(succeeded) != len(nodes):
         problems.append(f"completed with {sorted({n.key for n in nodes} - succeeded)} not done")
-    cancel_seq = Event.objects.filter(task=task, type="cancel_requested").values_list("seq", flat=True).first()
+    cancel_seq = LoggedEvent.objects.filter(task=task, type="cancel_requested").values_list("seq", flat=True).first()
     if cancel_seq is not None:
-        late = Event.objects.filter(
+        late = LoggedEvent.objects.filter(
             task=task, seq__gt=cancel_seq, type__in=["intent_registered", "operation_dispatched"]
         )
         problems += [f"{e.type} at seq {e.seq}, after the cancel (seq {cancel_seq})" for e in late]

@@ -38,7 +38,7 @@ from leases import clock
 from leases.models import ForcedRelease, Lease
 from leases.state import grace_q, lapsed_q, live_q
 from tasks.core.lifecycle import PauseReason, TaskStatus, TempResourceStatus
-from tasks.models import Event, Operation, Task, TaskWakeUp, TempResource
+from tasks.models import LoggedEvent, Operation, Task, TaskWakeUp, TempResource
 
 # A step's settlement (commit 2 of tasks/engine/protocol.py) appends exactly one of these events: the step's outcome.
 STEP_OUTCOME_EVENTS: dict[str, str] = {
@@ -159,7 +159,7 @@ def _events() -> Iterator[Metric]:
     )
     counts = dict.fromkeys(STEP_OUTCOME_EVENTS.values(), 0)
     wanted = [*STEP_OUTCOME_EVENTS, "quarantined"]
-    rows = dict(Event.objects.filter(type__in=wanted).order_by().values_list("type").annotate(n=Count("pk")))
+    rows = dict(LoggedEvent.objects.filter(type__in=wanted).order_by().values_list("type").annotate(n=Count("pk")))
     for event_type, outcome in STEP_OUTCOME_EVENTS.items():
         counts[outcome] += rows.get(event_type, 0)
     for outcome, n in counts.items():

@@ -150,3 +150,12 @@ def verify_logs(username: str) -> int:
     if user is None:
         return 0
     return logs_verify(actor=Principal.of_user(user)).pk
+
+
+@shared_task(name="tasks.archive_events", ignore_result=True)
+def archive_events() -> str:
+    """The beat's archive step (tasks.engine.archive.archive_ended): ended tasks' events out of the hot table. Two
+    runs at once move each task once (the second finds its rows locked, then nothing left to copy)."""
+    from tasks.engine.archive import archive_ended
+
+    return archive_ended().sentence()

@@ -348,6 +348,70 @@ class Event(models.Model):
         raise EventRefused("events are append-only: no delete")
 
 
+class ArchivedEvent(models.Model):
+    """An event of an ended task moved out of the hot table by the archive step (tasks/engine/archive.py), as it was:
+    the same id, seq, type, payload, digests and time; ``archived_at`` is the database clock at the move.
+
+    Append-only like the hot table, in the database too (migration 0022): no update, no delete, no truncate. A hot
+    event can be deleted only once an identical copy is here (the hot table's delete trigger checks every column).
+    Read a task's log through ``LoggedEvent``, never here alone."""
+
+    id = models.BigIntegerField(primary_key=True)
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="archived_events", db_index=False)
+    seq = models.PositiveBigIntegerField()
+    type = models.CharField(max_length=50)
+    payload = models.JSONField(default=dict)
+    prev_digest = models.CharField(max_length=64)
+    digest = models.CharField(max_length=64)
+    created_at = models.DateTimeField()
+    archived_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task", "seq"], name="archived_event_seq_unique_per_task"),
+        ]
+        indexes = [models.Index(fields=["type", "task"], name="archived_event_type_task_idx")]
+        ordering = ["task", "seq"]
+
+    def __str__(self) -> str:
+        return f"archived event {self.task_id}#{self.seq} {self.type}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        raise EventRefused("archived events are written only by the archive step's INSERT … SELECT")
+
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise EventRefused("events are append-only: no delete")
+
+
+class LoggedEvent(models.Model):
+    """Every event of every task wherever it is kept — the hot table (``Event``, where appends go) and the archive
+    (``ArchivedEvent``) — as one read-only database view (UNION ALL, migration 0022). The one way to read a task's
+    log: a read that filters by task reaches both tables through their (task, seq) indexes."""
+
+    id = models.BigIntegerField(primary_key=True)
+    task = models.ForeignKey(Task, on_delete=models.DO_NOTHING, related_name="+", db_constraint=False)
+    seq = models.PositiveBigIntegerField()
+    type = models.CharField(max_length=50)
+    payload = models.JSONField(default=dict)
+    prev_digest = models.CharField(max_length=64)
+    digest = models.CharField(max_length=64)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        managed = False
+        db_table = "tasks_event_log"
+        ordering = ["task", "seq"]
+
+    def __str__(self) -> str:
+        return f"event {self.task_id}#{self.seq} {self.type}"
+
+    def save(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise EventRefused("the log is read here; an event is appended by the compare-and-set (tasks.engine.cas)")
+
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise EventRefused("events are append-only: no delete")
+
+
 class TempResource(models.Model):
     """Something a task created that must be cleaned up; cleanup is an operation with its own receipt."""
 

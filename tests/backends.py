@@ -114,6 +114,7 @@ BOTH_PASSES: tuple[Group, ...] = (
         (
             "test_constraints.py",
             "test_append_only.py",
+            "test_event_archive.py",
             "test_audit_hygiene.py",
             "test_log_integrity.py",
             "test_audit.py",

@@ -25,12 +25,13 @@ from tests.simulator_fixture import Simulator
 # of CPU each); the suite runs the checks itself (`manage.py check`, `check --deploy` in .ci/run).
 os.environ.setdefault("CELERY_SKIP_CHECKS", "1")
 
-# The append-only and capture triggers on SQLite (tasks/migrations/0009, audit/migrations/0002, 0003 and 0006): how to
-# drop and re-make them.
+# The append-only and capture triggers on SQLite (tasks/migrations/0009 and 0022, audit/migrations/0002, 0003 and
+# 0006): how to drop and re-make them, in migration order.
 _TRIGGER_MIGRATIONS = [
     importlib.import_module(name)
     for name in (
         "tasks.migrations.0009_event_append_only",
+        "tasks.migrations.0022_event_archive",
         "audit.migrations.0002_append_only_triggers",
         "audit.migrations.0003_truncate_and_head",
         "audit.migrations.0006_account_changes",

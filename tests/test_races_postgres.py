@@ -618,3 +618,40 @@ def test_a_directive_whose_read_straddles_a_commit_is_the_directive_of_one_versi
         directive = next_directive(task_id=task.pk, lease=lease)
     assert current_version(task.pk) == version + 1
     assert (directive.kind, directive.task_version) in {("reconcile", version), ("done", version + 1)}, directive
+
+
+def test_archive_runs_at_once_move_each_task_once(make_task: Callable[..., Task]) -> None:
+    """Four archive runs at the same moment over the same ended tasks (every beat host may run one): each event is
+    copied once, none is left behind, each task is named by one audit row, and every log still reads whole."""
+    from audit.models import AuditEvent
+    from tasks.engine.archive import ARCHIVE_ACTION, archive_ended
+    from tasks.models import ArchivedEvent
+
+    tasks = []
+    for _ in range(12):
+        task = make_task(chain_plan("a"))
+        lease = lease_acquire(task_id=task.pk, holder_kind="agent", holder_id="w")
+        op = operation_start(
+            snapshot_at(task_id=task.pk, lease=lease, expected_version=current_version(task.pk)), "a", lease=lease
+        ).operation
+        record_outcome(
+            snapshot_at(task_id=task.pk, lease=lease, expected_version=current_version(task.pk)),
+            op.op_key,
+            Committed(remote_id="r"),
+            lease=lease,
+        )
+        tasks.append(Task.objects.get(pk=task.pk))
+    assert {t.status for t in tasks} == {TaskStatus.COMPLETED}
+    events = sum(t.version for t in tasks)
+    moved: list[int] = []
+
+    def work(index: int, barrier: threading.Barrier) -> None:
+        barrier.wait()
+        moved.append(archive_ended(after=timedelta(0)).events)
+
+    run_threads(4, work)
+    assert sum(moved) == events and ArchivedEvent.objects.count() == events
+    assert not Event.objects.filter(task__in=tasks).exists()
+    named = [pk for row in AuditEvent.objects.filter(action=ARCHIVE_ACTION) for pk in row.details["task_ids"]]
+    assert sorted(named) == sorted(t.pk for t in tasks)
+    assert [find_log_problem(t) for t in tasks] == [None] * len(tasks)

@@ -15,7 +15,7 @@ from django.db.models import Q
 
 from audit.anchors import AnchorFile, Checkpoint, read_anchors, register_head_checker, register_head_source
 from leases import clock
-from tasks.models import Event, Task
+from tasks.models import LoggedEvent, Task
 
 # A transaction open longer than this when a checkpoint is written may have its change left out of every checkpoint
 # (it is anchored with the task's next change): the cost is a weaker check, never a false alarm.
@@ -75,7 +75,7 @@ def find_anchor_problem(task: Task, anchors: AnchorFile | None = None) -> str | 
     version = anchored[0]
     digest = None
     if task.version >= version:
-        digest = Event.objects.filter(task=task, seq=version).values_list("digest", flat=True).first()
+        digest = LoggedEvent.objects.filter(task=task, seq=version).values_list("digest", flat=True).first()
     return _problem(task.version, digest, anchored)
 
 
@@ -115,7 +115,9 @@ def anchored_tasks_problems(anchors: AnchorFile) -> list[str]:
             pairs = Q()
             for task_id in reached:
                 pairs |= Q(task_id=task_id, seq=anchored[task_id][0])
-            digests = {(t, seq): d for t, seq, d in Event.objects.filter(pairs).values_list("task_id", "seq", "digest")}
+            digests = {
+                (t, seq): d for t, seq, d in LoggedEvent.objects.filter(pairs).values_list("task_id", "seq", "digest")
+            }
         for task_id in chunk:
             version, _head, at = anchored[task_id]
             if task_id not in versions:

@@ -55,7 +55,7 @@ from tasks.engine.cas import Audit, audited_compare_and_set, compare_and_set
 from tasks.engine.connectors import Connector
 from tasks.engine.failpoints import failpoint
 from tasks.engine.verification import temp_locator_verified
-from tasks.models import Event, Operation, OperationPurpose, Task, TempResource
+from tasks.models import LoggedEvent, Operation, OperationPurpose, Task, TempResource
 from tasks.rows import get_task
 
 # The task statuses in which its temp resources are deleted: the permit table's, for the worker's cleanup.
@@ -219,7 +219,7 @@ def _unavailable_in_a_row(temp: TempResource, op: Operation) -> int:
 def resets_of(temp: TempResource) -> int:
     """How many times a person made ``temp`` eligible for deletion again: each reset allows MAX_CLEANUP_ATTEMPTS
     more deletes (read from the log, which records every reset)."""
-    return Event.objects.filter(task_id=temp.task_id, type=RESET_EVENT, payload__data__temp_id=temp.pk).count()
+    return LoggedEvent.objects.filter(task_id=temp.task_id, type=RESET_EVENT, payload__data__temp_id=temp.pk).count()
 
 
 def temp_resource_reset(

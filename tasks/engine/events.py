@@ -27,7 +27,7 @@ from tasks.core.errors import PlanInvalid
 from tasks.core.lifecycle import TERMINAL_TASK_STATUSES, NodeStatus
 from tasks.core.plan import NodeSpec, collect_input_refs, kept_keys, validate_plan
 from tasks.decide.approval_binding import BINDING_FIELDS
-from tasks.models import Event, Node, Operation, PlanRevision, Task
+from tasks.models import Event, LoggedEvent, Node, Operation, PlanRevision, Task
 from tasks.rows import node_ref
 
 GENESIS_DIGEST = "0" * 64
@@ -291,7 +291,7 @@ class Folder:
         self.accepted: str | None = None  # the digest of the plan the task runs (its nodes' definitions)
         self._validated: dict[str, list[NodeSpec]] = {}
 
-    def add(self, event: Event) -> None:
+    def add(self, event: Event | LoggedEvent) -> None:
         projection, payload = self.projection, event.payload
         projection.version = event.seq
         if event.type == PLAN_ACCEPTED:
@@ -339,7 +339,7 @@ class Folder:
         return self._validated[digest]
 
 
-def fold(events: Iterable[Event], plans: Mapping[str, Any] | None = None) -> Projection:
+def fold(events: Iterable[Event | LoggedEvent], plans: Mapping[str, Any] | None = None) -> Projection:
     folder = Folder(plans or {})
     for event in events:
         folder.add(event)
@@ -378,7 +378,7 @@ def find_log_problem(task: Task) -> str | None:
     folder = Folder(task_plans(task))
     prev = GENESIS_DIGEST
     # Streamed in seq order: memory flat in the log's length.
-    events = Event.objects.filter(task=task).order_by("seq").iterator(chunk_size=EVENT_CHUNK)
+    events = LoggedEvent.objects.filter(task=task).order_by("seq").iterator(chunk_size=EVENT_CHUNK)
     for expected_seq, event in enumerate(events, start=1):
         if event.seq != expected_seq:
             return f"gap in the log: expected seq {expected_seq}, found {event.seq}"

@@ -261,7 +261,7 @@ def _statements() -> _Statements:
         " (SELECT t.version FROM tasks_task t WHERE t.id = %s)"
         " FROM tasks_node n WHERE n.task_id = %s AND n.plan_version = %s ORDER BY n.position"
     )
-    events_sql = "SELECT type, payload FROM tasks_event WHERE task_id = %s AND seq > %s AND seq <= %s ORDER BY seq"
+    events_sql = "SELECT type, payload FROM tasks_event_log WHERE task_id = %s AND seq > %s AND seq <= %s ORDER BY seq"
     return _Statements(task_sql, operations_sql, nodes_sql, "SELECT version FROM tasks_task WHERE id = %s", events_sql)
 
 

@@ -30,7 +30,7 @@ from tasks.decide.change import Change
 from tasks.engine.anchors import find_anchor_problem
 from tasks.engine.cas import compare_and_set
 from tasks.engine.events import PLAN_ACCEPTED, find_log_problem, jsonable, task_plans
-from tasks.models import Event, Node, Operation, PlanRevision, ProposalStatus, Receipt, Task, TempResource
+from tasks.models import LoggedEvent, Node, Operation, PlanRevision, ProposalStatus, Receipt, Task, TempResource
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Verdict:
 
 def find_secrets(task: Task) -> list[str]:
     found = []
-    for event in Event.objects.filter(task=task).only("seq", "payload"):
+    for event in LoggedEvent.objects.filter(task=task).only("seq", "payload"):
         found += [f"event {event.seq} {path}" for path in scan_payload(event.payload)]
     for receipt in Receipt.objects.filter(operation__task=task).only("pk", "data"):
         found += [f"receipt {receipt.pk} {path}" for path in scan_payload(receipt.data)]
@@ -56,7 +56,7 @@ def find_secrets(task: Task) -> list[str]:
 def _definition_problems(task: Task) -> list[str]:
     logged = {
         e.payload.get("data", {}).get("plan_revision"): e.payload.get("data", {}).get("plan_digest")
-        for e in Event.objects.filter(task=task, type="plan_accepted").only("payload")
+        for e in LoggedEvent.objects.filter(task=task, type="plan_accepted").only("payload")
     }
     problems = []
     for revision in PlanRevision.objects.filter(task=task, status=ProposalStatus.ACCEPTED):
@@ -101,7 +101,7 @@ def _receipt_problems(task: Task) -> list[str]:
         "compensation_committed",
         "cleanup_committed",
     ]
-    for event in Event.objects.filter(task=task, type__in=kinds):
+    for event in LoggedEvent.objects.filter(task=task, type__in=kinds):
         data = event.payload.get("data", {})
         if "receipt" in data:
             logged[data["op_key"]] = data["receipt"]
@@ -151,7 +151,7 @@ def _logged_temps(task_id: int) -> dict[str, str | None]:
     recorded it (``p<plan>/<key>``) — the first naming wins, as it does for the row."""
     op_nodes: dict[str, Any] = {}
     logged: dict[str, str | None] = {}
-    for kind, payload in Event.objects.filter(task_id=task_id).order_by("seq").values_list("type", "payload"):
+    for kind, payload in LoggedEvent.objects.filter(task_id=task_id).order_by("seq").values_list("type", "payload"):
         if not isinstance(payload, dict):
             continue
         operations = payload.get("operations")
@@ -180,7 +180,7 @@ def temp_locator_verified(resource: TempResource) -> None:
     if node_id is not None:
         operations = Operation.objects.filter(task_id=resource.task_id, node_id=node_id)
         keys = list(operations.values_list("op_key", flat=True))
-    receipts = Event.objects.filter(
+    receipts = LoggedEvent.objects.filter(
         task_id=resource.task_id, type__in=_TEMP_EVENTS, payload__data__op_key__in=keys
     ).values_list("payload", flat=True)
     for payload in receipts:
@@ -206,7 +206,7 @@ def approval_binding_verified(approvals: list[Node]) -> None:
             if row.get("approval_seq") is None:
                 continue
             payload = (
-                Event.objects.filter(task_id=node.task_id, seq=row["approval_seq"], type="node_approved")
+                LoggedEvent.objects.filter(task_id=node.task_id, seq=row["approval_seq"], type="node_approved")
                 .values_list("payload", flat=True)
                 .first()
             )
@@ -226,7 +226,7 @@ def operation_request_verified(op: Operation) -> None:
     process is trusted with what is sent, nor with how)."""
     logged: dict[str, Any] = {}
     for operations in (
-        Event.objects.filter(task_id=op.task_id, payload__operations__has_key=op.op_key)
+        LoggedEvent.objects.filter(task_id=op.task_id, payload__operations__has_key=op.op_key)
         .order_by("seq")
         .values_list("payload__operations", flat=True)
     ):
@@ -258,7 +258,7 @@ def input_refs_verified(task: Task) -> None:
     """Before the inputs' versions are read again: the task's input refs are the ones the log last recorded — set by
     an event, or derived from the plan document the last plan_accepted names (checked against its digest)."""
     last = (
-        Event.objects.filter(task=task)
+        LoggedEvent.objects.filter(task=task)
         .filter(Q(type=PLAN_ACCEPTED) | Q(payload__task__has_key="input_refs"))
         .order_by("-seq")
         .only("payload")
@@ -285,15 +285,18 @@ def _logged_input_refs(task: Task, payload: Any) -> Any:
         return None
 
 
-# The triggers that keep the event log append-only (tasks/migrations/0009): verify_log reports one that is gone.
+# The triggers that keep the event log append-only (tasks/migrations/0009), its archive too (0022): verify_log reports
+# one that is gone.
 # With them, the one that lets an approval's binding change only by a later approval (tasks/migrations/0018).
 EVENT_TRIGGERS: Triggers = {
     "postgresql": {
         "tasks_event": ("event_no_update", "event_no_delete", "event_no_truncate"),
+        "tasks_archivedevent": ("archived_event_no_update", "archived_event_no_delete", "archived_event_no_truncate"),
         "tasks_node": ("node_approval_binding_fixed",),
     },
     "sqlite": {
         "tasks_event": ("event_no_update", "event_no_delete"),
+        "tasks_archivedevent": ("archived_event_no_update", "archived_event_no_delete"),
         "tasks_node": ("node_approval_binding_fixed",),
     },
 }

@@ -5,12 +5,14 @@ from audit.principals import Principal
 from leases.models import HolderKind, Lease
 from tasks.access.permissions import PermissionDenied
 from tasks.core.errors import VersionConflict
-from tasks.models import Event, Task
+from tasks.models import LoggedEvent, Task
 
 
 def stale_form(task: Task, based_on_version: int) -> VersionConflict:
     """The refusal of a form based on an older version of ``task``, with the events since (seq and type)."""
-    changes = list(Event.objects.filter(task=task, seq__gt=based_on_version).order_by("seq").values_list("seq", "type"))
+    changes = list(
+        LoggedEvent.objects.filter(task=task, seq__gt=based_on_version).order_by("seq").values_list("seq", "type")
+    )
     listed = ", ".join(f"#{seq} {kind}" for seq, kind in changes[:20])
     return VersionConflict(
         f"the task changed since your form (version {based_on_version} → {task.version}): {listed}",

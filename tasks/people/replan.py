@@ -21,7 +21,7 @@ from tasks.core.plan import validate_plan
 from tasks.engine.cas import Audit
 from tasks.engine.enqueue import wake_agent_on_commit
 from tasks.engine.plans import accept_revision, acceptable_revision, plan_nodes, propose_revision
-from tasks.models import Event, Node, PlanRevision, Task
+from tasks.models import LoggedEvent, Node, PlanRevision, Task
 from tasks.people.checks import stale_form
 
 
@@ -122,9 +122,12 @@ def _inputs_changed_since_plan(task: Task) -> dict[str, Any]:
     """The input changes the last recheck found since the current plan was accepted (the task paused
     ``input_changed``, and may since have been taken over by a person): input name → {planned, now}."""
     accepted = (
-        Event.objects.filter(task=task, type="plan_accepted").order_by("-seq").values_list("seq", flat=True).first()
+        LoggedEvent.objects.filter(task=task, type="plan_accepted")
+        .order_by("-seq")
+        .values_list("seq", flat=True)
+        .first()
     )
-    rechecks = Event.objects.filter(task=task, type="inputs_confirmed", seq__gt=accepted or 0).order_by("-seq")
+    rechecks = LoggedEvent.objects.filter(task=task, type="inputs_confirmed", seq__gt=accepted or 0).order_by("-seq")
     for payload in rechecks.values_list("payload", flat=True).iterator():
         found = payload.get("data", {}).get("changed", {}) if isinstance(payload, dict) else {}
         if isinstance(found, dict) and found:

@@ -42,7 +42,7 @@ from tasks.decide.approval_binding import ApprovalView, approval_views
 from tasks.decide.evidence import evidence_problems
 from tasks.decide.receipts import receipt_summary
 from tasks.engine.verification import task_verify_log
-from tasks.models import Event, Node, Operation, OperationPurpose, Receipt, Task, TaskWakeUp, TempResource
+from tasks.models import LoggedEvent, Node, Operation, OperationPurpose, Receipt, Task, TaskWakeUp, TempResource
 from tasks.querysets import UNPROVABLE
 from tasks.reads.state import Progress, approval_waits_at, progress_state_sentence
 from tasks.reads.takeover import takeover_package
@@ -626,7 +626,7 @@ def timeline_page(
     is newer than every cursor handed out, so no page repeats or skips one. Raises InvalidTimelineCursor."""
     if size < 1:
         raise ValueError("a page holds at least one entry")
-    events = Event.objects.filter(task=task)
+    events = LoggedEvent.objects.filter(task=task)
     audits = AuditEvent.objects.filter(task_id=task.pk)
     if before is not None:
         at, source, seq = _decode(before)
@@ -644,7 +644,7 @@ def timeline_page(
     return page, _encode(page[-1].key)
 
 
-def _event_entry(event: Event) -> TimelineEntry:
+def _event_entry(event: LoggedEvent) -> TimelineEntry:
     return TimelineEntry("event", event.seq, event.created_at, event.type, event_summary(event.payload))
 
 

@@ -22,7 +22,7 @@ from tasks.core.plan import KEY_PATTERN
 from tasks.decide.approval_binding import Awaited, awaited, person_may_submit
 from tasks.decide.receipts import receipt_summary
 from tasks.engine.plans import superseding
-from tasks.models import Event, Node, Operation, PlanRevision, ProposalStatus, Receipt, Task
+from tasks.models import LoggedEvent, Node, Operation, PlanRevision, ProposalStatus, Receipt, Task
 from tasks.reads.state import Progress, approval_waits_at, progress_state_sentence
 from tasks.rows import get_task as _task
 from tasks.rows import node_ref
@@ -183,7 +183,7 @@ def pause_before_takeover(task: Task) -> Pause | None:
     if task.status != TaskStatus.HUMAN:
         return None
     before = (
-        Event.objects.filter(task=task, payload__task__has_key="status")
+        LoggedEvent.objects.filter(task=task, payload__task__has_key="status")
         .exclude(payload__task__status=TaskStatus.HUMAN.value)
         .order_by("-seq")
         .values_list("seq", "created_at", "payload")

@@ -5,7 +5,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from audit.anchors import read_anchors
 from tasks.engine.anchors import anchored_tasks_gone
 from tasks.engine.verification import missing_event_triggers, task_verify_log
-from tasks.models import Event, Task
+from tasks.models import LoggedEvent, Task
 
 
 class Command(BaseCommand):
@@ -26,7 +26,7 @@ class Command(BaseCommand):
         anchors = read_anchors()
         self.stdout.write(f"anchors: {anchors.status()}")
         checked = failed = quarantined = 0
-        events = Event.objects.filter(task__in=tasks).count()  # before any quarantine event is added
+        events = LoggedEvent.objects.filter(task__in=tasks).count()  # before any quarantine event is added
         for task_id in tasks.values_list("pk", flat=True):
             checked += 1
             try:
