@@ -263,3 +263,18 @@ def test_the_archive_command_reports_and_refuses_bad_arguments(make_task, agent_
     for bad in (["--limit", "0"], ["--after-seconds", "-1"]):
         with pytest.raises(Exception, match="must"):
             call_command("archive_events", *bad, stdout=StringIO())
+
+
+def test_the_beat_runs_the_archive_step_after_the_configured_time(make_task, agent_lease, clock, settings) -> None:
+    from django.conf import settings as live
+
+    from tasks.jobs import archive_events
+
+    assert live.CELERY_BEAT_SCHEDULE["archive-events"] == {"task": "tasks.archive_events", "schedule": 3600.0}
+    settings.RECKON_ARCHIVE_AFTER_SECONDS = 3 * 24 * 3600
+    task = completed(make_task, agent_lease, "a")
+    clock.advance(timedelta(days=2))
+    assert archive_events().startswith("archived 0 events")
+    clock.advance(timedelta(days=1, seconds=1))
+    assert archive_events().startswith(f"archived {task.version} events of 1 tasks in 1 batches")
+    assert Event.objects.filter(task=task).count() == 0

@@ -15,8 +15,10 @@ from django.db.migrations.state import StateApps
 COLUMNS = "id, task_id, seq, type, payload, prev_digest, digest, created_at"
 VIEW = f"CREATE VIEW tasks_event_log AS SELECT {COLUMNS} FROM tasks_event UNION ALL SELECT {COLUMNS} FROM tasks_archivedevent"
 VIEW_DROP = "DROP VIEW IF EXISTS tasks_event_log"
-# Every column equal (IS NOT DISTINCT FROM on PostgreSQL, IS on SQLite: a NULL in neither table is equal to itself).
-_SAME = " AND ".join(f"a.{c} {{same}} OLD.{c}" for c in COLUMNS.split(", "))
+# Every column equal: the key (id, task, seq: never NULL) with "=", which the (task, seq) index serves — a row's check
+# is one index probe, not a scan of the archive; the others with IS NOT DISTINCT FROM (PostgreSQL) or IS (SQLite).
+_KEY = ("id", "task_id", "seq")
+_SAME = " AND ".join(f"a.{c} = OLD.{c}" if c in _KEY else f"a.{c} {{same}} OLD.{c}" for c in COLUMNS.split(", "))
 
 POSTGRES = f"""
 CREATE OR REPLACE FUNCTION event_refuse_delete() RETURNS trigger AS $$
