@@ -307,20 +307,38 @@ class EventQuerySet(models.QuerySet["Event"]):
         raise EventRefused("events are append-only: no delete")
 
 
-class Event(models.Model):
-    """Append-only, hash-chained record of every state change of a task; ``seq`` is contiguous from 1.
+class EventColumns(models.Model):
+    """The columns of one event wherever it is kept: the hot table (``Event``), the archive (``ArchivedEvent``) and
+    the view over both (``LoggedEvent``). ``seq`` is contiguous from 1 per task; ``digest`` chains it to the event
+    before (``prev_digest``)."""
 
-    Updates and deletes are refused here and, in the database, by triggers (migration 0009), TRUNCATE included on
-    PostgreSQL; the task row keeps the chain's head (``log_head``), so a cut tail is found by verify_log."""
-
-    # No index of its own: event_seq_unique_per_task (task, seq) serves every lookup by task.
-    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="events", db_index=False)
     seq = models.PositiveBigIntegerField()
     type = models.CharField(max_length=50)
     payload = models.JSONField(default=dict)
     prev_digest = models.CharField(max_length=64)
     digest = models.CharField(max_length=64)
     created_at = models.DateTimeField()
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"event {self.task_id}#{self.seq} {self.type}"  # type: ignore[attr-defined]
+
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise EventRefused("events are append-only: no delete")
+
+
+class Event(EventColumns):
+    """Append-only, hash-chained record of every state change of a task; ``seq`` is contiguous from 1.
+
+    Updates and deletes are refused here and, in the database, by triggers (migration 0009), TRUNCATE included on
+    PostgreSQL — a delete only lets go of a row with an identical copy in the archive (the archive step's move,
+    migration 0022); the task row keeps the chain's head (``log_head``), so a cut tail is found by verify_log. This
+    is where events are appended; read a task's log through ``LoggedEvent``."""
+
+    # No index of its own: event_seq_unique_per_task (task, seq) serves every lookup by task.
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="events", db_index=False)
 
     objects = EventQuerySet.as_manager()
 
@@ -336,19 +354,13 @@ class Event(models.Model):
         ]
         ordering = ["task", "seq"]
 
-    def __str__(self) -> str:
-        return f"event {self.task_id}#{self.seq} {self.type}"
-
     def save(self, *args: Any, **kwargs: Any) -> None:
         if not self._state.adding:
             raise EventRefused("events are append-only: no update")
         super().save(*args, **kwargs)
 
-    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise EventRefused("events are append-only: no delete")
 
-
-class ArchivedEvent(models.Model):
+class ArchivedEvent(EventColumns):
     """An event of an ended task moved out of the hot table by the archive step (tasks/engine/archive.py), as it was:
     the same id, seq, type, payload, digests and time; ``archived_at`` is the database clock at the move.
 
@@ -358,12 +370,6 @@ class ArchivedEvent(models.Model):
 
     id = models.BigIntegerField(primary_key=True)
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="archived_events", db_index=False)
-    seq = models.PositiveBigIntegerField()
-    type = models.CharField(max_length=50)
-    payload = models.JSONField(default=dict)
-    prev_digest = models.CharField(max_length=64)
-    digest = models.CharField(max_length=64)
-    created_at = models.DateTimeField()
     archived_at = models.DateTimeField()
 
     class Meta:
@@ -379,37 +385,22 @@ class ArchivedEvent(models.Model):
     def save(self, *args: Any, **kwargs: Any) -> None:
         raise EventRefused("archived events are written only by the archive step's INSERT … SELECT")
 
-    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise EventRefused("events are append-only: no delete")
 
-
-class LoggedEvent(models.Model):
+class LoggedEvent(EventColumns):
     """Every event of every task wherever it is kept — the hot table (``Event``, where appends go) and the archive
     (``ArchivedEvent``) — as one read-only database view (UNION ALL, migration 0022). The one way to read a task's
     log: a read that filters by task reaches both tables through their (task, seq) indexes."""
 
     id = models.BigIntegerField(primary_key=True)
     task = models.ForeignKey(Task, on_delete=models.DO_NOTHING, related_name="+", db_constraint=False)
-    seq = models.PositiveBigIntegerField()
-    type = models.CharField(max_length=50)
-    payload = models.JSONField(default=dict)
-    prev_digest = models.CharField(max_length=64)
-    digest = models.CharField(max_length=64)
-    created_at = models.DateTimeField()
 
     class Meta:
         managed = False
         db_table = "tasks_event_log"
         ordering = ["task", "seq"]
 
-    def __str__(self) -> str:
-        return f"event {self.task_id}#{self.seq} {self.type}"
-
     def save(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise EventRefused("the log is read here; an event is appended by the compare-and-set (tasks.engine.cas)")
-
-    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise EventRefused("events are append-only: no delete")
 
 
 class TempResource(models.Model):

@@ -2,7 +2,10 @@
 recovery`` and ``bench scan`` — a crash of every worker, and the recovery scan beside a large history
 (harness/bench_recovery.py); ``bench ab --variants MODULE`` — variants of the step path measured batch by batch,
 interleaved, in one process (harness/bench_ab.py); ``bench size`` — a step's cost at 10, 1,000 and 10,000 nodes per
-task (harness/bench_size.py)."""
+task (harness/bench_size.py); ``bench history`` — the hot tables, the scan, the work queue and the task page at 100,000
+and 10,000,000 events, the archive step running (harness/bench_history.py); ``bench peers`` — Reckon's step against
+DBOS Transact and LangGraph's Postgres checkpointer, side by side (harness/bench_peers.py; the optional uv group
+peers)."""
 
 import json
 from collections.abc import Callable
@@ -14,6 +17,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from harness.bench import BenchConfig, BenchError, format_report, run_bench
 from harness.bench_ab import AbConfig, AbError, format_ab, run_ab
+from harness.bench_history import HistoryConfig, format_history, run_history
+from harness.bench_peers import PeersConfig, PeersError, format_peers, missing_peers, peers_missing_message, run_peers
 from harness.bench_recovery import (
     RecoveryBenchError,
     RecoveryConfig,
@@ -26,7 +31,7 @@ from harness.bench_recovery import (
 )
 from harness.bench_size import SizeConfig, format_size, run_size
 
-PARTS = ("steps", "recovery", "scan", "ab", "size")
+PARTS = ("steps", "recovery", "scan", "ab", "size", "history", "peers")
 
 
 def _workers(text: str) -> tuple[int, ...]:
@@ -47,7 +52,11 @@ class Command(BaseCommand):
         "effects counted by the simulator: the run fails on any). scan: the recovery scan's time with pending tasks "
         "beside few and many finished ones, and its plans. ab: variants of the step path (--variants MODULE), batch "
         "by batch, interleaved, in one process. size: steps/s and CPU per step at 10, 1,000 and 10,000 nodes per "
-        "task. On the configured backend, in a throw-away database."
+        "task. history: table sizes, the scan, the work queue and the task page at 100,000 and 10,000,000 events, "
+        "the archive step running. peers (PostgreSQL; the uv group peers: RECKON_UV_GROUPS=peers ./dev manage "
+        "bench peers): steps/s and client CPU per step of Reckon, DBOS Transact and LangGraph's PostgresSaver "
+        "(durability sync), 10-step workflows, with 1 and 8 workers, each in its own database. On the configured "
+        "backend, in a throw-away database."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -78,6 +87,12 @@ class Command(BaseCommand):
         size = parser.add_argument_group("size")
         size.add_argument("--sizes", default="10,1000,10000", help="nodes per task (default 10,1000,10000)")
         size.add_argument("--size-steps", type=int, default=2000, help="steps per size and round (default 2000)")
+        history = parser.add_argument_group("history")
+        history.add_argument("--history-small", type=int, default=100_000, help="events, first (default 100000)")
+        history.add_argument("--history-large", type=int, default=10_000_000, help="events, then (default 10000000)")
+        history.add_argument("--per-task", type=int, default=100, help="events per finished task (default 100)")
+        history.add_argument("--chunk", type=int, default=1000, help="finished tasks per archive run (default 1000)")
+        history.add_argument("--live", type=int, default=1000, help="tasks at work (default 1000)")
         scan = parser.add_argument_group("scan")
         scan.add_argument("--pending", type=int, default=1000, help="pending tasks (default 1000)")
         scan.add_argument("--small", type=int, default=1000, help="finished tasks, first (default 1000)")
@@ -89,6 +104,8 @@ class Command(BaseCommand):
         unknown = [p for p in parts if p not in PARTS]
         if unknown:
             raise CommandError(f"unknown part(s) {', '.join(unknown)}; known: {', '.join(PARTS)}")
+        if "peers" in parts and (missing := missing_peers()):  # before any other part runs
+            raise CommandError(peers_missing_message(missing))
         json_dir = Path(options["json"]).parent if options["json"] else Path(settings.DATA_DIR)
         if "steps" in parts:
             self._steps(options)
@@ -100,6 +117,26 @@ class Command(BaseCommand):
             self._ab(options, json_dir / "bench-ab.json")
         if "size" in parts:
             self._size(options, json_dir / "bench-size.json")
+        if "history" in parts:
+            config = HistoryConfig(
+                small=options["history_small"],
+                large=options["history_large"],
+                per_task=options["per_task"],
+                chunk=options["chunk"],
+                live=options["live"],
+            )
+            path = json_dir / "bench-history.json"
+            self._part(lambda log: run_history(config, log=log), (ValueError, RuntimeError), format_history, path)
+        if "peers" in parts:
+            peers = PeersConfig(
+                tasks=options["tasks"],
+                nodes=options["nodes"],
+                rounds=options["rounds"],
+                workers=_workers(options["workers"]),
+                allow_nondurable=options["allow_nondurable"],
+            )
+            path = json_dir / "bench-peers.json"
+            self._part(lambda log: run_peers(peers, log=log), (PeersError, ValueError), format_peers, path)
 
     def _size(self, options: dict[str, Any], path: Path) -> None:
         try:
