@@ -386,6 +386,18 @@ class ArchivedEvent(EventColumns):
         raise EventRefused("archived events are written only by the archive step's INSERT … SELECT")
 
 
+class ArchivedEventCount(models.Model):
+    """How many events of each type the archive holds, kept by the archive step in the transaction that moves them
+    (tasks/engine/archive.py): the metrics' counters add it to the hot table's counts instead of counting the
+    archive's millions of rows at each scrape."""
+
+    type = models.CharField(max_length=50, primary_key=True)
+    events = models.PositiveBigIntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.events} archived {self.type} events"
+
+
 class LoggedEvent(EventColumns):
     """Every event of every task wherever it is kept — the hot table (``Event``, where appends go) and the archive
     (``ArchivedEvent``) — as one read-only database view (UNION ALL, migration 0022). The one way to read a task's

@@ -27,7 +27,7 @@ from tasks.engine.archive import ARCHIVE_ACTION, archive_ended
 from tasks.engine.events import find_log_problem
 from tasks.engine.runner import run_steps, run_task_once
 from tasks.engine.verification import find_problems, task_quarantine
-from tasks.models import ArchivedEvent, Event, EventRefused, LoggedEvent, Task, TempResource
+from tasks.models import ArchivedEvent, ArchivedEventCount, Event, EventRefused, LoggedEvent, Task, TempResource
 from tasks.reads.detail import timeline_page
 from tests.conftest import as_a_tamperer, chain_plan
 from tests.simulator_fixture import Simulator
@@ -224,6 +224,23 @@ def test_metrics_count_archived_steps_too(make_task, agent_lease, clock, setting
     clock.advance(AFTER + timedelta(seconds=1))
     assert archive_ended(after=AFTER).tasks == 1
     assert steps() == before
+    # A second task's steps, then its move: counted once each time, before and after.
+    completed(make_task, agent_lease, "c")
+    grown = steps()
+    assert sum(grown.values()) == sum(before.values()) + 1
+    clock.advance(AFTER + timedelta(seconds=1))
+    assert archive_ended(after=AFTER).tasks == 1
+    assert steps() == grown
+
+
+def test_the_archives_count_by_type_is_its_rows_count_by_type(make_task, agent_lease, clock) -> None:
+    for keys in (("a", "b"), ("c",), ("d", "e", "f")):
+        completed(make_task, agent_lease, *keys)
+        clock.advance(AFTER + timedelta(seconds=1))
+        archive_ended(after=AFTER)
+    counted = dict(ArchivedEventCount.objects.values_list("type", "events"))
+    rows = raw("SELECT type, COUNT(*) FROM tasks_archivedevent GROUP BY type")
+    assert counted == {kind: n for kind, n in rows} and sum(counted.values()) == ArchivedEvent.objects.count() > 0
 
 
 def test_a_cleanup_after_the_archive_reads_the_archived_receipts_and_appends_to_the_hot_table(

@@ -12,7 +12,8 @@ meanwhile): INSERT … SELECT copies the rows into ``tasks_archivedevent`` as th
 chain, the task's version and its head do not change; every read of a log goes through the ``tasks_event_log`` view
 (``LoggedEvent``), so a page, verify_log and the anchors see the same log before and after. An event appended to an
 archived task later (a temp resource's cleanup) goes to the hot table and moves with the task's next archive. Each
-batch is one audit event (``events_archived``: which tasks, how many events).
+batch is one audit event (``events_archived``: which tasks, how many events), and adds its events to the archive's
+count by type (``ArchivedEventCount``), which the metrics' counters read instead of the archive's rows.
 """
 
 from collections.abc import Callable
@@ -149,6 +150,12 @@ def _move(
                 [now, *moving],
             )
             copied = cursor.rowcount
+            cursor.execute(
+                "INSERT INTO tasks_archivedeventcount (type, events)"  # noqa: S608 - placeholders only
+                f" SELECT type, COUNT(*) FROM tasks_event WHERE task_id IN ({marks}) GROUP BY type"
+                " ON CONFLICT (type) DO UPDATE SET events = tasks_archivedeventcount.events + excluded.events",
+                moving,
+            )
             cursor.execute(f"DELETE FROM tasks_event WHERE task_id IN ({marks})", moving)  # noqa: S608
             if cursor.rowcount != copied:  # the trigger refuses a row without its copy; this is the count's check
                 raise RuntimeError(f"archive moved {copied} events but deleted {cursor.rowcount}")
