@@ -5,6 +5,10 @@
 - The hot table's delete trigger (migration 0009 refused every delete) now lets a row go only when an identical copy
   — every column — is in the archive: nothing leaves the log, it only moves.
 - ``tasks_event_log``: the view every read of a task's log goes through (``LoggedEvent``), both tables as one.
+
+A later migration that makes SQLite rebuild either table (an altered column) must drop the view first and make it
+again after (``VIEW_DROP``, ``VIEW``), as it must the triggers: SQLite checks the views when it renames the rebuilt
+table into place.
 """
 
 import django.db.models.deletion
