@@ -17,7 +17,7 @@ count by type (``ArchivedEventCount``), which the metrics' counters read instead
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -54,7 +54,6 @@ class ArchiveRun:
     events: int = 0
     batches: int = 0
     waiting_for_anchor: int = 0
-    task_ids: list[int] = field(default_factory=list)
 
     def sentence(self) -> str:
         moved = f"archived {self.events} events of {self.tasks} tasks in {self.batches} batches"
@@ -165,4 +164,3 @@ def _move(
     run.tasks += len(moving)
     run.events += copied
     run.batches += 1
-    run.task_ids += moving

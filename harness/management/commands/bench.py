@@ -118,25 +118,29 @@ class Command(BaseCommand):
         if "size" in parts:
             self._size(options, json_dir / "bench-size.json")
         if "history" in parts:
-            config = HistoryConfig(
-                small=options["history_small"],
-                large=options["history_large"],
-                per_task=options["per_task"],
-                chunk=options["chunk"],
-                live=options["live"],
-            )
-            path = json_dir / "bench-history.json"
-            self._part(lambda log: run_history(config, log=log), (ValueError, RuntimeError), format_history, path)
+            self._history(options, json_dir / "bench-history.json")
         if "peers" in parts:
-            peers = PeersConfig(
-                tasks=options["tasks"],
-                nodes=options["nodes"],
-                rounds=options["rounds"],
-                workers=_workers(options["workers"]),
-                allow_nondurable=options["allow_nondurable"],
-            )
-            path = json_dir / "bench-peers.json"
-            self._part(lambda log: run_peers(peers, log=log), (PeersError, ValueError), format_peers, path)
+            self._peers(options, json_dir / "bench-peers.json")
+
+    def _history(self, options: dict[str, Any], path: Path) -> None:
+        config = HistoryConfig(
+            small=options["history_small"],
+            large=options["history_large"],
+            per_task=options["per_task"],
+            chunk=options["chunk"],
+            live=options["live"],
+        )
+        self._part(lambda log: run_history(config, log=log), (ValueError, RuntimeError), format_history, path)
+
+    def _peers(self, options: dict[str, Any], path: Path) -> None:
+        config = PeersConfig(
+            tasks=options["tasks"],
+            nodes=options["nodes"],
+            rounds=options["rounds"],
+            workers=_workers(options["workers"]),
+            allow_nondurable=options["allow_nondurable"],
+        )
+        self._part(lambda log: run_peers(config, log=log), (PeersError, ValueError), format_peers, path)
 
     def _size(self, options: dict[str, Any], path: Path) -> None:
         try:
