@@ -15,6 +15,7 @@ Every test module here is marked ``browser`` (``pytestmark``): .ci/run runs them
 import os
 import secrets
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,14 @@ def browser(playwright: Playwright) -> Iterator[Browser]:
     chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
     yield chromium
     chromium.close()
+
+
+@pytest.fixture(autouse=True)
+def operator_leases_outlast_the_walk(settings: Any) -> None:
+    """An operator's lease lasts an hour here, not two minutes: a test that takes a task over while it sets up and
+    walks a dozen pages before it reads the takeover page took longer than that on a loaded CI machine, and the page
+    rightly showed the lease gone. A test about expiry sets its own TTL or moves the clock."""
+    settings.RECKON_OPERATOR_LEASE_TTL = timedelta(hours=1)
 
 
 @pytest.fixture
