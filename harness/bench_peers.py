@@ -26,6 +26,10 @@ workflows per worker and run, with 1 and with 8 workers. A *step* is one node dr
   (and the node's writes are saved by ``put_writes``). With 8 workers: 8 threads of one process, each with its own
   saver (one connection: a saver serialises its connection under a lock) and its own compiled graph.
 
+- **the loops** ``raw`` and ``shared`` (harness/bench.py's raw limits, by Reckon's worker processes in Reckon's
+  database): a step as two commits of three rows, or with the next step's intent in the receipt's commit — the floor
+  any system that commits before its call meets on this server; the ratios are also given against ``shared``.
+
 Each system has its own fresh database on the server (Reckon's by ``harness.bench.scratch_database``, migrated; the
 peers' created by this module and set up by the peers themselves), dropped at the end. Each peer runs in its own
 spawned process, started once and kept (its library set up, its connections open), so that what is measured in it
@@ -79,6 +83,7 @@ from psycopg.conninfo import make_conninfo
 
 from harness.bench import (
     BARRIER_TIMEOUT,
+    RAW_TABLES,
     _pg_params,
     _PgStats,
     _Pool,
@@ -88,8 +93,12 @@ from harness.bench import (
 )
 
 PEERS = ("dbos", "langgraph")
-SYSTEMS = ("reckon", *PEERS)
-RUN_AS = {"reckon": "process", "dbos": "thread", "langgraph": "thread"}
+# The floor, run in the same rounds on Reckon's database by the same worker processes (harness/bench.py's raw
+# loops): ``raw`` commits an intent, then a receipt and the version (two commits a step, nothing else); ``shared``
+# the same rows with a step's receipt and the next step's intent in one commit, as Reckon's chain does.
+LOOPS = ("raw", "shared")
+SYSTEMS = ("reckon", *PEERS, *LOOPS)
+RUN_AS = {"reckon": "process", "dbos": "thread", "langgraph": "thread", "raw": "process", "shared": "process"}
 # The distributions of the uv group peers; and those whose versions the report gives.
 PEER_DISTRIBUTIONS = ("dbos", "langgraph", "langgraph-checkpoint-postgres")
 VERSIONS = (*PEER_DISTRIBUTIONS, "langgraph-checkpoint", "sqlalchemy", "psycopg", "django")
@@ -502,6 +511,9 @@ class _Runner:
             results = self.pool.run("reckon", payloads, snapshot)
             after, flushes = stats.snapshot(), workers  # each worker flushed its connection's statistics
             _check_reckon_completed(ids)
+        elif system in LOOPS:
+            results = self.pool.run(system, self._loop_payloads(workers, tasks), snapshot)
+            after, flushes = stats.snapshot(), workers
         else:
             results = [self.hosts[system].run(workers, tasks, f"b{self.batch}", snapshot)]
             after, flushes = stats.snapshot(), results[0]["flushes"]
@@ -526,6 +538,21 @@ class _Runner:
             # process; a peer's workflow starts are in its window.
             "create_ms_per_step": None if create_s is None else 1000 * create_s / steps,
         }
+
+    def _loop_payloads(self, workers: int, tasks: int) -> list[dict[str, Any]]:
+        """Each worker's rows of the raw loops' task table (harness/bench.py's RAW_TABLES), made by this process."""
+        from django.db import connection, transaction
+
+        payloads = []
+        with transaction.atomic(), connection.cursor() as cursor:
+            for _ in range(workers):
+                mine = []
+                for _ in range(tasks):
+                    cursor.execute("INSERT INTO bench_raw_task (version) VALUES (0) RETURNING id")
+                    mine.append(int(cursor.fetchone()[0]))
+                payloads.append({"nodes": self.config.nodes, "tasks": mine})
+            cursor.execute("SELECT pg_stat_force_next_flush()")
+        return payloads
 
     def _reckon_payloads(self, workers: int, tasks: int) -> tuple[list[dict[str, Any]], list[int]]:
         """Each worker's tasks and leases, made by this process with DEBUG off as in production (not in the run's
@@ -588,9 +615,12 @@ def run_peers(config: PeersConfig, log: Callable[[str], None] = print) -> dict[s
 
         databases = {"reckon": reckon_db, **peer_dbs}
         stats = {system: _PgStats(settings_dict, name) for system, name in databases.items()}
-        for one in stats.values():
+        stats |= dict.fromkeys(LOOPS, stats["reckon"])  # the loops write in Reckon's database, in turn with it
+        for one in set(stats.values()):
             stack.callback(one.close)
         with connection.cursor() as cursor:
+            for ddl in RAW_TABLES["postgresql"]:
+                cursor.execute(ddl)
             cursor.execute("SELECT current_setting('synchronous_commit')")
             sessions = {"reckon": {"synchronous_commit": str(cursor.fetchone()[0])}}
         log(f"bench peers: {version}; starting {most} Reckon worker processes and the peers' processes")
@@ -712,8 +742,9 @@ def peers_report(
 
 
 def peer_ratios(figures: dict[str, dict[str, dict[str, Any]]], workers: tuple[int, ...]) -> dict[str, Any]:
-    """At each worker count: Reckon's steps/s over the fastest peer's, its CPU per step over the leanest peer's."""
-    peers = [s for s in figures if s != "reckon"]
+    """At each worker count: Reckon's steps/s over the fastest peer's, its CPU per step over the leanest peer's;
+    with the loops measured, Reckon's and the fastest peer's steps/s over the shared loop's (the floor)."""
+    peers = [s for s in figures if s in PEERS]
     ratios: dict[str, Any] = {}
     for count in workers:
         key = str(count)
@@ -726,6 +757,12 @@ def peer_ratios(figures: dict[str, dict[str, dict[str, Any]]], workers: tuple[in
             "cpu_ms_per_step": reckon["cpu_ms_per_step"] / figures[leanest][key]["cpu_ms_per_step"],
             "cpu_ms_per_step_peer": leanest,
         }
+        if "shared" in figures:
+            floor = figures["shared"][key]["steps_per_s"]
+            ratios[key] |= {
+                "reckon_over_shared": reckon["steps_per_s"] / floor,
+                "peer_over_shared": figures[fastest][key]["steps_per_s"] / floor,
+            }
     return ratios
 
 
@@ -770,9 +807,19 @@ def format_peers(report: dict[str, Any]) -> str:
             f"{'':>7}  Reckon / best peer: {ratio['steps_per_s']:.2f} x the steps/s of {ratio['steps_per_s_peer']},"
             f" {ratio['cpu_ms_per_step']:.2f} x the CPU per step of {ratio['cpu_ms_per_step_peer']}"
         )
+        if "reckon_over_shared" in ratio:
+            lines.append(
+                f"{'':>7}  against the shared loop: Reckon {ratio['reckon_over_shared']:.2f} x,"
+                f" {ratio['steps_per_s_peer']} {ratio['peer_over_shared']:.2f} x — twice that peer would be"
+                f" {2 * ratio['peer_over_shared']:.2f} x, three times {3 * ratio['peer_over_shared']:.2f} x"
+            )
     lines += [
         "",
-        "cpu ms: client CPU (Reckon: its worker processes; a peer: its whole process, library threads included)",
+        "cpu ms: client CPU (Reckon and the loops: their worker processes; a peer: its whole process, library"
+        " threads included)",
+        "raw, shared: the floor on the same server, in Reckon's database — a step as two commits of an intent and"
+        " a receipt with the version (raw), or with the next step's intent in the receipt's commit (shared), and"
+        " nothing else: no lease, no log, no check",
         "xact: pg_stat_database.xact_commit of the system's database, read-only transactions included; rows:"
         " tup_inserted + tup_updated; wal: pg_stat_wal (cluster-wide)",
     ]

@@ -204,3 +204,28 @@ def test_the_report_flags_a_nondurable_session_and_too_few_rounds():
     assert any("only 1 round(s)" in w for w in report["warnings"])
     assert report["figures"]["langgraph"]["8"]["steps_per_s"] == 150
     assert "!!! only 1 round(s)" in format_peers(report)
+
+
+def test_the_loops_are_the_floor_reckon_and_the_best_peer_are_set_against():
+    loops = {
+        ("raw", 1): [300, 320, 310],
+        ("shared", 1): [400, 440, 420],
+        ("raw", 8): [900] * 3,
+        ("shared", 8): [800] * 3,
+    }
+    runs = given_runs()
+    for (system, workers), speeds in loops.items():
+        for r, speed in enumerate(speeds):
+            runs.append(runs[0] | {"system": system, "workers": workers, "round": r + 1, "steps_per_s": speed})
+    report = peers_report(PeersConfig(), environment(), runs, datetime.now(UTC), {})
+    one = report["ratios"]["1"]
+    assert one["steps_per_s_peer"] == "langgraph"  # a loop is never the best peer, though faster than every one
+    assert one["reckon_over_shared"] == pytest.approx(110 / 420)
+    assert one["peer_over_shared"] == pytest.approx(80 / 420)
+    assert report["run_as"]["shared"] == "process"
+    text = format_peers(report)
+    assert "against the shared loop: Reckon 0.26 x, langgraph 0.19 x — twice that peer would be 0.38 x" in text
+    assert (
+        "against the shared loop: Reckon 0.50 x, dbos 0.25 x — twice that peer would be 0.50 x, three times 0.75 x"
+        in (text)
+    )
