@@ -139,6 +139,7 @@ INSTALLED_APPS = [
     "audit",
     "retention",
     "agents",
+    "integrations",
     "harness",
 ]
 
