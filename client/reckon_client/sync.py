@@ -100,7 +100,7 @@ class Reckon:
         acquired = self._drive(protocol.acquire(task_id, ttl_seconds=ttl_seconds, lease_wait=lease_wait))
         if isinstance(acquired, RunResult):
             return acquired
-        renewer = _Renewer(self, acquired)
+        renewer = Renewer(self, acquired)
         try:
             compensate = callable(getattr(connector, "compensate", None))
             fences = callable(getattr(connector, "fence", None))
@@ -162,6 +162,16 @@ class Reckon:
             except Exception as exc:  # handed to the protocol, which decides (most propagate)
                 error = exc
 
+    def drive[T](self, steps: Steps[T]) -> T:
+        """Run one of the protocol's exchanges that calls no connector (acquire, release, renew, …) to its end: for a
+        driver of the protocol's steps other than ``run`` (the MCP server, reckon_client.mcp)."""
+        return self._drive(steps)
+
+    def send(self, call: Call) -> protocol.Reply:
+        """One request to Reckon, with the client's retries (429, 503, transport errors): for a driver of the
+        protocol's steps other than ``run`` (the MCP server, reckon_client.mcp)."""
+        return self._send(call)
+
     def _send(self, call: Call) -> protocol.Reply:
         for attempt in range(MAX_ATTEMPTS):
             last = attempt == MAX_ATTEMPTS - 1
@@ -179,7 +189,7 @@ class Reckon:
         raise AssertionError("unreachable")
 
 
-class _Renewer:
+class Renewer:
     """Renews the lease every ttl/3 until stopped; a renewal's answer may raise the run's stop flag."""
 
     def __init__(self, reckon: Reckon, state: LeaseState) -> None:
