@@ -1,6 +1,8 @@
-"""``python -m reckon_client.mcp agent --url URL --token TOKEN``: the agent protocol as MCP tools, over stdio.
+"""Reckon for MCP, over stdio (the token may come from RECKON_TOKEN instead of the command line, where other users
+of the machine could read it):
 
-The token may come from RECKON_TOKEN instead of the command line (where other users of the machine could read it).
+    python -m reckon_client.mcp agent --url URL                       the agent protocol as MCP tools
+    python -m reckon_client.mcp gateway --url URL --session S -- CMD  CMD's tools, each call through Reckon
 """
 
 import argparse
@@ -20,10 +22,35 @@ def main(argv: list[str] | None = None) -> int:
     agent.add_argument(
         "--lease-wait", type=float, default=0.0, help="seconds to keep asking for a lease another holder has"
     )
+    gateway = commands.add_parser("gateway", help="serve another MCP server's tools, each call through Reckon")
+    gateway.add_argument("--url", required=True, help="Reckon's base URL")
+    gateway.add_argument("--token", default=os.environ.get("RECKON_TOKEN", ""), help="the agent token (RECKON_TOKEN)")
+    gateway.add_argument("--session", required=True, help="this agent session's id: its calls' project in Reckon")
+    gateway.add_argument("--journal", default=None, help="a SQLite file recording each call's task and output ref")
+    gateway.add_argument("--approve", default="", help="comma-separated tools whose every call a person approves")
+    gateway.add_argument("--lease-ttl", type=int, default=30, help="seconds a call's lease lasts unrenewed")
+    gateway.add_argument("upstream", nargs=argparse.REMAINDER, help="-- the MCP server's command and arguments")
     args = parser.parse_args(argv)
     if not args.token:
         parser.error("an agent token is needed: --token or RECKON_TOKEN")
-    from reckon_client.mcp.agent import AgentRuns  # the SDK is the extra's: imported once the arguments are good
+    if args.command == "gateway":
+        upstream = args.upstream[1:] if args.upstream[:1] == ["--"] else args.upstream
+        if not upstream:
+            parser.error("the MCP server to put Reckon in front of: -- COMMAND [ARGS…]")
+        approve = frozenset(name.strip() for name in args.approve.split(",") if name.strip())
+        from reckon_client.mcp.gateway import serve  # the SDK is the extra's: imported once the arguments are good
+
+        serve(
+            args.url,
+            args.token,
+            upstream,
+            session=args.session,
+            journal=args.journal,
+            approve=approve,
+            ttl=args.lease_ttl,
+        )
+        return 0
+    from reckon_client.mcp.agent import AgentRuns
     from reckon_client.mcp.server import build_server
 
     with Reckon(args.url, args.token) as reckon:
