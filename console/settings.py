@@ -138,7 +138,7 @@ INSTALLED_APPS = [
     "leases",
     "audit",
     "retention",
-    "agents",
+    "reference",
     "integrations",
     "harness",
 ]

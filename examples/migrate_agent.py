@@ -37,7 +37,7 @@ from reckon_client import (
 
 KIND = "migrate_project_api"
 
-# A write's HTTP refusal → its failure class (as agents/objectstore.py). Anything else is unknown.
+# A write's HTTP refusal → its failure class (as reference/objectstore.py). Anything else is unknown.
 REFUSALS: dict[int, FailureClass] = {
     400: "invalid_params",
     422: "invalid_params",

@@ -416,7 +416,7 @@ def _environment(config: RecoveryConfig, workdir: Path) -> Iterator[tuple[Any, A
 
 
 def _create(store: Any, n: int, tag: str, objects: int) -> list[int]:
-    from agents.objectstore import ObjectStoreConnector
+    from reference.objectstore import ObjectStoreConnector
 
     connector = ObjectStoreConnector(store.url)
     ids = []
@@ -432,8 +432,8 @@ def _create(store: Any, n: int, tag: str, objects: int) -> list[int]:
 
 
 def _create_one(store: Any, connector: Any, project: str, objects: int) -> int:
-    from agents import migrate_project
     from harness import killmatrix
+    from reference import migrate_project
 
     source = killmatrix._source(project)
     store.call("/_sources", {"locator": source["locator"], "version": "1", "digest": source["digest"]})
@@ -556,7 +556,7 @@ def run_recovery(config: RecoveryConfig, log: Callable[[str], None] = print) -> 
 
 
 def _batches(objects: int) -> list[Any]:
-    from agents import migrate_project
+    from reference import migrate_project
 
     return list(migrate_project.batches(objects, MAX_BATCH))
 

@@ -28,11 +28,11 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import Group, User
 
-from agents import migrate_project
-from agents.objectstore import Idempotency, ObjectStoreConnector
 from audit.errors import Refused
 from audit.principals import Principal
 from harness.zygote import Process, start_worker, worker_command
+from reference import migrate_project
+from reference.objectstore import Idempotency, ObjectStoreConnector
 from tasks.core.lifecycle import OPEN_OPERATION_STATUSES, NodeStatus, OperationStatus, TaskStatus, TempResourceStatus
 from tasks.decide.evidence import evidence_problems
 from tasks.engine.cleanup import CLEANABLE

@@ -62,8 +62,6 @@ from typing import Literal
 
 from django.db import connection
 
-from agents import migrate_project
-from agents.objectstore import ObjectStoreConnector
 from harness import failover, killmatrix
 from harness.faultproxy import FaultProxy
 from harness.killmatrix import MAX_BATCH, OBJECTS, SCAN_EVERY, Row, Scenario, StoreProcess, Workers
@@ -73,6 +71,8 @@ from leases import clock
 from leases.models import Lease
 from leases.state import held_q, lapsed_q
 from observability.logs import STATE_LOGGER
+from reference import migrate_project
+from reference.objectstore import ObjectStoreConnector
 from tasks.core.lifecycle import OperationStatus
 from tasks.engine.failpoints import hits
 from tasks.jobs import drive_task

@@ -188,7 +188,7 @@ def simulator(tmp_path: Path) -> Iterator[Simulator]:
 
 @pytest.fixture
 def store(simulator: Simulator) -> Simulator:
-    """The simulator with the demo plan's source (agents/demo.py) registered at version 7."""
+    """The simulator with the demo plan's source (reference/demo.py) registered at version 7."""
     simulator.set_source("projects/acme", "7", "sha256:" + "ab" * 32)
     return simulator
 

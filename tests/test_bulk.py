@@ -15,12 +15,12 @@ from django.test import override_settings
 from guardian.shortcuts import assign_perm
 
 import tasks.people.bulk
-from agents.demo import migration_plan
 from audit.models import AuditEvent
 from audit.principals import Principal
 from audit.services import verify_audit
 from leases.models import Lease
 from leases.services import lease_open, lease_release
+from reference.demo import migration_plan
 from tasks.access.permissions import PermissionDenied
 from tasks.access.permits import permits, permits_known
 from tasks.core.errors import VersionConflict

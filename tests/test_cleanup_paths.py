@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from agents import migrate_project
-from agents.objectstore import ObjectStoreConnector
 from audit.errors import Refused
 from harness.simulator import STAGING_PREFIX
 from leases.clock import ControllableClock
 from leases.services import lease_acquire, lease_release
+from reference import migrate_project
+from reference.objectstore import ObjectStoreConnector
 from tasks.core.errors import EvidenceInsufficient, InvalidTransition
 from tasks.core.lifecycle import FailureClass, OperationStatus, TaskStatus, TempResourceStatus
 from tasks.core.outcomes import Committed, Failed, Outcome

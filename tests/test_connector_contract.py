@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from agents.objectstore import Idempotency, ObjectStoreConnector
 from harness.simulator import STAGING_PREFIX
+from reference.objectstore import Idempotency, ObjectStoreConnector
 from tasks.core.lifecycle import FailureClass
 from tasks.core.outcomes import Committed, Failed, NotFound, Outcome, Unprovable
 from tasks.engine.connectors import Connector

@@ -227,7 +227,7 @@ def test_query_the_remote_shows_none_for_an_op_key_it_never_saw(client, make_tas
 
 def test_query_the_remote_against_the_simulator(client, make_task, agent_lease, clock, simulator) -> None:
     """The real store process: an op key it never saw is none."""
-    from agents.objectstore import ObjectStoreConnector
+    from reference.objectstore import ObjectStoreConnector
 
     with kind_registered(KIND, connector=lambda: ObjectStoreConnector(simulator.url)):
         task, ann, op = taken_over(make_task, agent_lease)

@@ -20,11 +20,11 @@ from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.db.models import Q
 
-from agents.demo_logins import DEMO_LOGINS
-from agents.demo_states import CREATED_BY, SCENARIOS
 from api.tokens import api_token_authenticate
 from audit.models import AuditEvent
 from harness.ports import free_port
+from reference.demo_logins import DEMO_LOGINS
+from reference.demo_states import CREATED_BY, SCENARIOS
 from tasks.access.permissions import roles_of
 from tasks.core.lifecycle import OperationStatus, PauseReason, TaskStatus
 from tasks.engine.verification import task_verify_log

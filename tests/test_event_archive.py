@@ -16,11 +16,11 @@ from django.db import DatabaseError, connection, transaction
 from django.test import Client
 from pytest_django.fixtures import Settings as SettingsWrapper
 
-from agents.objectstore import ObjectStoreConnector
 from audit.anchors import anchor_heads
 from audit.models import AuditEvent
 from leases.clock import ControllableClock
 from leases.services import lease_acquire, lease_release
+from reference.objectstore import ObjectStoreConnector
 from tasks.core.lifecycle import TaskStatus, TempResourceStatus
 from tasks.core.outcomes import Committed
 from tasks.engine.archive import ARCHIVE_ACTION, archive_ended

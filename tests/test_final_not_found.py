@@ -14,12 +14,12 @@ import pytest
 from django.conf import settings
 from pytest_django.fixtures import Settings as SettingsWrapper
 
-from agents.objectstore import ObjectStoreConnector
 from audit.models import AuditEvent
 from audit.principals import Principal
 from leases import clock
 from leases.services import lease_release
 from observability.tracing import TracedConnector
+from reference.objectstore import ObjectStoreConnector
 from tasks.core.errors import InvalidTransition
 from tasks.core.lifecycle import FailureClass, OperationStatus, TaskStatus
 from tasks.core.outcomes import Committed, Failed, Fenced, NotFound, Outcome

@@ -19,8 +19,6 @@ from typing import Any
 import pytest
 from celery.signals import task_postrun, task_prerun
 
-from agents.demo import migration_plan
-from agents.objectstore import ObjectStoreConnector
 from leases.services import lease_acquire, lease_ttl
 from leases.state import lease_grace
 from observability.logs import (
@@ -32,6 +30,8 @@ from observability.logs import (
     bound,
     logging_config,
 )
+from reference.demo import migration_plan
+from reference.objectstore import ObjectStoreConnector
 from tasks.core.errors import VersionConflict
 from tasks.engine.plans import task_create
 from tasks.engine.protocol import operation_start, snapshot_at

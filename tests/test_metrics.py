@@ -14,13 +14,13 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents.demo import migration_plan
-from agents.objectstore import ObjectStoreConnector
 from audit.models import VerificationRun
 from leases.clock import now as clock_now
 from leases.models import ForcedRelease, Lease
 from leases.services import lease_acquire, lease_release
 from observability.metrics import STEP_OUTCOME_EVENTS
+from reference.demo import migration_plan
+from reference.objectstore import ObjectStoreConnector
 from tasks.core.lifecycle import PauseReason, TaskStatus
 from tasks.engine.plans import task_create
 from tasks.engine.recovery import wake_up_claim

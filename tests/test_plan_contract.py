@@ -10,9 +10,9 @@ import jsonschema_rs
 import pytest
 from django.test import Client
 
-from agents import migrate_project
 from api.api import api
 from api.tokens import api_token_issue
+from reference import migrate_project
 from tasks.core.actions import get_action, known_actions
 from tasks.core.errors import PlanInvalid
 from tasks.core.failures import ALLOWED_DESTINATIONS

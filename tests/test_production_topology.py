@@ -29,11 +29,11 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from agents import migrate_project
 from harness.killmatrix import StoreProcess, database_url
 from harness.ports import free_port
 from leases.beat import BEAT_LEASE
 from leases.models import BeatLease, Lease
+from reference import migrate_project
 from tasks.core.lifecycle import OPEN_OPERATION_STATUSES, OperationStatus, TaskStatus, TempResourceStatus
 from tasks.engine.cleanup import CLEANABLE
 from tasks.engine.plans import task_create

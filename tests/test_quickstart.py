@@ -6,8 +6,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from agents.demo import migration_plan
 from leases.services import lease_acquire
+from reference.demo import migration_plan
 from tasks.core.lifecycle import NodeStatus, TaskStatus
 from tasks.core.outcomes import Committed, Outcome
 from tasks.engine.plans import task_create

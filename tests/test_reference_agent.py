@@ -1,4 +1,4 @@
-"""The reference agent (agents/migrate_project.py) against the real simulator process: batches sized by the store's
+"""The reference agent (reference/migrate_project.py) against the real simulator process: batches sized by the store's
 transaction boundary, a run to completion with its temp copies deleted as operations of their own, a cancel in the
 middle, and cleanup that survives a crash half-way and never touches evidence or another task's objects."""
 
@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 
-from agents import migrate_project
-from agents.objectstore import ObjectStoreConnector
 from audit.principals import Principal
 from harness.simulator import STAGING_PREFIX
 from leases.models import Lease
 from leases.services import lease_acquire, lease_release
+from reference import migrate_project
+from reference.objectstore import ObjectStoreConnector
 from tasks.core.lifecycle import FailureClass, OperationStatus, TaskStatus, TempResourceStatus
 from tasks.core.outcomes import Committed, Failed, Outcome
 from tasks.engine.cleanup import cleanup_temp_resources

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from agents import migrate_project
-from agents.objectstore import ObjectStoreConnector
+from reference import migrate_project
+from reference.objectstore import ObjectStoreConnector
 from tasks.core.actions import get_action
 from tasks.core.errors import TaskError, UnknownTaskKind
 from tasks.core.lifecycle import TaskStatus

@@ -3,10 +3,10 @@
 import pytest
 from django.contrib.auth.models import Group, User
 
-from agents.demo import migration_plan
-from agents.objectstore import ObjectStoreConnector
 from audit.principals import Principal
 from leases.services import lease_acquire
+from reference.demo import migration_plan
+from reference.objectstore import ObjectStoreConnector
 from tasks.core.lifecycle import OperationStatus, TaskStatus
 from tasks.engine.plans import task_create
 from tasks.engine.runner import run_steps

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from agents.demo import migration_plan
-from agents.objectstore import ObjectStoreConnector
 from harness.ports import free_port
 from leases.services import lease_acquire, lease_renew
+from reference.demo import migration_plan
+from reference.objectstore import ObjectStoreConnector
 from tasks.core.lifecycle import FailureClass, NodeStatus, OperationStatus, TaskStatus
 from tasks.core.outcomes import Committed, Failed, NotFound, Unprovable
 from tasks.engine.connectors import Connector, SourceNotFound

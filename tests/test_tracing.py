@@ -14,11 +14,11 @@ from django.urls import reverse
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from agents.demo import migration_plan
-from agents.objectstore import ObjectStoreConnector
 from api.tokens import api_token_issue
 from leases.services import lease_acquire, lease_release
 from observability import tracing
+from reference.demo import migration_plan
+from reference.objectstore import ObjectStoreConnector
 from tasks.access.permissions import permission_grant
 from tasks.engine import registry
 from tasks.engine.plans import task_create

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agents.demo import migration_plan
+from reference.demo import migration_plan
 from tasks.core.lifecycle import NodeStatus, OperationStatus
 from tasks.engine.plans import task_create
 from tasks.jobs import drive_task, recovery_scan

@@ -2,7 +2,7 @@
 
 ``kind`` is ``effect`` (one bounded external write through a connector) or ``approval`` (a confirmation
 point: a person's approval is its receipt). The domain registers only ``approval``; the apps that own the effects
-register theirs at start-up (the reference agent's ``store.*``: ``agents/apps.py``), with their task kinds and
+register theirs at start-up (the reference agent's ``store.*``: ``reference/apps.py``), with their task kinds and
 connectors (``tasks/engine/registry.py``).
 
 An action declares the fields of a node's input it takes (``inputs``, tasks/core/inputs.py): a plan naming it with

@@ -1,5 +1,5 @@
 """Task kinds and the connector that drives each, registered by the app that owns the kind at start-up (the
-reference agents: ``agents/apps.py``). The domain never imports an agent: a worker asks ``connector_for(kind)``.
+reference agents: ``reference/apps.py``). The domain never imports an agent: a worker asks ``connector_for(kind)``.
 
     register_kind("migrate_project", connector=lambda: ObjectStoreConnector(settings.RECKON_OBJECTSTORE_URL))
     connector = connector_for(task.kind)  # a fresh connector from the kind's factory; UnknownTaskKind if none

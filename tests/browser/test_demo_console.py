@@ -12,9 +12,9 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from playwright.sync_api import Page, expect
 
-from agents.demo import migration_plan
-from agents.demo_states import CREATED_BY
-from agents.migrate_project import KIND
+from reference.demo import migration_plan
+from reference.demo_states import CREATED_BY
+from reference.migrate_project import KIND
 from tasks.core.lifecycle import NodeStatus
 from tasks.engine.plans import task_create
 from tasks.jobs import drive_task

@@ -19,12 +19,12 @@ import pytest
 from django.urls import reverse
 from playwright.sync_api import Page, expect
 
-from agents.demo import SOURCE_DIGEST
-from agents.migrate_project import KIND, plan
-from agents.objectstore import ObjectStoreConnector
 from audit.principals import Principal
 from leases.models import ForcedRelease
 from leases.services import lease_open
+from reference.demo import SOURCE_DIGEST
+from reference.migrate_project import KIND, plan
+from reference.objectstore import ObjectStoreConnector
 from tasks.access.permissions import permission_grant
 from tasks.core.lifecycle import TaskStatus
 from tasks.engine.plans import task_create

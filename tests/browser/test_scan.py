@@ -24,10 +24,10 @@ from django.contrib.auth.models import User
 from django.urls import reverse
 from playwright.sync_api import Page, expect
 
-from agents.migrate_project import KIND
 from audit.principals import Principal
 from leases.models import Lease
 from leases.services import lease_release
+from reference.migrate_project import KIND
 from tasks.core.lifecycle import FailureClass
 from tasks.core.outcomes import Committed, Failed
 from tasks.models import Task

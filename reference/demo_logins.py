@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from django.contrib.auth.models import User
 from django.db import transaction
 
-from agents.demo_agent import API_KIND
-from agents.migrate_project import KIND
 from audit.principals import Principal
+from reference.demo_agent import API_KIND
+from reference.migrate_project import KIND
 from tasks.access.accounts import admin_bootstrap, role_grant
 from tasks.access.permissions import ADMIN, AUDITOR, OPERATOR, GrantRefused, permission_grant
 from tasks.access.permissions import roles_of as _roles_of

@@ -5,16 +5,16 @@ it."""
 from django.apps import AppConfig
 
 
-class AgentsConfig(AppConfig):
-    name = "agents"
+class ReferenceConfig(AppConfig):
+    name = "reference"
     verbose_name = "Reckon reference agents"
 
     def ready(self) -> None:
-        from agents import migrate_project
+        from reference import migrate_project
         from tasks.core.actions import register_action
         from tasks.engine.registry import register_kind
 
         for name, description in migrate_project.STORE_ACTIONS.items():
             register_action(name, description=description, inputs=migrate_project.STORE_INPUTS[name])
-        # The demo (agents/demo.py, manage.py load_demo) is a task of the same kind.
+        # The demo (reference/demo.py, manage.py load_demo) is a task of the same kind.
         register_kind(migrate_project.KIND, connector=migrate_project.connector)

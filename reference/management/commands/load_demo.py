@@ -2,11 +2,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from agents.demo_agent import API_KIND, DEMO_AGENT, QUICKSTART_PROJECT, demo_agent_token
-from agents.demo_logins import DESCRIPTIONS, FIRST_ADMIN, demo_logins_ensure
-from agents.demo_states import StoreUnavailable, demo_tasks_load, demo_tasks_loaded, quickstart_source_register
 from audit.errors import Refused
 from audit.principals import Principal
+from reference.demo_agent import API_KIND, DEMO_AGENT, QUICKSTART_PROJECT, demo_agent_token
+from reference.demo_logins import DESCRIPTIONS, FIRST_ADMIN, demo_logins_ensure
+from reference.demo_states import StoreUnavailable, demo_tasks_load, demo_tasks_loaded, quickstart_source_register
 from tasks.models import Task
 from tasks.reads.queries import attention_reasons
 

@@ -18,13 +18,13 @@ from typing import Any
 
 from django.conf import settings
 
-from agents.objectstore import ObjectStoreConnector
+from reference.objectstore import ObjectStoreConnector
 from tasks.core.inputs import InputField
 from tasks.engine.plans import task_create
 from tasks.models import Task
 
 KIND = "migrate_project"
-# The object store's actions a plan of this kind may name (registered at start-up by agents/apps.py).
+# The object store's actions a plan of this kind may name (registered at start-up by reference/apps.py).
 STORE_ACTIONS = {
     "store.prepare_target": "create the target bucket/prefix for a project",
     "store.copy_batch": "copy one batch of objects, bounded by the remote's transaction",

@@ -20,10 +20,10 @@ from typing import Any
 
 from django.db import connection
 
-from agents.demo import SOURCE_DIGEST, migration_plan
-from agents.migrate_project import KIND, connector, plan
-from agents.objectstore import ObjectStoreConnector
 from audit.principals import Principal
+from reference.demo import SOURCE_DIGEST, migration_plan
+from reference.migrate_project import KIND, connector, plan
+from reference.objectstore import ObjectStoreConnector
 from tasks.engine.plans import task_create
 from tasks.engine.runner import run_task_once
 from tasks.engine.verification import task_verify_log

@@ -3,7 +3,7 @@ irreversible sweep of the staging prefix — so the demo shows a confirmation po
 
 from typing import Any
 
-from agents.migrate_project import plan
+from reference.migrate_project import plan
 
 SOURCE_DIGEST = "sha256:" + "ab" * 32
 
