@@ -14,9 +14,6 @@ as a durable-execution host records a model's answer). An interrupted run is kep
 approval binds the call. ``pay`` posts to the payments service with the op key as its Idempotency-Key and can look a
 payment up by it; ``pay_approved`` is the same behind a person's approval; ``email`` can neither dedupe nor be asked
 (a lost answer is left to a person). The last line printed is the run's JSON summary.
-
-Run it as its own process: the SDK's package is ``agents``, which Reckon's Django app of that name shadows when the
-repository's root is on ``sys.path``.
 """
 
 import argparse
@@ -31,15 +28,13 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-
-# The SDK's package is ``agents``; mypy run over Reckon's repository may read its Django app of that name instead.
-from agents.agent import Agent  # type: ignore[import-not-found,unused-ignore]
-from agents.items import ModelResponse, ToolCallOutputItem  # type: ignore[import-not-found,unused-ignore]
-from agents.models.interface import Model  # type: ignore[import-not-found,unused-ignore]
-from agents.run import Runner  # type: ignore[import-not-found,unused-ignore]
-from agents.run_state import RunState  # type: ignore[import-not-found,unused-ignore]
-from agents.tracing import set_tracing_disabled  # type: ignore[import-not-found,unused-ignore]
-from agents.usage import Usage  # type: ignore[import-not-found,unused-ignore]
+from agents.agent import Agent
+from agents.items import ModelResponse, ToolCallOutputItem
+from agents.models.interface import Model
+from agents.run import Runner
+from agents.run_state import RunState
+from agents.tracing import set_tracing_disabled
+from agents.usage import Usage
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 from reckon_client import NotFound, Reckon
 from reckon_client.integrations.openai_agents import end_state, person_needed, reckon_function_tool
@@ -48,7 +43,7 @@ from reckon_client.tools import ToolCalls, ToolReceipt
 # --------------------------------------------------------------------------------------------------- the model
 
 
-class ScriptedModel(Model):  # type: ignore[misc,unused-ignore]
+class ScriptedModel(Model):
     """Turn 1: call ``tool`` with ``arguments`` (a fresh call id, kept in ``turns`` before it is answered, so a
     restarted process gives the same turn again); then: "Done."."""
 
@@ -165,7 +160,7 @@ def interrupted(items: list[Any]) -> dict[str, Any]:
     return {"status": "interrupted", "interrupts": asked}
 
 
-def main(argv: list[str] | None = None) -> None:
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", required=True)
     parser.add_argument("--token", default=os.environ.get("RECKON_TOKEN", ""))
@@ -177,7 +172,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--amount", type=int, default=5)
     parser.add_argument("--approve", action="store_true", help="approve an interrupted run's items in the SDK")
     parser.add_argument("--lease-ttl", type=int, default=30)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = arguments(argv)
     set_tracing_disabled(True)
     print(json.dumps(asyncio.run(run(args)), default=str), flush=True)
     sys.exit(0)

@@ -2,17 +2,22 @@
 (client/reckon_client/integrations/openai_agents.py, examples/openai_agents_agent.py), against Reckon's live web
 process.
 
-Every run of the agent is its own process: the SDK's package is named ``agents``, which this process imports as
-Reckon's Django app of that name. The remote is the LangGraph example's payments service, in this process: it counts
-every payment, so "once" is the remote's own count. The approval is a person's, through the console's services
-(takeover, approve and hand back), as on the task page.
+The killed agent is its own process; the approval's runs are in this one (each a fresh run of the example, its state
+in its directory, as a process started again would be). The remote is the LangGraph example's payments service, in
+this process: it counts every payment, so "once" is the remote's own count. The approval is a person's, through the
+console's services (takeover, approve and hand back), as on the task page.
 """
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+from agents import set_tracing_disabled
 
 from audit.principals import Principal
+from examples import openai_agents_agent as example
 from examples.langgraph_agent import Payments
 from tasks.core.lifecycle import OperationStatus, TaskStatus
 from tasks.models import Operation
@@ -31,6 +36,13 @@ def agent(live: tuple[str, str], remote: str, state: Path, *extra: str) -> subpr
     command = [sys.executable, str(AGENT), "--url", live[0], "--token", live[1], "--remote", remote]
     command += ["--session", "oa1", "--state", str(state), "--lease-ttl", str(LEASE_TTL), *extra]
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # noqa: S603
+
+
+def run_here(live: tuple[str, str], remote: str, state: Path, *extra: str) -> dict[str, Any]:
+    """One run of the example in this process, as ``agent`` would start it."""
+    argv = ["--url", live[0], "--token", live[1], "--remote", remote, "--session", "oa1", "--state", str(state)]
+    set_tracing_disabled(True)
+    return dict(asyncio.run(example.run(example.arguments([*argv, "--lease-ttl", str(LEASE_TTL), *extra]))))
 
 
 def test_an_agent_killed_after_the_payment_and_before_its_outcome_pays_once_when_started_again(
@@ -63,18 +75,18 @@ def test_a_call_needing_approval_interrupts_the_run_and_pays_once_only_after_rec
     live: tuple[str, str], payments: tuple[str, Payments], ann: Principal, tmp_path: Path
 ) -> None:
     remote, service = payments
-    asked = summary(agent(live, remote, tmp_path, "--tool", "pay_approved"))
+    asked = run_here(live, remote, tmp_path, "--tool", "pay_approved")
     assert asked["status"] == "interrupted", asked
     [needed] = asked["interrupts"]
     assert (needed["reckon"], needed["code"]) == ("ApprovalRequired", "approval_missing")
     assert needed["arguments"] == {"to": "bob", "amount": 5}
 
-    refused = summary(agent(live, remote, tmp_path, "--tool", "pay_approved", "--approve"))  # the SDK's approve
+    refused = run_here(live, remote, tmp_path, "--tool", "pay_approved", "--approve")  # the SDK's approve
     assert (refused["status"], refused["task_id"]) == ("ApprovalRequired", needed["task_id"]), refused
     assert service.stats()["requests"] == 0  # it alone grants nothing
 
     approve(ann, needed["task_id"], needed["digest"])  # the digest the interruption showed
-    done = summary(agent(live, remote, tmp_path, "--tool", "pay_approved", "--approve"))
+    done = run_here(live, remote, tmp_path, "--tool", "pay_approved", "--approve")
 
     assert done["status"] == "done", done
     [paid] = service.stats()["performed"]

@@ -247,17 +247,16 @@ class ToolCalls:
         self.lease_ttl, self.max_wait = lease_ttl, max_wait
         self.lease_wait = lease_wait if lease_wait is not None else lease_ttl + 5.0
 
-    def call(self, tool: Tool, call_id: str, arguments: Mapping[str, Any]) -> Any:
-        """Run the call once, whatever crashes came before, and answer its output; or raise its end state."""
-        key = call_key(self.session, tool.name, call_id)
-        named = {"tool": tool.name, "call_id": call_id}
+    def register(self, tool: Tool, call_id: str, arguments: Mapping[str, Any]) -> Task:
+        """The call's task as it stands: created the first time, found again after (keyed by session, tool and call
+        id); ``ToolCallConflict`` if that call was registered with other arguments. Runs nothing."""
         try:
             created = self.reckon.create_task(
                 self.kind,
                 f"{tool.name} {call_id}"[:200],
                 call_plan(tool, call_id, arguments),
                 project=self.session[:100],
-                idempotency_key=key,
+                idempotency_key=call_key(self.session, tool.name, call_id),
             )
         except ApiError as refusal:
             if refusal.code == "idempotency_key_reused":
@@ -265,10 +264,16 @@ class ToolCalls:
                     f"call {call_id} of {tool.name} was registered with other arguments: not run",
                     task_id=None,
                     reason=refusal.code,
-                    **named,
+                    tool=tool.name,
+                    call_id=call_id,
                 ) from refusal
             raise
-        task = self.reckon.get_task(created.id)  # a replayed create answers the task as it was first made
+        return self.reckon.get_task(created.id)  # a replayed create answers the task as it was first made
+
+    def call(self, tool: Tool, call_id: str, arguments: Mapping[str, Any]) -> Any:
+        """Run the call once, whatever crashes came before, and answer its output; or raise its end state."""
+        key = call_key(self.session, tool.name, call_id)
+        task = self.register(tool, call_id, arguments)
         if task.status == "completed":
             return self._recorded(tool, call_id, key, task)
         if task.status not in ENDED_STOPPED | {"failed", "quarantined"}:

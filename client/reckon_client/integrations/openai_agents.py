@@ -27,9 +27,6 @@ the tool raises ``ApprovalRequired`` and the run ends with it (``end_state(error
 ``ToolCallStopped``, ``ToolCallFailed``, ``ToolCallHeld``, …) and an error of Reckon's client: they end the run,
 never reach the model as a tool result (the function's own exceptions are Reckon's to settle: looked up by op key,
 never re-sent); only arguments the SDK refuses are told to the model, as its default tool error.
-
-The SDK's package is named ``agents``: in a process where another module of that name comes first on ``sys.path``
-(Reckon's own repository has a Django app called ``agents``) it cannot be imported. Run the agent as its own process.
 """
 
 import asyncio
@@ -38,21 +35,18 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-# The SDK's package is ``agents``; mypy run over Reckon's repository may read its Django app of that name instead.
-from agents.exceptions import ModelBehaviorError  # type: ignore[import-not-found,unused-ignore]
-from agents.tool import default_tool_error_function, function_tool  # type: ignore[import-not-found,unused-ignore]
-from agents.tool_context import ToolContext  # type: ignore[import-not-found,unused-ignore]
+from agents.exceptions import ModelBehaviorError
+from agents.tool import default_tool_error_function, function_tool
+from agents.tool_context import ToolContext
 
-from reckon_client.errors import ApiError
 from reckon_client.tools import (
     ApprovalRequired,
     PersonNeeded,
     Tool,
+    ToolCallConflict,
     ToolCallError,
     ToolCalls,
     ToolCallUnprovable,
-    call_key,
-    call_plan,
 )
 
 OP_KEY = "op_key"
@@ -134,8 +128,8 @@ def _reported(context: Any, error: Exception) -> Any:
 
 
 class _Probe:
-    """The tool's ``needs_approval``: whether the call must wait for a person, asked of its Reckon task (created
-    here, exactly as ``ToolCalls.call`` creates it, so both find the same task). Runs nothing."""
+    """The tool's ``needs_approval``: whether the call must wait for a person, asked of its Reckon task
+    (``ToolCalls.register``, as ``ToolCalls.call`` finds it). Runs nothing."""
 
     def __init__(self, calls: ToolCalls, spec: Tool) -> None:
         self.calls, self.spec = calls, spec
@@ -146,18 +140,9 @@ class _Probe:
     def needed(self, call_id: str, arguments: Mapping[str, Any]) -> PersonNeeded | None:
         named: dict[str, Any] = {"tool": self.spec.name, "call_id": call_id}
         try:
-            created = self.calls.reckon.create_task(
-                self.calls.kind,
-                f"{self.spec.name} {call_id}"[:200],
-                call_plan(self.spec, call_id, arguments),
-                project=self.calls.session[:100],
-                idempotency_key=call_key(self.calls.session, self.spec.name, call_id),
-            )
-        except ApiError as refusal:
-            if refusal.code == "idempotency_key_reused":
-                return None  # not that call: the tool raises ToolCallConflict and runs nothing
-            raise
-        task = self.calls.reckon.get_task(created.id)
+            task = self.calls.register(self.spec, call_id, arguments)
+        except ToolCallConflict:
+            return None  # not that call: the tool raises ToolCallConflict and runs nothing
         named["task_id"] = task.id
         awaited = [a for a in task.raw.get("approvals") or [] if a.get("state") == "awaited"]
         if awaited:
