@@ -474,13 +474,14 @@ def test_the_reference_agent_says_so_when_the_source_is_not_in_the_store(
 
 def test_the_reference_agent_migrates_a_project_once_too_large_for_one_plan(live: Live, store: Simulator) -> None:
     """45,000 and 60,000 objects were refused (the plan_accepted event listed every node; 100 nodes at most): one
-    fan-out node now stands for every batch, and the task runs to its end."""
-    output = finished(agent(live, store, objects=60_000), seconds=240)
+    fan-out node now stands for every batch, and the task runs to its end — here 101 batches of 100, past both old
+    limits (104 nodes), with a fifth of the objects to copy."""
+    output = finished(agent(live, store, "--batch", "100", objects=10_100), seconds=240)
     assert output.rstrip().endswith("done"), output
     task = Task.objects.get(kind=KIND)
-    assert task.status == TaskStatus.COMPLETED and task.nodes.count() == 3 + 120
+    assert task.status == TaskStatus.COMPLETED and task.nodes.count() == 3 + 101
     copies = Operation.objects.filter(task=task, purpose="effect", node__key__startswith="copy-batch-")
-    assert copies.count() == 120 and store.stats()["by_action"]["copy_batch"] == 120
+    assert copies.count() == 101 and store.stats()["by_action"]["copy_batch"] == 101
 
 
 @pytest.mark.parametrize(
