@@ -10,6 +10,13 @@ Reckon tells the agent to delete each one (``delete``), so a finished migration 
 Killed anywhere and started again with the same arguments, it finds its task again (the create is keyed by project
 and source version) and finishes it without writing anything twice: the client reconciles by op key before it sends
 anything new.
+
+Its PostgreSQL kind migrates a table from one database to another with the client's PostgreSQL connector
+(``reckon-client[postgres]``): batches of key ranges, each copied with its op key in the target's ledger in the same
+transaction, then a view switched to the copy (docs/integrations.md):
+
+    python examples/migrate_agent.py --url … --token rk_… --postgres-source postgresql://…/old \
+        --postgres-target postgresql://…/new --table public.items --key id --view public.items_current --batch 500
 """
 
 import argparse
@@ -36,6 +43,7 @@ from reckon_client import (
 )
 
 KIND = "migrate_project_api"
+TABLE_KIND = "migrate_table_api"  # the PostgreSQL kind (its actions: reference/migrate_table.py on the server)
 
 # A write's HTTP refusal → its failure class (as reference/objectstore.py). Anything else is unknown.
 REFUSALS: dict[int, FailureClass] = {
@@ -224,18 +232,95 @@ def create(reckon: Reckon, store: ObjectStore, project: str, objects: int, batch
     return reckon.create_task(KIND, f"Migrate project {project}", document, project=project, idempotency_key=key)
 
 
+def table_plan(
+    table: str, target: str, key: str, bounds: tuple[int, int], batch: int, view: str, version: str
+) -> dict[str, Any]:
+    """Copy ``table`` into ``target`` in key ranges of ``batch`` (each pinned to the source's ``version``: a source
+    changed under the migration refuses the copy as a conflict), then switch ``view`` to ``target`` (irreversible;
+    its compensation puts the view back)."""
+    lo, hi = bounds
+    copy = {"source": table, "target": target, "key": key, "source_version": version}
+    copies = [
+        {
+            "key": f"copy-{n}",
+            "action": "pg.copy_batch",
+            "input": copy | {"range": [start, min(start + batch - 1, hi)]},
+            "evidence": {"remote_id": True},
+            "on_failure": {"dependency_unavailable": "retry"},
+        }
+        for n, start in enumerate(range(lo, hi + 1, batch), start=1)
+    ]
+    switch = {
+        "key": "switch-view",
+        "action": "pg.switch",
+        "depends_on": [node["key"] for node in copies],
+        "input": {"view": view, "table": target},
+        "evidence": {"remote_id": True},
+        "irreversible": True,
+        "compensation": "pg.switch_back",
+    }
+    return {"nodes": [*copies, switch]}
+
+
+def run_table(args: argparse.Namespace) -> int:
+    """The PostgreSQL kind: the plan from the source's keys and version, run with the PostgreSQL connector."""
+    from reckon_client.connectors.postgres import PostgresConnector  # the client's extra: reckon-client[postgres]
+
+    pg = PostgresConnector(source=args.postgres_source, target=args.postgres_target, prefix="pg.")
+    target = args.target_table or args.table
+    with Reckon(args.url, args.token) as reckon:
+        try:
+            bounds = pg.key_bounds(args.table, args.key)
+            if bounds is None:
+                print(f"{args.table} has no rows: nothing to migrate", file=sys.stderr)
+                return 2
+            version = pg.current_version(args.table)
+            document = table_plan(args.table, target, args.key, bounds, args.batch or 500, args.view, version)
+            title = f"Migrate table {args.table}"
+            key = f"migrate-table:{args.table}:{target}:{version}:{args.batch or 500}"
+            task_id = (
+                args.task
+                or reckon.create_task(TABLE_KIND, title, document, project=args.table, idempotency_key=key[:200]).id
+            )
+        except ApiError as refused:
+            print(f"Reckon refused the task: {refused}", file=sys.stderr)
+            return 2
+        except (LookupError, ValueError, ConnectionError) as wrong:
+            print(wrong, file=sys.stderr)
+            return 2
+        print(f"task {task_id}", flush=True)
+        while (result := reckon.run(task_id, pg, ttl_seconds=args.lease_ttl, lease_wait=args.lease_wait)).until:
+            print(f"waiting ({result.reason}) until {result.until:%H:%M:%S}", flush=True)
+            time.sleep(max(0.0, (result.until - datetime.now(UTC)).total_seconds()))
+    print(f"task {task_id}: {result.status} {result.reason}".rstrip(), flush=True)
+    return 0 if result.done else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Migrate a project into the object store, driven by Reckon.")
     parser.add_argument("--url", required=True, help="Reckon, e.g. http://127.0.0.1:8000")
     parser.add_argument("--token", required=True, help="an agent token (console: Agent tokens)")
-    parser.add_argument("--store", required=True, help="the object store, e.g. http://127.0.0.1:8100")
-    parser.add_argument("--project", required=True)
-    parser.add_argument("--objects", type=int, required=True)
+    parser.add_argument("--store", help="the object store, e.g. http://127.0.0.1:8100")
+    parser.add_argument("--project")
+    parser.add_argument("--objects", type=int)
+    table = parser.add_argument_group("the PostgreSQL kind (instead of --store, --project and --objects)")
+    table.add_argument("--postgres-source", help="the source database (a libpq connection string)")
+    table.add_argument("--postgres-target", help="the target database")
+    table.add_argument("--table", help="the source table, name or schema.name")
+    table.add_argument("--target-table", help="the target table (default: the source's name)")
+    table.add_argument("--key", default="id", help="its integer key column (default id)")
+    table.add_argument("--view", help="the view switched to the copy at the end")
     parser.add_argument("--batch", type=int, default=None, help="objects per copy (default: the store's most)")
     parser.add_argument("--task", type=int, default=None, help="resume this task instead of creating one")
     parser.add_argument("--lease-ttl", type=int, default=None, help="seconds (default: the server's)")
     parser.add_argument("--lease-wait", type=float, default=60, help="seconds to wait for a crashed run's lease")
     args = parser.parse_args(argv)
+    if args.postgres_source:
+        if not (args.postgres_target and args.table and args.view):
+            parser.error("the PostgreSQL kind needs --postgres-target, --table and --view")
+        return run_table(args)
+    if not (args.store and args.project and args.objects is not None):
+        parser.error("--store, --project and --objects (or the PostgreSQL kind's arguments)")
 
     store = ObjectStore(args.store)
     with Reckon(args.url, args.token) as reckon:

@@ -282,6 +282,7 @@ POSTGRES_PASS_ONLY: tuple[Group, ...] = (
         "reference agent's.",
         (
             "test_agent_e2e.py",
+            "test_reference_agent_postgres.py",
             "test_api_walkthrough.py",
             "test_logging.py",
             "test_secure_defaults.py",

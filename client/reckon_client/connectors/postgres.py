@@ -213,8 +213,12 @@ class PostgresConnector:
         statement_timeout: float = 300.0,
         idle_timeout: float = 60.0,
         connect_timeout: int = 10,
+        prefix: str = "",
     ) -> None:
         self.source, self.target = source, target
+        # The actions' names as the server registers them: "pg." makes copy_batch "pg.copy_batch" (the reference
+        # agent's kind); every request must then name its action with it.
+        self.prefix = prefix
         self.ledger = table_name(ledger, "ledger")
         self.max_rows = max_rows
         self.connect_timeout = connect_timeout
@@ -245,7 +249,7 @@ class PostgresConnector:
 
     def delete(self, op_key: str, locator: str) -> Outcome:
         """Drop exactly the table ``locator`` at the target (a staging table), once per op key."""
-        return self.submit(op_key, {"action": "drop_table", "input": {"table": locator}})
+        return self.submit(op_key, {"action": f"{self.prefix}drop_table", "input": {"table": locator}})
 
     def lookup(self, op_key: str) -> Outcome:
         if op_key_problem(op_key):
@@ -322,9 +326,34 @@ class PostgresConnector:
 
     # -- one write ------------------------------------------------------------------------------------------------
 
+    def key_bounds(self, table: str, key: str) -> tuple[int, int] | None:
+        """The least and the greatest integer ``key`` of the source ``table`` (None when it has no rows): what an
+        agent cuts into batch ranges. ``SourceNotFound`` when there is no such table."""
+        name = table_name(table)
+        if not _NAME.fullmatch(key):
+            raise InvalidRequest(f"key {key!r} is not a column name of letters, digits and _")
+        conn = self._connect(self.source)
+        try:
+            query = sql.SQL("SELECT min({0}), max({0}) FROM {1}").format(sql.Identifier(key), _ident(name))
+            row = conn.execute(query).fetchone()
+        except errors.UndefinedTable as exc:
+            raise SourceNotFound(f"the source has no table {table}") from exc
+        finally:
+            conn.close()
+        if row is None or row[0] is None:
+            return None
+        if not all(isinstance(bound, int) for bound in row):
+            raise InvalidRequest(f"key {key!r} of {table} is not an integer column")
+        return int(row[0]), int(row[1])
+
     def _write_for(self, request: WriteRequest) -> _Write:
         given = request.input
-        match request.action:
+        action = request.action
+        if self.prefix:
+            if not action.startswith(self.prefix):
+                raise InvalidRequest(f"this connector's actions are named {self.prefix}…, not {action!r:.80}")
+            action = action[len(self.prefix) :]
+        match action:
             case "copy_batch":
                 return self._copy_batch(Batch.parse(given, self.max_rows))
             case "delete_batch":
@@ -335,7 +364,7 @@ class PostgresConnector:
                 return self._switch_back(table_name(given.get("view"), "view"), table_name(given.get("table")))
             case "drop_table":
                 return _drop_table(table_name(given.get("table")))
-        known = "copy_batch, switch, delete_batch, switch_back"
+        known = ", ".join(f"{self.prefix}{name}" for name in ("copy_batch", "switch", "delete_batch", "switch_back"))
         raise InvalidRequest(f"the PostgreSQL connector has no action {request.action!r:.80} ({known})")
 
     def _run(self, op_key: str, request: WriteRequest, write: _Write) -> Outcome:
