@@ -72,3 +72,45 @@ def test_a_logged_out_visitor_is_sent_to_the_login_page(db: None, client: Client
     response = client.get("/")
     assert response.status_code == 302
     assert response["Location"].startswith("/login/?next=/")
+
+
+def test_the_demo_token_drives_the_reference_kinds_and_the_framework_tool_calls_and_nothing_else(
+    db: None, client: Client
+) -> None:
+    """The README's demo token: the object-store agent's kind, its PostgreSQL kind and the framework examples' tool
+    calls may be created with it; any other kind is refused (and nothing is made)."""
+    from reference.demo_agent import demo_agent_token
+    from tests.conftest import person
+
+    token = demo_agent_token(person("root", "admin"))
+    bearer = {"Authorization": f"Bearer {token}"}
+    call = {
+        "nodes": [
+            {
+                "key": "call",
+                "action": "tool.call",
+                "evidence": {"remote_id": True},
+                "input": {"tool": "pay", "call_id": "c1", "arguments": {"kwargs": {"to": "bob"}}},
+            }
+        ]
+    }
+    copy = {
+        "nodes": [
+            {
+                "key": "copy-1",
+                "action": "pg.copy_batch",
+                "evidence": {"remote_id": True},
+                "input": {"source": "items", "target": "items", "key": "id", "range": [1, 10]},
+            }
+        ]
+    }
+    for kind, plan in (("tool_call", call), ("migrate_table_api", copy)):
+        made = client.post(
+            "/api/v1/tasks", {"kind": kind, "title": kind, "plan": plan}, "application/json", headers=bearer
+        )
+        assert made.status_code == 201, made.content[:500]
+    other = client.post(
+        "/api/v1/tasks", {"kind": "other", "title": "x", "plan": call}, "application/json", headers=bearer
+    )
+    assert other.status_code in (403, 404), other.content[:300]
+    assert set(Task.objects.values_list("kind", flat=True)) == {"tool_call", "migrate_table_api"}
