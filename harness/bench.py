@@ -733,6 +733,21 @@ class _PgStats:
 # The bench
 
 
+def raw_payloads(workers: int, tasks: int, nodes: int) -> list[dict[str, Any]]:
+    """Each worker's rows of the raw loops' task table (RAW_TABLES), made by this process in one transaction."""
+    from django.db import connection, transaction
+
+    payloads = []
+    with transaction.atomic(), connection.cursor() as cursor:
+        for _ in range(workers):
+            mine = []
+            for _ in range(tasks):
+                cursor.execute("INSERT INTO bench_raw_task (version) VALUES (0) RETURNING id")
+                mine.append(int(cursor.fetchone()[0]))
+            payloads.append({"nodes": nodes, "tasks": mine})
+    return payloads
+
+
 @dataclass
 class _Bench:
     config: BenchConfig
@@ -762,17 +777,7 @@ class _Bench:
         return payloads, ids
 
     def _raw_payloads(self, workers: int, tasks: int) -> list[dict[str, Any]]:
-        from django.db import connection, transaction
-
-        payloads = []
-        with transaction.atomic(), connection.cursor() as cursor:
-            for _ in range(workers):
-                mine = []
-                for _ in range(tasks):
-                    cursor.execute("INSERT INTO bench_raw_task (version) VALUES (0) RETURNING id")
-                    mine.append(int(cursor.fetchone()[0]))
-                payloads.append({"nodes": self.config.nodes, "tasks": mine})
-        return payloads
+        return raw_payloads(workers, tasks, self.config.nodes)
 
     def run_once(self, mode: str, workers: int, tasks: int) -> dict[str, Any]:
         ids: list[int] = []

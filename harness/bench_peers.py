@@ -89,6 +89,7 @@ from harness.bench import (
     _Pool,
     bench_tasks,
     python_reference_us,
+    raw_payloads,
     scratch_database,
 )
 
@@ -540,17 +541,11 @@ class _Runner:
         }
 
     def _loop_payloads(self, workers: int, tasks: int) -> list[dict[str, Any]]:
-        """Each worker's rows of the raw loops' task table (harness/bench.py's RAW_TABLES), made by this process."""
-        from django.db import connection, transaction
+        """Each worker's rows of the raw loops' task table, made by this process, its statistics published."""
+        from django.db import connection
 
-        payloads = []
-        with transaction.atomic(), connection.cursor() as cursor:
-            for _ in range(workers):
-                mine = []
-                for _ in range(tasks):
-                    cursor.execute("INSERT INTO bench_raw_task (version) VALUES (0) RETURNING id")
-                    mine.append(int(cursor.fetchone()[0]))
-                payloads.append({"nodes": self.config.nodes, "tasks": mine})
+        payloads = raw_payloads(workers, tasks, self.config.nodes)
+        with connection.cursor() as cursor:
             cursor.execute("SELECT pg_stat_force_next_flush()")
         return payloads
 
