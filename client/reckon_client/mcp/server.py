@@ -10,7 +10,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from reckon_client.errors import ApiError
-from reckon_client.mcp.agent import RESULTS, AgentRuns, ReportRefused, outcome_of
+from reckon_client.mcp.agent import AgentRuns, ReportRefused, outcome_of
 from reckon_client.sync import Reckon
 
 INSTRUCTIONS = """Reckon keeps what is true about a long task that changes real systems. Create a task with a plan
@@ -61,19 +61,22 @@ def build_server(reckon: Reckon, runs: AgentRuns) -> MCPServer:
         remote_version, count, digest as the node's evidence asks), accepted (remote_id: still running), failed
         (failure_class: invalid_params, permission_revoked, dependency_unavailable, connection_interrupted — no
         answer came back — or conflict), not_found, fenced, unprovable. Answers the next instruction."""
-        outcome = _refusal_named(
-            lambda: outcome_of(
-                result,
-                remote_id=remote_id,
-                remote_version=remote_version,
-                count=count,
-                digest=digest,
-                failure_class=failure_class,
-                detail=detail,
-                data=data,
+        return _api(
+            lambda: runs.report(
+                task_id,
+                op_key,
+                outcome_of(
+                    result,
+                    remote_id=remote_id,
+                    remote_version=remote_version,
+                    count=count,
+                    digest=digest,
+                    failure_class=failure_class,
+                    detail=detail,
+                    data=data,
+                ),
             )
         )
-        return _api(lambda: runs.report(task_id, op_key, outcome))
 
     @server.tool()
     def reckon_report_version(
@@ -100,7 +103,8 @@ def build_server(reckon: Reckon, runs: AgentRuns) -> MCPServer:
 
 
 def _api[T](call: Callable[[], T]) -> T:
-    """Run ``call``; a refusal of Reckon's becomes the tool's error with its code and detail."""
+    """Run ``call``; a refusal of Reckon's, or a report that names no valid outcome or answers nothing pending,
+    becomes the tool's error saying why."""
     try:
         result: T = call()
         return result
@@ -108,11 +112,3 @@ def _api[T](call: Callable[[], T]) -> T:
         raise ToolError(f"Reckon refused ({refusal.status} {refusal.code}): {refusal.detail}") from refusal
     except ReportRefused as refusal:
         raise ToolError(f"report refused: {refusal}") from refusal
-
-
-def _refusal_named[T](call: Callable[[], T]) -> T:
-    try:
-        result: T = call()
-        return result
-    except ReportRefused as refusal:
-        raise ToolError(f"report refused: {refusal} (results: {', '.join(RESULTS)})") from refusal
