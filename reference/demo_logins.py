@@ -11,7 +11,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 from audit.principals import Principal
-from reference.demo_agent import API_KIND
+from reference.demo_agent import DEMO_KINDS
 from reference.migrate_project import KIND
 from tasks.access.accounts import admin_bootstrap, role_grant
 from tasks.access.permissions import ADMIN, AUDITOR, OPERATOR, GrantRefused, permission_grant
@@ -27,7 +27,7 @@ DEMO_LOGINS: dict[str, str] = {
     "outsider": "",
 }
 DESCRIPTIONS = {
-    "operator": f"operator, may operate every {KIND} and {API_KIND} task",
+    "operator": f"operator, may operate every {', '.join((KIND, *DEMO_KINDS))} task",
     FIRST_ADMIN: "admin",
     "admin2": "admin (reviews the other admin's forced releases)",
     "auditor": "auditor, sees everything, changes nothing",
@@ -78,7 +78,7 @@ def demo_logins_ensure() -> list[Login]:
             if role and role not in _roles_of(user):
                 role_grant(actor=actor, user=user, role=role)
             if role == OPERATOR:
-                for kind in (KIND, API_KIND):  # the worker's kind and the one the agent over HTTP drives
+                for kind in (KIND, *DEMO_KINDS):  # the worker's kind and those the demo's agents drive over HTTP
                     with contextlib.suppress(GrantRefused):  # granted on an earlier load
                         permission_grant(actor=actor, user=user, kind=kind)
             logins.append(Login(user=user, password=password, role=role, created=created))

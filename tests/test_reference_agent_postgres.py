@@ -12,14 +12,23 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from io import StringIO
 from pathlib import Path
 
 import psycopg
 import pytest
+from django.contrib.auth.models import User
+from django.core.management import CommandError, call_command
 from psycopg import sql
 
+from api.models import ApiToken
 from api.tokens import api_token_issue
 from examples.migrate_agent import TABLE_KIND
+from harness.ports import free_port
+from reference.demo_logins import demo_logins_ensure
+from reference.demo_postgres import AGENT, Databases
+from reference.demo_postgres import BATCH as BATCH_DEMO
+from reference.demo_postgres import ROWS as ROWS_DEMO
 from tasks.core.lifecycle import TaskStatus
 from tasks.engine.verification import find_problems
 from tasks.models import Operation, Task
@@ -123,3 +132,67 @@ def test_a_table_that_does_not_exist_is_said_so_and_no_task_is_made(
     assert process.returncode == 2, output
     assert "the source has no table nosuch" in output and "Traceback" not in output
     assert not Task.objects.filter(kind=TABLE_KIND).exists()
+
+
+# ------------------------------------------------------------------------------------------------ the demo's run
+# ./dev demo runs manage.py load_demo_postgres when RECKON_DEMO_POSTGRES names a server (reference/demo_postgres.py).
+
+
+@pytest.fixture
+def demo_databases() -> Iterator[Databases]:
+    databases = Databases(server=f"{SERVER} dbname=postgres", prefix=f"reckon_demo_{secrets.token_hex(4)}")
+    try:
+        yield databases
+    finally:
+        with psycopg.connect(databases.server, autocommit=True) as admin:
+            for name in databases.names:
+                admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def load_demo_postgres(url: str, databases: Databases) -> str:
+    out = StringIO()
+    call_command("load_demo_postgres", url=url, server=databases.server, prefix=databases.prefix, stdout=out)
+    return out.getvalue()
+
+
+def test_the_demo_migrates_its_table_once_over_a_stale_target_and_its_token_dies_with_the_run(
+    server: tuple[str, Path, int],  # noqa: F811 - the imported fixture
+    demo_databases: Databases,
+) -> None:
+    demo_logins_ensure()
+    # A target left by an earlier demo whose record was reset: the demo makes its databases afresh.
+    with psycopg.connect(demo_databases.server, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(demo_databases.names[1])))
+    with psycopg.connect(demo_databases.target) as conn:
+        conn.execute("CREATE TABLE orders (id integer PRIMARY KEY)")
+        conn.execute("INSERT INTO orders VALUES (1)")
+
+    output = load_demo_postgres(server[0], demo_databases)
+
+    task = Task.objects.get(kind=TABLE_KIND)
+    assert f"task {task.pk}: done" in output, output
+    assert task.status == TaskStatus.COMPLETED and find_problems(task) == []
+    ops = Operation.objects.filter(task=task, purpose="effect")
+    assert ops.count() == ROWS_DEMO // BATCH_DEMO + 1 == ledger(demo_databases.target)
+    assert one(demo_databases.target, "SELECT count(*) FROM orders_current") == ROWS_DEMO
+    same = "SELECT md5(string_agg(orders::text, ',' ORDER BY id)) FROM orders"
+    assert one(demo_databases.target, same) == one(demo_databases.source, same)
+    tokens = ApiToken.objects.filter(agent_id=AGENT)
+    assert tokens.count() == 1 and tokens.filter(revoked_at__isnull=True).count() == 0  # it ran, it is revoked
+
+    again = load_demo_postgres(server[0], demo_databases)
+    assert f"already on record: #{task.pk}" in again
+    assert Task.objects.filter(kind=TABLE_KIND).count() == 1 and tokens.count() == 1  # nothing run, nothing issued
+    assert ledger(demo_databases.target) == ops.count()
+
+
+def test_the_demo_says_which_server_refused_and_makes_nothing(demo_databases: Databases) -> None:
+    demo_logins_ensure()
+    closed = Databases(server=f"host=127.0.0.1 port={free_port()} user=postgres dbname=postgres", prefix="x")
+    with pytest.raises(CommandError, match=r"the PostgreSQL server .*port=\d+.* refused"):
+        load_demo_postgres("http://127.0.0.1:9", closed)
+    assert not Task.objects.filter(kind=TABLE_KIND).exists() and not ApiToken.objects.exists()
+
+    User.objects.all().delete()
+    with pytest.raises(CommandError, match="run load_demo first"):
+        load_demo_postgres("http://127.0.0.1:9", demo_databases)
