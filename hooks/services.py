@@ -33,7 +33,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 import httpx
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, transaction
-from django.db.models import F, QuerySet
+from django.db.models import F, Q, QuerySet
 
 from api.models import ApiToken
 from api.tokens import scope_covers
@@ -333,9 +333,13 @@ def deliver(delivery_id: str | uuid.UUID) -> Attempt:
     through; the others are ``skipped``. Call it outside a transaction: the claim must be visible at once."""
     timeout: float = settings.RECKON_WEBHOOK_TIMEOUT_SECONDS
     now = clock.now()
-    claimed = WebhookDelivery.objects.filter(
-        delivery_id=delivery_id, status=DeliveryStatus.PENDING, next_attempt_at__lte=now
-    ).update(attempts=F("attempts") + 1, next_attempt_at=now + timedelta(seconds=4 * timeout) + CLAIM_MARGIN)
+    # A delivery never tried is due at once: it was made due at its event's time, a write time that may run ahead
+    # of this reading by the estimate's error (leases/clock.py write_time), and the job sent on commit must not
+    # find it "not due yet" and leave it to the sweep.
+    due = Q(attempts=0) | Q(next_attempt_at__lte=now)
+    claimed = WebhookDelivery.objects.filter(due, delivery_id=delivery_id, status=DeliveryStatus.PENDING).update(
+        attempts=F("attempts") + 1, next_attempt_at=now + timedelta(seconds=4 * timeout) + CLAIM_MARGIN
+    )
     if claimed != 1:
         return Attempt("skipped")
     delivery = WebhookDelivery.objects.select_related("subscription__token").get(delivery_id=delivery_id)

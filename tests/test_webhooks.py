@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from django.db import connection, transaction
+from django.db.models import F
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from pytest_django.fixtures import DjangoCaptureOnCommitCallbacks, Settings
@@ -778,3 +779,21 @@ def test_workers_racing_for_one_delivery_send_it_once(make_task, issue, receiver
     assert sorted(outcomes) == ["delivered", "skipped", "skipped", "skipped"]
     assert hook.by_delivery() == {str(delivery_id): 1}
     assert only_delivery(subscription=subscription).attempts == 1
+
+
+def test_the_first_job_sends_a_delivery_whose_event_time_ran_ahead_of_the_clock(
+    make_task, issue, receiver: Callable[..., Receiver]
+) -> None:
+    """A delivery is made due at its event's write time, an estimate of the database clock that may run ahead of
+    the next reading by that estimate's error (a slow round trip on a loaded machine): the job sent on commit must
+    still send it, not find it "not due yet" and leave it to the next sweep. A delivery tried once stays held to its
+    time."""
+    token, _ = issue()
+    hook = receiver(fail_first=1)
+    subscription, _secret = webhook_subscribe(token, hook.url, ["cancel_requested"])
+    cancel(make_task(chain_plan("a")))
+    delivery = only_delivery(subscription=subscription)
+    WebhookDelivery.objects.filter(pk=delivery.pk).update(next_attempt_at=F("next_attempt_at") + timedelta(seconds=2))
+    assert deliver(delivery.delivery_id).outcome == "retry"  # sent at once; the receiver failed it
+    assert deliver(delivery.delivery_id).outcome == "skipped"  # its retry's time has not come
+    assert len(hook.received) == 1
