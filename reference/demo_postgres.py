@@ -1,12 +1,12 @@
 """The demo's table migration (``RECKON_DEMO_POSTGRES=… ./dev demo``, ``manage.py load_demo_postgres``): the
 reference agent's PostgreSQL kind — examples/migrate_agent.py ``--postgres-source …``, its own process, over the
-demo's API — run once against two databases it makes on the named server, so the console shows a table migrated
-beside the object-store tasks.
+demo's API — run against two databases it makes on the named server, so the console shows a table migrated beside
+the object-store tasks.
 
 The databases are the demo's own (``<prefix>_source``, ``<prefix>_target``): made afresh (dropped first) whenever
 Reckon's record holds no such migration, so a reset demo never meets a target its earlier run filled; left alone
-once a migration of them is on record. The agent's token is scoped to the kind, issued for the run and revoked when
-it ends: it is never printed.
+once a migration of them is on record, which the next run takes up where it stopped until it has ended. The agent's
+token is scoped to the kind, issued for each run and revoked when the run ends: it is never printed.
 """
 
 import subprocess
@@ -21,6 +21,7 @@ from psycopg.conninfo import make_conninfo
 from api.tokens import api_token_issue, api_token_revoke
 from audit.principals import Principal
 from reference.migrate_table import KIND
+from tasks.core.lifecycle import task_ended
 from tasks.models import Task
 
 AGENT = "demo-postgres-agent"
@@ -84,22 +85,28 @@ def demo_databases_make(databases: Databases) -> None:
 class Run:
     task: Task | None  # the migration on record after the run (None: the agent made none)
     output: str  # what the agent printed
-    returncode: int  # the agent's exit status; 0 when the migration was already on record
-    ran: bool  # False: a migration was on record, nothing was run
+    returncode: int  # the agent's exit status; 0 when the migration on record had ended
+    ran: bool  # False: the migration on record had ended, nothing was run
+    resumed: bool = False  # True: the agent took up the migration on record, on the databases as they were
 
 
 def demo_postgres_run(*, actor: Principal, url: str, databases: Databases, timeout: float = 300) -> Run:
-    """Run the reference agent's PostgreSQL kind once against Reckon at ``url`` (its web process must answer), unless
-    a migration of the demo's databases is already on record. ``actor``: the admin who issues the agent's token."""
-    if (task := demo_postgres_task()) is not None:
+    """Run the reference agent's PostgreSQL kind against Reckon at ``url`` (its web process must answer): a new
+    migration on databases made afresh when none is on record; the one on record taken up again where a run left it
+    (its agent stopped mid-run: Ctrl-C, a crash), on the databases as they are; nothing once it has ended.
+    ``actor``: the admin who issues the agent's token."""
+    task = demo_postgres_task()
+    if task is not None and task_ended(task.status):
         return Run(task=task, output="", returncode=0, ran=False)
-    demo_databases_make(databases)
+    if task is None:
+        demo_databases_make(databases)
     token, plaintext = api_token_issue(
         actor=actor, agent_id=AGENT, kinds=[KIND], projects=[TABLE], name="the demo's table migration (one run)"
     )
     command = [sys.executable, str(AGENT_SCRIPT), "--url", url, "--token", plaintext]
     command += ["--postgres-source", databases.source, "--postgres-target", databases.target, "--table", TABLE]
     command += ["--key", KEY, "--view", VIEW, "--batch", str(BATCH)]
+    command += ["--task", str(task.pk)] if task is not None else []
     try:
         done = subprocess.run(  # noqa: S603 - our own agent script, our arguments
             command, capture_output=True, text=True, timeout=timeout, check=False
@@ -109,4 +116,4 @@ def demo_postgres_run(*, actor: Principal, url: str, databases: Databases, timeo
         output, returncode = f"the agent did not finish in {expired.timeout:.0f} s: stopped", 124
     finally:
         api_token_revoke(actor=actor, token_id=token.pk, reason="the demo's table migration ran: its token is done")
-    return Run(task=demo_postgres_task(), output=output.strip(), returncode=returncode, ran=True)
+    return Run(task=demo_postgres_task(), output=output.strip(), returncode=returncode, ran=True, resumed=bool(task))

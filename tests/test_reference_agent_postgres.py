@@ -20,13 +20,15 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from psycopg import sql
+from reckon_client import Reckon
+from reckon_client.connectors.postgres import PostgresConnector
 
 from api.models import ApiToken
 from api.tokens import api_token_issue
-from examples.migrate_agent import TABLE_KIND
+from examples.migrate_agent import TABLE_KIND, table_plan
 from harness.ports import free_port
 from reference.demo_logins import demo_logins_ensure
-from reference.demo_postgres import AGENT, Databases
+from reference.demo_postgres import AGENT, Databases, demo_databases_make
 from reference.demo_postgres import BATCH as BATCH_DEMO
 from reference.demo_postgres import ROWS as ROWS_DEMO
 from tasks.core.lifecycle import TaskStatus
@@ -186,11 +188,39 @@ def test_the_demo_migrates_its_table_once_over_a_stale_target_and_its_token_dies
     assert ledger(demo_databases.target) == ops.count()
 
 
+def test_a_demo_migration_left_before_its_end_is_taken_up_on_the_databases_as_they_are(
+    server: tuple[str, Path, int],  # noqa: F811 - the imported fixture
+    demo_databases: Databases,
+) -> None:
+    """The agent created the task and was stopped (Ctrl-C on the demo, a crash) before it ended: the next demo
+    start runs the agent on that task, and makes no database again."""
+    demo_logins_ensure()
+    demo_databases_make(demo_databases)
+    with psycopg.connect(demo_databases.target) as conn:
+        conn.execute("CREATE TABLE kept (note text)")  # gone if the databases were made again
+    _, token = api_token_issue(actor=person("root", "admin"), agent_id=AGENT, kinds=[TABLE_KIND], projects=["orders"])
+    version = PostgresConnector(source=demo_databases.source, target=demo_databases.target).current_version("orders")
+    document = table_plan("orders", "orders", "id", (1, ROWS_DEMO), BATCH_DEMO, "orders_current", version)
+    with Reckon(server[0], token) as reckon:
+        left = reckon.create_task(TABLE_KIND, "Migrate table orders", document, project="orders")
+
+    output = load_demo_postgres(server[0], demo_databases)
+
+    assert "takes it up where it stopped" in output and f"task {left.id}: done" in output, output
+    task = Task.objects.get(kind=TABLE_KIND)
+    assert task.pk == left.id and task.status == TaskStatus.COMPLETED and find_problems(task) == []
+    assert ledger(demo_databases.target) == ROWS_DEMO // BATCH_DEMO + 1
+    assert one(demo_databases.target, "SELECT count(*) FROM kept") == 0  # the same database
+    assert one(demo_databases.target, "SELECT count(*) FROM orders_current") == ROWS_DEMO
+
+
 def test_the_demo_says_which_server_refused_and_makes_nothing(demo_databases: Databases) -> None:
     demo_logins_ensure()
     closed = Databases(server=f"host=127.0.0.1 port={free_port()} user=postgres dbname=postgres", prefix="x")
     with pytest.raises(CommandError, match=r"the PostgreSQL server .*port=\d+.* refused"):
         load_demo_postgres("http://127.0.0.1:9", closed)
+    with pytest.raises(CommandError, match=r"the PostgreSQL server 'not a server' refused"):
+        load_demo_postgres("http://127.0.0.1:9", Databases(server="not a server", prefix="x"))
     assert not Task.objects.filter(kind=TABLE_KIND).exists() and not ApiToken.objects.exists()
 
     User.objects.all().delete()

@@ -11,8 +11,9 @@ from reference.demo_postgres import BATCH, ROWS, TABLE, VIEW, Databases, DemoPos
 class Command(BaseCommand):
     help = (
         "The demo's table migration (./dev demo runs it when RECKON_DEMO_POSTGRES names a server): make two "
-        "databases on --server and run the reference agent's PostgreSQL kind once against Reckon at --url, unless "
-        "a migration of them is already on record. After load_demo (its first admin issues the agent's token)."
+        "databases on --server and run the reference agent's PostgreSQL kind against Reckon at --url; a migration "
+        "on record is taken up where it stopped, or left alone once ended. After load_demo (its first admin issues "
+        "the agent's token)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -33,6 +34,8 @@ class Command(BaseCommand):
         if not run.ran and run.task is not None:
             self.stdout.write(f"Table migration already on record: #{run.task.pk} {run.task.title} ({run.task.status})")
             return
+        if run.resumed:
+            self.stdout.write("Table migration on record, not ended: the agent takes it up where it stopped.")
         self.stdout.write(f"Table migration: {source}.{TABLE} ({ROWS:,} rows) → {target}.{TABLE}, {BATCH} rows a copy,")
         self.stdout.write(f"then the view {target}.{VIEW} switched to it. The agent said:")
         for line in run.output.splitlines():
