@@ -23,6 +23,8 @@ STATUS_OF: Mapping[str, int] = {
     # What is asked for (a task out of the token's scope is not found: its existence is not disclosed)
     "task_not_found": 404,
     "operation_not_found": 404,
+    "node_not_found": 404,
+    "receipt_not_found": 404,
     "temp_resource_not_found": 404,
     "not_found": 404,
     "token_not_found": 404,

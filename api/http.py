@@ -26,6 +26,18 @@ class TempResourceNotFound(ApiError):
     code = "temp_resource_not_found"
 
 
+class NodeNotFound(ApiError):
+    """The node key is not a node of the task's current plan."""
+
+    code = "node_not_found"
+
+
+class ReceiptNotFound(ApiError):
+    """The node exists, but no effect of it has a receipt yet."""
+
+    code = "receipt_not_found"
+
+
 class OperationNotFound(ApiError):
     """The op key is not an operation of the task in the path."""
 

@@ -13,6 +13,7 @@ from tasks.core.plan import plan_json_schema
 from tasks.decide.approval_binding import AWAITING, approval_views
 from tasks.decide.change import Snapshot
 from tasks.decide.decisions import Directive
+from tasks.decide.receipts import receipt_summary
 from tasks.engine.cleanup import MAX_CLEANUP_ATTEMPTS, CleanupWork, cleanup_attempts_spent, resets_of
 from tasks.models import Node, Operation, Task, TempResource
 from tasks.reads.detail import RemoteDown
@@ -44,6 +45,24 @@ class OperationOut(Schema):
     node: str
     action: str
     status: str
+
+
+class NodeReceiptOut(Schema):
+    """The last receipt recorded for a node's effect — once the node succeeded, the one that advanced it: what the
+    external system said it committed under ``op_key``."""
+
+    node: str
+    node_status: str
+    op_key: str
+    action: str
+    remote_id: str
+    remote_version: str
+    count: int | None
+    digest: str
+    # The receipt's other data as reported (e.g. a tool call's retained output: {"output": {"retained", "version"}}).
+    data: dict[str, Any]
+    received_at: datetime
+    committed_after_cancel_request: bool
 
 
 class TaskSummary(Schema):
@@ -167,6 +186,21 @@ def task_out(snap: Snapshot, remote: RemoteDown | None = None) -> TaskOut:
         open_operations=[_operation(op, keys) for op in snap.unsettled],
         remote_down=_remote_down(remote) if remote is not None else None,
         approvals=approvals_out(snap),
+    )
+
+
+def node_receipt_out(node: Node, op: Operation) -> NodeReceiptOut:
+    """``op``: the node's effect with its receipt, select_related (tasks.reads.detail.node_receipt)."""
+    receipt = op.receipt
+    return NodeReceiptOut(
+        node=node.key,
+        node_status=node.status,
+        op_key=op.op_key,
+        action=op.action,
+        **receipt_summary(receipt),
+        data=receipt.data,
+        received_at=receipt.received_at,
+        committed_after_cancel_request=receipt.committed_after_cancel_request,
     )
 
 

@@ -15,6 +15,8 @@ from api.http import (
     LEASE,
     LEASE_HEADER,
     VERSION_PATTERN,
+    NodeNotFound,
+    ReceiptNotFound,
     answer,
     documented,
     expected_version,
@@ -25,12 +27,14 @@ from api.http import (
 from api.idempotency import idempotent
 from api.schemas import (
     CancelIn,
+    NodeReceiptOut,
     PlanIn,
     PlanRevisionOut,
     TaskCreateIn,
     TaskOut,
     TaskPage,
     TaskSummary,
+    node_receipt_out,
     task_out,
     task_summary,
 )
@@ -41,7 +45,7 @@ from tasks.engine.plans import plan_accept, plan_propose, task_create
 from tasks.engine.snapshot import task_snapshot
 from tasks.models import PlanRevision
 from tasks.people.cancel import task_request_cancel
-from tasks.reads.detail import remote_down
+from tasks.reads.detail import node_receipt, remote_down
 from tasks.reads.queries import Order, page
 
 PAGE_DEFAULT, PAGE_MAX = 50, 200
@@ -98,6 +102,25 @@ def task_read(request: HttpRequest, task_id: int, response: HttpResponse) -> Any
     snap = task_snapshot(task_id=task_id)
     response["ETag"] = f'"{snap.version}"'
     return task_out(snap, remote_down(snap.task))
+
+
+@router.get(
+    "/tasks/{task_id}/nodes/{node_key}/receipt",
+    response={200: NodeReceiptOut},
+    summary="Read a node's receipt",
+    openapi_extra=documented(refuses=("node_not_found", "receipt_not_found")),
+)
+def node_receipt_read(request: HttpRequest, task_id: int, node_key: str) -> Any:
+    """The last receipt recorded for the effect of the current plan's node ``node_key`` — once the node succeeded,
+    the one that advanced it: what the external system said it committed, under which op key, with the receipt's
+    data as reported. For an agent that reads back what a step produced (after a crash, before its own record of it
+    was written). 404 node_not_found (no such node in the current plan); 404 receipt_not_found (none yet)."""
+    found = node_receipt(task_id=task_id, node_key=node_key)
+    if found is None:
+        raise NodeNotFound(f"task {task_id}'s current plan has no node {node_key[:100]!r}")
+    if found.operation is None:
+        raise ReceiptNotFound(f"node {node_key!r} of task {task_id} has no receipt yet (it is {found.node.status})")
+    return node_receipt_out(found.node, found.operation)
 
 
 @router.get(

@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from reckon_client import AsyncReckon, Failed, NotFound, Outcome, Reckon, RunResult
+from reckon_client import ApiError, AsyncReckon, Failed, NodeReceipt, NotFound, Outcome, Reckon, RunResult
 
 from api.tokens import api_token_issue
 from examples.bench_http import bench
@@ -31,7 +31,7 @@ from harness.simulator import STAGING_PREFIX
 from leases.models import Lease
 from tasks.core.lifecycle import NodeStatus, OperationStatus, TaskStatus, TempResourceStatus
 from tasks.engine.verification import find_problems
-from tasks.models import Node, Operation, Task, TempResource
+from tasks.models import Node, Operation, Receipt, Task, TempResource
 from tasks.people.takeover import takeover_claim, takeover_submit
 from tests.conftest import person
 from tests.simulator_fixture import ROOT, Simulator
@@ -255,16 +255,29 @@ class AsyncStore:
 def test_an_asyncio_agent_runs_a_task_to_completion(live: Live, store: Simulator) -> None:
     source = {"source": "store", "locator": "projects/acme", "version": "7", "digest": "sha256:" + "ab" * 32}
 
-    async def main() -> tuple[int, str]:
+    async def main() -> tuple[int, str, NodeReceipt]:
         connector = AsyncStore(store.url)
         async with AsyncReckon(live.url, live.token) as reckon:
             task = await reckon.create_task(KIND, "Migrate acme", plan("acme", 600, source, 500), project="acme")
             result = await reckon.run(task.id, connector, ttl_seconds=LEASE_TTL)
+            switched = await reckon.node_receipt(task.id, "switch-reference")
         await connector.http.aclose()
-        return task.id, result.status
+        return task.id, result.status, switched
 
-    task_id, status = asyncio.run(main())
+    task_id, status, switched = asyncio.run(main())
     assert status == "done"
+    # What the agent reads back of a step is the receipt row Reckon holds, under the op key that carried it.
+    row = Receipt.objects.get(operation__task_id=task_id, operation__node__key="switch-reference")
+    assert (switched.op_key, switched.receipt.remote_id, switched.receipt.data) == (
+        row.operation.op_key,
+        row.remote_id,
+        row.data,
+    )
+    with Reckon(live.url, live.token) as reckon:
+        assert reckon.node_receipt(task_id, "switch-reference") == switched
+        with pytest.raises(ApiError) as missing:
+            reckon.node_receipt(task_id, "no-such-node")
+        assert (missing.value.status, missing.value.code) == (404, "node_not_found")
     task = Task.objects.get(pk=task_id)
     assert task.status == TaskStatus.COMPLETED
     ops = Operation.objects.filter(task=task)

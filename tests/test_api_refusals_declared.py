@@ -271,6 +271,7 @@ def retained_ref(task: Task) -> dict[str, int]:
 # Each makes its state through the services, then returns the one request that is refused.
 
 TASK_NEW, TASK_LIST, TASK_CANCEL = "api_tasks_task_new", "api_tasks_task_list", "api_tasks_task_cancel"
+RECEIPT_READ = "api_tasks_node_receipt_read"
 PLAN_NEW, PLAN_TAKE = "api_tasks_plan_new", "api_tasks_plan_take"
 LEASE_TAKE, LEASE_RENEW, LEASE_GIVE_BACK = "api_steps_lease_take", "api_steps_lease_extend", "api_steps_lease_give_back"
 DIRECTIVE, START, OUTCOME = "api_steps_directive_read", "api_steps_operation_register", "api_steps_outcome_report"
@@ -692,6 +693,21 @@ def _retain(body: dict[str, Any], **settings: Any) -> Provoker:
     return provoke
 
 
+def _receipt_of_a_node_of_another_tasks_plan(w: World) -> Request:
+    """The node ran, with its receipt, in another task of the same agent; this task's plan has no such key."""
+    other = w.task(chain_plan("elsewhere"))
+    ran(other, w.lease(other), "elsewhere")
+    task = w.task()
+    return lambda: w.send(RECEIPT_READ, task_id=task.pk, node_key="elsewhere")
+
+
+def _receipt_of_a_node_in_flight(w: World) -> Request:
+    """Sent, no answer recorded yet: the node has no receipt."""
+    task = w.task()
+    send(task, w.lease(task), "a")
+    return lambda: w.send(RECEIPT_READ, task_id=task.pk, node_key="a")
+
+
 def _fetch(change: Callable[[World, Task, dict[str, int]], dict[str, int]]) -> Provoker:
     def provoke(w: World) -> Request:
         task = w.task()
@@ -818,6 +834,8 @@ PROVOKED: dict[tuple[str, str], Provoker | tuple[Provoker, ...]] = {
     (RETAIN, "retention_key_invalid"): _retain({"content": "aGVsbG8="}, RECKON_RETENTION_KEY="not-a-key"),
     (RETAIN, "retention_key_missing"): _retain({"content": "aGVsbG8="}, **PRODUCTION_WITHOUT_KEY),
     (FETCH, "retention_not_found"): _fetch(_another_tasks_ref),
+    (RECEIPT_READ, "node_not_found"): _receipt_of_a_node_of_another_tasks_plan,
+    (RECEIPT_READ, "receipt_not_found"): _receipt_of_a_node_in_flight,
     (FETCH, "retention_expired"): _fetch(_expired_ref),
     (FETCH, "retention_corrupt"): _fetch(_corrupt_ref),
     (FETCH, "retention_key_mismatch"): _fetch(_keyed(RECKON_RETENTION_KEY=OTHER_KEY)),

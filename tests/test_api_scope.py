@@ -139,6 +139,7 @@ class World:
         values = {
             "task_id": str(task_id),
             "op_key": self.op_key,
+            "node_key": "a",
             "revision": str(self.revision),
             "retained_id": str(self.retained["retained"]),
             "version": str(self.retained["version"]),

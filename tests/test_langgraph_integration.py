@@ -13,11 +13,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from django.utils import timezone
 from langchain_core.messages import ToolMessage
 from langgraph.types import Command
 from reckon_client import Reckon
@@ -35,6 +37,7 @@ from reckon_client.tools import (
 from api.tokens import api_token_issue
 from audit.principals import Principal
 from examples.langgraph_agent import Payments, graph_of, payments_server, tools_of
+from retention.models import RetainedObject
 from tasks.core.errors import ApprovalRequestChanged
 from tasks.core.lifecycle import OperationStatus, TaskStatus
 from tasks.models import Operation, Task
@@ -182,7 +185,8 @@ def test_a_call_that_completed_before_the_graph_recorded_it_gets_its_output_with
     live: tuple[str, str], payments: tuple[str, Payments], tmp_path: Path
 ) -> None:
     """The window between the outcome's report and the framework's checkpoint: the call is re-issued to a task that
-    has completed. The journal names its sealed output; without a journal the output is lost, never re-made."""
+    has completed. The journal names its sealed output; without a journal the receipt Reckon answers names it; once
+    its retention has ended (and the tool has no lookup) the output is lost — never re-made."""
     remote, service = payments
     journal = tmp_path / "journal.sqlite3"
     with Reckon(*live) as reckon:
@@ -190,8 +194,12 @@ def test_a_call_that_completed_before_the_graph_recorded_it_gets_its_output_with
         first = ToolCalls(reckon, session="s2", journal=journal, lease_ttl=LEASE_TTL).call(spec, "c1", {"amount": 5})
         restarted = ToolCalls(reckon, session="s2", journal=journal, lease_ttl=LEASE_TTL)
         assert restarted.call(spec, "c1", {"amount": 5}) == first
+        no_journal = ToolCalls(reckon, session="s2", lease_ttl=LEASE_TTL)
+        assert no_journal.call(spec, "c1", {"amount": 5}) == first  # read through the receipt
+        past = timezone.now() - timedelta(minutes=2)  # the retention ended: as the purge finds it
+        RetainedObject.objects.filter(task=only_task()).update(created_at=past, expires_at=past + timedelta(minutes=1))
         with pytest.raises(ToolOutputLost):
-            ToolCalls(reckon, session="s2", lease_ttl=LEASE_TTL).call(spec, "c1", {"amount": 5})
+            no_journal.call(spec, "c1", {"amount": 5})
         with pytest.raises(ToolCallConflict):  # the same call id with other arguments is not that call
             restarted.call(spec, "c1", {"amount": 500})
     assert service.stats()["requests"] == 1 and first["amount"] == 5

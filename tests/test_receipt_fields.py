@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 import reckon_client.outcomes as client_outcomes
 from django.test import Client
+from ninja import Schema
 
-from api.schemas import OutcomeIn
+from api.schemas import NodeReceiptOut, OutcomeIn
 from console.forms.reconcile import SettleForm
 from console.forms.takeover import ResultForm
 from tasks.core import outcomes
@@ -58,8 +59,9 @@ def test_a_plan_reads_and_pins_the_receipt_fields() -> None:
     assert EVIDENCE_KEYS == RECEIPT_FIELDS
 
 
-def test_the_apis_outcome_declares_the_receipt_fields_in_order() -> None:
-    names = list(OutcomeIn.model_fields)
+@pytest.mark.parametrize("schema", [OutcomeIn, NodeReceiptOut], ids=["outcome-in", "node-receipt-out"])
+def test_the_apis_schemas_of_a_receipt_declare_the_receipt_fields_in_order(schema: type[Schema]) -> None:
+    names = list(schema.model_fields)
     assert [n for n in names if n in RECEIPT_FIELDS] == list(RECEIPT_FIELDS), names
 
 

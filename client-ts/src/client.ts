@@ -77,6 +77,11 @@ export class Reckon {
     return this.drive(protocol.getTask(taskId));
   }
 
+  /** What a step produced, as Reckon recorded it: the receipt of the node's effect. */
+  nodeReceipt(taskId: number, nodeKey: string): Promise<protocol.NodeReceipt> {
+    return this.drive(protocol.nodeReceipt(taskId, nodeKey));
+  }
+
   /** Ask Reckon to cancel (the creator may, without a lease). In-flight work settles; nothing new starts. */
   cancel(taskId: number, reason: string, options: { readonly version?: number } = {}): Promise<Task> {
     return this.drive(protocol.cancel(taskId, reason, options.version));

@@ -36,6 +36,7 @@ export {
 export {
   type Content,
   type CreateOptions,
+  type NodeReceipt,
   type OperationRequest,
   type Retained,
   type RetainOptions,

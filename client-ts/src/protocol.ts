@@ -16,7 +16,7 @@
  */
 
 import { ApiError, RemoteUnreachable, isObject } from "./errors.js";
-import { type Outcome, checkedOutcome, failed, outcomeJson } from "./outcomes.js";
+import { type Committed, type Outcome, checkedOutcome, committed, failed, outcomeJson } from "./outcomes.js";
 
 // ------------------------------------------------------------------------------------------------------- effects
 
@@ -335,6 +335,38 @@ export function* createTask(kind: string, title: string, plan: Json, options: Cr
 
 export function* getTask(taskId: number): Steps<Task> {
   return taskOf(ok(yield* call("GET", `/tasks/${taskId}`)));
+}
+
+/**
+ * The last receipt Reckon recorded for a node's effect (once the node succeeded, the one that advanced it): what the
+ * remote said it committed under `opKey`, with its data as reported.
+ */
+export interface NodeReceipt {
+  readonly node: string;
+  readonly nodeStatus: string;
+  readonly opKey: string;
+  readonly action: string;
+  readonly receipt: Committed;
+  readonly receivedAt: Date | null;
+}
+
+/** ApiError `receipt_not_found` (404) while the node has none; `node_not_found` when the current plan has no such node. */
+export function* nodeReceipt(taskId: number, nodeKey: string): Steps<NodeReceipt> {
+  const body = object(ok(yield* call("GET", `/tasks/${taskId}/nodes/${encodeURIComponent(nodeKey)}/receipt`)));
+  const count = body["count"];
+  return {
+    node: text(body["node"]),
+    nodeStatus: text(body["node_status"]),
+    opKey: text(body["op_key"]),
+    action: text(body["action"]),
+    receipt: committed(text(body["remote_id"]), {
+      remoteVersion: text(body["remote_version"]),
+      count: count === undefined || count === null ? null : integer(count),
+      digest: text(body["digest"]),
+      data: object(body["data"]),
+    }),
+    receivedAt: typeof body["received_at"] === "string" ? new Date(body["received_at"]) : null,
+  };
 }
 
 /** Ask Reckon to cancel (the creator may, without a lease). In-flight work settles; nothing new starts. */

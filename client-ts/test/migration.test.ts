@@ -27,6 +27,11 @@ test("a small migration runs to completion with each effect applied once at the 
 
   assert.equal(result.status, "done", JSON.stringify(result));
   assert.equal((await reckon.getTask(task.id)).status, "completed");
+  // What a step produced, read back from Reckon: the switch's receipt, under the op key the connector was sent.
+  const switched = await reckon.nodeReceipt(task.id, "mig-switch-reference");
+  assert.equal(switched.node, "mig-switch-reference");
+  assert.ok(calls.some((c) => c.call === "submit" && c.opKey === switched.opKey), switched.opKey);
+  assert.ok(switched.receipt.remoteId && switched.receivedAt instanceof Date);
   const submitted = calls.filter((c) => c.call === "submit").map((c) => nodeOf(c.opKey));
   assert.deepEqual(submitted, [
     "mig-prepare-target",

@@ -23,7 +23,7 @@ from reckon_client.outcomes import (
     Outcome,
     Unprovable,
 )
-from reckon_client.protocol import Retained, RetainedRef, RunResult, Task
+from reckon_client.protocol import NodeReceipt, Retained, RetainedRef, RunResult, Task
 from reckon_client.sync import Reckon
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "FailureClass",
     "Fenced",
     "Fencing",
+    "NodeReceipt",
     "NotFound",
     "Outcome",
     "Reckon",

@@ -15,6 +15,7 @@ from reckon_client.protocol import (
     Call,
     Content,
     LeaseState,
+    NodeReceipt,
     Recreator,
     Remote,
     Retained,
@@ -73,6 +74,9 @@ class AsyncReckon:
 
     async def get_task(self, task_id: int) -> Task:
         return await self._drive(protocol.get_task(task_id))
+
+    async def node_receipt(self, task_id: int, node_key: str) -> NodeReceipt:
+        return await self._drive(protocol.node_receipt(task_id, node_key))
 
     async def cancel(self, task_id: int, reason: str, *, version: int | None = None) -> Task:
         return await self._drive(protocol.cancel(task_id, reason, version=version))

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 from reckon_client.errors import ApiError
-from reckon_client.outcomes import OUTCOME_TYPES, Accepted, Failed, NotFound, Outcome, outcome_json
+from reckon_client.outcomes import OUTCOME_TYPES, Accepted, Committed, Failed, NotFound, Outcome, outcome_json
 
 # --------------------------------------------------------------------------------------------------- effects
 
@@ -143,6 +143,37 @@ class Retained:
     name: str
     expires_at: datetime | None
     content: bytes | dict[str, Any]
+
+
+@dataclass(frozen=True)
+class NodeReceipt:
+    """The last receipt Reckon recorded for a node's effect — once the node succeeded, the one that advanced it:
+    ``receipt`` is what the remote said it committed under ``op_key``, with its data as reported."""
+
+    node: str
+    node_status: str
+    op_key: str
+    action: str
+    receipt: Committed
+    received_at: datetime | None
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> "NodeReceipt":
+        count = body.get("count")
+        return cls(
+            node=str(body["node"]),
+            node_status=str(body.get("node_status", "")),
+            op_key=str(body["op_key"]),
+            action=str(body.get("action", "")),
+            receipt=Committed(
+                remote_id=str(body["remote_id"]),
+                remote_version=str(body.get("remote_version") or ""),
+                count=int(count) if count is not None else None,
+                digest=str(body.get("digest") or ""),
+                data=dict(body.get("data") or {}),
+            ),
+            received_at=parse_time(body.get("received_at")),
+        )
 
 
 type Content = bytes | Mapping[str, Any]
@@ -267,6 +298,12 @@ def create_task(
 
 def get_task(task_id: int) -> Steps[Task]:
     return Task.of(ok((yield Call("GET", f"/tasks/{task_id}"))))
+
+
+def node_receipt(task_id: int, node_key: str) -> Steps[NodeReceipt]:
+    """The receipt of a node's effect as Reckon holds it. ApiError ``receipt_not_found`` (404) while it has none,
+    ``node_not_found`` (404) when the task's current plan has no such node."""
+    return NodeReceipt.of(ok((yield Call("GET", f"/tasks/{task_id}/nodes/{quote(node_key, safe='')}/receipt"))))
 
 
 def cancel(task_id: int, reason: str, *, version: int | None = None) -> Steps[Task]:

@@ -15,6 +15,7 @@ from reckon_client.protocol import (
     Call,
     Content,
     LeaseState,
+    NodeReceipt,
     Recreator,
     Remote,
     Retained,
@@ -80,6 +81,11 @@ class Reckon:
 
     def get_task(self, task_id: int) -> Task:
         return self._drive(protocol.get_task(task_id))
+
+    def node_receipt(self, task_id: int, node_key: str) -> NodeReceipt:
+        """What a step produced, as Reckon recorded it: the receipt of the node's effect (``ApiError``
+        ``receipt_not_found`` while it has none)."""
+        return self._drive(protocol.node_receipt(task_id, node_key))
 
     def cancel(self, task_id: int, reason: str, *, version: int | None = None) -> Task:
         return self._drive(protocol.cancel(task_id, reason, version=version))

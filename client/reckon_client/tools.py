@@ -19,11 +19,12 @@ operation the client reconciles by op key before anything is sent. The same call
 refused (``ToolCallConflict``): never the approved call's task run with another call's arguments.
 
 Where the output lives: sealed in Reckon as a retained object of the task (``sensitive_input``, never in the log),
-named by the receipt (``data: {"output": {"retained", "version"}}``, ``digest``: the output's sha256), and by a
-journal entry on the agent's side (a SQLite file beside the framework's checkpoint: call → task, op key, retained
-reference). The agent API does not answer a receipt back, so the journal is how a restarted agent finds the output
-of a call that completed before its framework could record it; without a journal (or once the retention ended and
-the tool has no lookup) that output is lost — ``ToolOutputLost`` — and the tool is still not run again.
+named by the receipt (``data: {"output": {"retained", "version"}}``, ``digest``: the output's sha256), and, when
+``journal`` names one, by an entry on the agent's side (a SQLite file beside the framework's checkpoint: call → task,
+op key, retained reference). A restarted agent finds the output of a call that completed before its framework could
+record it through the journal's reference, or without one through the receipt Reckon answers
+(``GET …/nodes/call/receipt``); once the retention has ended it asks the tool's lookup by op key, and where the tool
+has none that output is lost — ``ToolOutputLost`` — and the tool is still not run again.
 
 End states of ``call``: the output (done), or one of the exceptions below, each naming the task: ``ApprovalRequired``
 and ``ToolCallUnprovable`` (a person must act on the console; both are ``PersonNeeded``, which a framework turns into
@@ -318,14 +319,23 @@ class ToolCalls:
         return ToolCallHeld(f"{tool.name} {call_id}: task {task.id} cannot go on now ({reason})", until=until, **named)
 
     def _recorded(self, tool: Tool, call_id: str, key: str, task: Task) -> Any:
-        """The output of a call whose task completed before this process saw it: from the journal's reference
-        (sealed in Reckon), or once that is gone by asking the tool again by op key. Never by running it."""
+        """The output of a call whose task completed before this process saw it: the retained output the receipt
+        names (the journal's reference, else the receipt as Reckon recorded it), or once that retention has ended by
+        asking the tool again by op key. Never by running it."""
         named: dict[str, Any] = {"tool": tool.name, "call_id": call_id, "task_id": task.id, "reason": "output_lost"}
         entry = self.journal.entry(key) if self.journal is not None else None
-        if entry is None:
-            raise ToolOutputLost(f"{tool.name}: task {task.id} completed; no journal entry names its output", **named)
-        _, op_key, output = entry
-        if output is not None:
+        if entry is not None:
+            _, op_key, output = entry
+        else:
+            try:
+                recorded = self.reckon.node_receipt(task.id, CALL_NODE)
+            except ApiError as refusal:
+                if refusal.code not in ("receipt_not_found", "node_not_found"):
+                    raise
+                lost = f"{tool.name}: task {task.id} completed; no receipt names its output"
+                raise ToolOutputLost(lost, **named) from refusal
+            op_key, output = recorded.op_key, recorded.receipt.data.get("output")
+        if isinstance(output, Mapping):
             try:
                 read = self.reckon.fetch(RetainedRef.of_checkpoint(task.id, output))
                 return json.loads(bytes(read.content) if isinstance(read.content, bytes) else b"null")

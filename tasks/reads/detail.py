@@ -9,6 +9,8 @@ events (tests/test_detail_reads.py pins them). Reads only: nothing here writes.
 - ``chain_check(task)``: the task's hash chain verified now, or not checked on open when the log or the plan is long.
 - ``remote_down(task)``: whether the task's remote stays unreachable — since when, how many tries, when it is asked
   next (also for the work queue's rows, read with the page, and the API's task).
+- ``node_receipt(task_id=…, node_key=…)``: a node of the current plan and the last receipt of its effect (the API's
+  ``GET …/nodes/{node_key}/receipt``: what an agent reads back of a step, e.g. after a crash).
 """
 
 import base64
@@ -839,3 +841,26 @@ def detail_page(task: Task, *, force_check: bool = False, nodes_page: int = 1, o
         approvals=approval_views(plan_version=task.plan_version, nodes=detail.approval_graph, now=lease.now),
         remote=remote_down(task),
     )
+
+
+@dataclass(frozen=True)
+class NodeReceipt:
+    node: Node
+    # The node's last effect that has a receipt, with it (select_related): once the node succeeded, the one that
+    # advanced it (nothing is sent for a node after that). None: no effect of it has a receipt yet.
+    operation: Operation | None
+
+
+def node_receipt(*, task_id: int, node_key: str) -> NodeReceipt | None:
+    """The current plan's node ``node_key`` and the last receipt recorded for its effect, under any plan of the task
+    (a node a re-plan kept is the same step: its receipt was recorded under the plan it ran in). None: the current
+    plan has no such node. Two queries."""
+    node = Node.objects.filter(
+        task_id=task_id, key=node_key, plan_version=Task.objects.filter(pk=task_id).values("plan_version")[:1]
+    ).first()
+    if node is None:
+        return None
+    effects = Operation.objects.filter(
+        task_id=task_id, node__key=node_key, purpose=OperationPurpose.EFFECT, receipt__isnull=False
+    )
+    return NodeReceipt(node, effects.select_related("receipt").order_by("-receipt__received_at", "-pk").first())
