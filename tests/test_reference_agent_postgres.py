@@ -45,6 +45,12 @@ ROWS, BATCH = 2_000, 20  # 100 copies and a switch
 COLUMNS = "id integer PRIMARY KEY, name text NOT NULL, amount numeric(10, 2) NOT NULL"
 
 
+def drop_databases(*names: str) -> None:
+    with psycopg.connect(f"{SERVER} dbname=postgres", autocommit=True) as admin:
+        for name in names:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
 @pytest.fixture
 def databases() -> Iterator[tuple[str, str]]:
     """A source database with ``items`` of ROWS rows and a target with the table empty, dropped afterwards."""
@@ -62,9 +68,7 @@ def databases() -> Iterator[tuple[str, str]]:
             conn.execute(f"CREATE TABLE items ({COLUMNS})")
         yield source, target
     finally:
-        with psycopg.connect(f"{SERVER} dbname=postgres", autocommit=True) as admin:
-            for name in names:
-                admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        drop_databases(*names)
 
 
 @pytest.fixture
@@ -146,9 +150,7 @@ def demo_databases() -> Iterator[Databases]:
     try:
         yield databases
     finally:
-        with psycopg.connect(databases.server, autocommit=True) as admin:
-            for name in databases.names:
-                admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        drop_databases(*databases.names)
 
 
 def load_demo_postgres(url: str, databases: Databases) -> str:
